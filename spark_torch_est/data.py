@@ -1,0 +1,142 @@
+"""Arrow record batches to contiguous tensors, and the per-epoch batch order of one rank.
+
+The driver reduces every feature layout (a VectorUDT, an ``array<numeric>`` column or a
+list of numeric columns) to one ``array<float>`` column named :data:`FEATURES`, the label
+to float, long or ``array<float>`` in :data:`LABEL`, and the validation flag to a boolean
+:data:`IS_VALIDATION`, all in the JVM. Here each Arrow batch becomes numpy views with no
+per-row Python, and one copy concatenates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+__all__ = [
+    "FEATURES", "LABEL", "IS_VALIDATION", "InputDataError", "Shard",
+    "list_column_to_matrix", "column_to_numpy", "read_shard", "epoch_order", "batch_positions",
+]
+
+FEATURES = "__ste_features"
+LABEL = "__ste_label"
+IS_VALIDATION = "__ste_is_validation"
+
+
+class InputDataError(ValueError):
+    """The rows of a partition cannot be turned into tensors (nulls, ragged arrays)."""
+
+
+def list_column_to_matrix(array: pa.Array, name: str) -> np.ndarray:
+    """Turns a list-of-numbers Arrow array into an ``(n, d)`` numpy matrix without copying
+    the values where Arrow allows.
+
+    Raises:
+        InputDataError: A row or element is null, or rows differ in length.
+    """
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.null_count:
+        raise InputDataError(f"column {name!r} has {array.null_count} null rows in this partition")
+    if len(array) == 0:
+        return np.zeros((0, 0), dtype=np.float32)
+    if pa.types.is_fixed_size_list(array.type):
+        width = array.type.list_size
+    else:
+        lengths = np.diff(array.offsets.to_numpy())
+        width = int(lengths[0])
+        if not (lengths == width).all():
+            raise InputDataError(
+                f"column {name!r} holds arrays of different lengths "
+                f"({int(lengths.min())} to {int(lengths.max())}); every row needs the same length"
+            )
+    values = array.flatten()
+    if values.null_count:
+        raise InputDataError(f"column {name!r} has {values.null_count} null elements in this partition")
+    return values.to_numpy(zero_copy_only=False).reshape(len(array), width)
+
+
+def column_to_numpy(array: pa.Array, name: str) -> np.ndarray:
+    """Turns a numeric, boolean or list Arrow array into numpy (``(n,)`` or ``(n, d)``).
+
+    Raises:
+        InputDataError: The column has nulls or ragged arrays.
+    """
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or pa.types.is_fixed_size_list(array.type):
+        return list_column_to_matrix(array, name)
+    if array.null_count:
+        raise InputDataError(f"column {name!r} has {array.null_count} null values in this partition")
+    return array.to_numpy(zero_copy_only=False)
+
+
+@dataclass
+class Shard:
+    """The rows one rank trains on.
+
+    Attributes:
+        features: ``(n, d)`` float32.
+        labels: ``(n,)`` float32 or int64, or ``(n, k)`` float32.
+        val_features: Validation rows' features (may have 0 rows).
+        val_labels: Validation rows' labels.
+    """
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    val_features: torch.Tensor
+    val_labels: torch.Tensor
+
+
+def read_shard(batches: Iterable[pa.RecordBatch], label_name: str = "labelCol") -> Shard:
+    """Concatenates a partition's record batches into a :class:`Shard`.
+
+    Raises:
+        InputDataError: Nulls or ragged feature arrays.
+    """
+    features, labels, flags = [], [], []
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        features.append(list_column_to_matrix(batch.column(FEATURES), "features"))
+        labels.append(column_to_numpy(batch.column(LABEL), label_name))
+        if IS_VALIDATION in batch.schema.names:
+            flags.append(column_to_numpy(batch.column(IS_VALIDATION), "validationIndicatorCol"))
+    if not features:
+        empty = torch.zeros((0, 0))
+        return Shard(empty, empty, empty, empty)
+    x = torch.from_numpy(_concat(features, np.float32))
+    y_np = _concat(labels, None)
+    y = torch.from_numpy(y_np.astype(np.int64 if y_np.dtype.kind in "iu" else np.float32, copy=False))
+    if not flags:
+        return Shard(x, y, x[:0], y[:0])
+    is_val = torch.from_numpy(np.concatenate(flags).astype(bool))
+    return Shard(x[~is_val].contiguous(), y[~is_val].contiguous(), x[is_val].contiguous(), y[is_val].contiguous())
+
+
+def _concat(parts: list[np.ndarray], dtype: np.dtype | None) -> np.ndarray:
+    """One writable, contiguous copy of the parts (Arrow's buffers are read-only)."""
+    return np.concatenate(parts).astype(dtype or parts[0].dtype, copy=False)
+
+
+def epoch_order(num_rows: int, seed: int, epoch: int, rank: int) -> torch.Tensor:
+    """The shuffled row order of one rank in one epoch, a pure function of its arguments."""
+    state = np.random.SeedSequence([seed, epoch, rank]).generate_state(2, dtype=np.uint32)
+    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.randperm(num_rows, generator=generator)
+
+
+def batch_positions(order: torch.Tensor, step: int, batch_size: int) -> torch.Tensor:
+    """Rows of batch ``step`` of an epoch.
+
+    A rank with fewer rows than the longest rank keeps going round its own order, so all
+    ranks take the same number of steps; a rank's last own batch may be partial.
+    """
+    num_rows = len(order)
+    start = step * batch_size
+    if start < num_rows:
+        return order[start:start + batch_size]
+    return order[torch.arange(start, start + batch_size) % num_rows]

@@ -1,0 +1,75 @@
+"""The exception hierarchy: every error the package raises is a :class:`SparkTorchError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "SparkTorchError",
+    "InvalidInputError",
+    "TrainingCompleteError",
+    "TrainingFailedError",
+    "IncompatibleCheckpointError",
+]
+
+
+class SparkTorchError(Exception):
+    """Base class of every error raised by spark_torch_est."""
+
+
+class InvalidInputError(SparkTorchError, ValueError):
+    """A DataFrame, Param or creator is unusable; raised on the driver before any job."""
+
+
+class TrainingCompleteError(SparkTorchError):
+    """``fit()`` was asked to train a run that has already reached ``maxEpochs``."""
+
+
+class IncompatibleCheckpointError(SparkTorchError):
+    """A checkpoint does not fit the model it should be loaded into."""
+
+
+class TrainingFailedError(SparkTorchError):
+    """A training task failed.
+
+    Attributes:
+        rank: The rank that failed first, or None when Spark gave no rank.
+        stage: Where it failed (``"rendezvous"``, ``"setup"``, a hook stage such as
+            ``"after_train_iter"``, ``"train_step"``, ...), or None.
+        hook: The name of the hook that raised, or None.
+        remote_traceback: The traceback text from the executor, or None.
+        retryable: Whether a relaunch from a checkpoint may succeed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        stage: str | None = None,
+        hook: str | None = None,
+        remote_traceback: str | None = None,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.rank = rank
+        self.stage = stage
+        self.hook = hook
+        self.remote_traceback = remote_traceback
+        self.retryable = retryable
+
+    def __reduce__(self):  # keyword-only arguments need an explicit pickle recipe
+        return (_rebuild_training_failed, (self.message, self.__dict__.copy()))
+
+    def __str__(self) -> str:
+        where = [f"{k}={v}" for k, v in (("rank", self.rank), ("stage", self.stage),
+                                         ("hook", self.hook)) if v is not None]
+        text = f"{self.message} ({', '.join(where)})" if where else self.message
+        if self.remote_traceback:
+            text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()
+        return text
+
+
+def _rebuild_training_failed(message: str, attrs: dict) -> TrainingFailedError:
+    error = TrainingFailedError(message)
+    error.__dict__.update(attrs)
+    return error

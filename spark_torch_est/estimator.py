@@ -1,0 +1,277 @@
+"""[driver] TorchEstimator: validate -> launch -> TorchModel, and the run it carries between fits."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any, Iterable, Mapping
+
+import cloudpickle
+import torch
+from pyspark import keyword_only
+from pyspark.ml import Estimator
+from pyspark.sql import DataFrame
+
+from spark_torch_est.checkpoint import Checkpoint, check_compatible
+from spark_torch_est.creators import CreatorError, Creators
+from spark_torch_est.duration import Duration
+from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
+from spark_torch_est.frames import training_frame
+from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
+from spark_torch_est.launcher import Launcher, wait_for_slots
+from spark_torch_est.model import TorchModel
+from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
+from spark_torch_est.progress import Progress
+from spark_torch_est.spec import Target, TaskSpec
+
+__all__ = ["TorchEstimator"]
+
+logger = logging.getLogger(__name__)
+
+_CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks", "config")
+
+
+class TorchEstimator(Estimator, EstimatorParams):
+    """Trains a PyTorch model on a DataFrame with DDP in Spark barrier tasks.
+
+    Each fit continues the estimator's run: ``fit(df)`` trains to ``maxEpochs``,
+    ``fit(df, duration="2ep")`` two more epochs (never past ``maxEpochs``). ``copy()`` and
+    ``reset()`` start a new run.
+
+    Args:
+        model: An ``nn.Module`` or ``callable(config) -> nn.Module``.
+        optimizer: ``callable(model, config) -> torch.optim.Optimizer``.
+        loss: An ``nn.Module`` (or its class) or ``callable(outputs, labels) -> scalar``.
+        scheduler: ``callable(optimizer, config) -> LR scheduler`` stepped once per epoch, or None.
+        metrics: ``{name: callable(outputs, labels) | torchmetrics.Metric}`` computed on the
+            validation rows each epoch, or None.
+        hooks: A list of :class:`Hook` or a ``{name: Hook}`` dict, or None.
+        config: A plain dict handed to every creator (default ``{}``).
+        featuresCol: Vector, ``array<numeric>`` or numeric column (default ``"features"``).
+        featureCols: Numeric columns used instead of featuresCol (default None).
+        labelCol: Label column (default ``"label"``); integers are class indices.
+        predictionCol: Output column of the model (default ``"prediction"``).
+        probabilityCol: Class probabilities column for classifiers (default None: omitted).
+        validationIndicatorCol: Boolean column, True for validation rows (default None).
+        batchSize: Rows per worker per step (default 64).
+        maxEpochs: The run never trains past this (default 10).
+        numWorkers: Barrier tasks, i.e. DDP ranks (default 2).
+        seed: Seed of initialization, shuffles and RNG streams (default 0).
+        checkpointDir: fsspec URL for periodic checkpoints (default None).
+        checkpointInterval: Duration between periodic checkpoints (default ``"1ep"``).
+        maxRetries: Relaunches after failures a relaunch can fix (default 1).
+        useGpu: True, False or None to use GPUs when tasks have them (default None).
+        timeout: Seconds before a stuck rendezvous or collective fails the fit (default 600).
+        slotWaitTimeout: Seconds to wait for numWorkers free task slots (default 60).
+        showProgress: Progress bar or log lines on the driver (default True).
+        inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
+    """
+
+    @keyword_only
+    def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
+                 scheduler: Any = None, metrics: Mapping[str, Any] | None = None,
+                 hooks: Iterable[Hook] | Mapping[str, Hook] | None = None,
+                 config: Mapping[str, Any] | None = None, featuresCol: str | None = "features",
+                 featureCols: list[str] | None = None, labelCol: str = "label",
+                 predictionCol: str = "prediction", probabilityCol: str | None = None,
+                 validationIndicatorCol: str | None = None, batchSize: int = 64, maxEpochs: int = 10,
+                 numWorkers: int = 2, seed: int = 0, checkpointDir: str | None = None,
+                 checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
+                 timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
+                 inferenceBatchSize: int = 4096) -> None:
+        super().__init__()
+        self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
+        kwargs = dict(self._input_kwargs)
+        creator_args = {name: kwargs.pop(name) for name in _CREATOR_ARGS if name in kwargs}
+        self._creators = _make_creators(**creator_args)
+        self._initial_hook_states = _hook_states(self._creators.hooks)
+        self._checkpoint: Checkpoint | None = None
+        self._set(**kwargs)
+
+    # ----------------------------------------------------------------- run state
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The latest checkpoint of this run, or None before the first fit."""
+        return self._checkpoint
+
+    @property
+    def progress(self) -> Progress:
+        """Where the run stands."""
+        return self._checkpoint.progress if self._checkpoint is not None else Progress()
+
+    @property
+    def history(self) -> list[dict]:
+        """One metrics dict per completed epoch of this run."""
+        return self._checkpoint.history if self._checkpoint is not None else []
+
+    @property
+    def hooks(self) -> dict[str, Hook]:
+        """The driver's hook objects (their state follows each fit)."""
+        return dict(self._creators.hooks)
+
+    def reset(self) -> TorchEstimator:
+        """Starts a new run: fresh weights, optimizer, scheduler, counters and hook state."""
+        self._checkpoint = None
+        for name, hook in self._creators.hooks.items():
+            hook.load_state_dict(copy.deepcopy(self._initial_hook_states[name]))
+        return self
+
+    def copy(self, extra: dict | None = None) -> TorchEstimator:
+        """A copy with the same creators and Params and a new run (hooks are copied too)."""
+        that = super().copy(extra)
+        that._creators = copy.copy(self._creators)
+        that._creators.hooks = copy.deepcopy(self._creators.hooks)
+        that._checkpoint = None
+        that.reset()
+        return that
+
+    # ------------------------------------------------------------------------ fit
+
+    def fit(self, dataset: DataFrame, params: Any = None, *, duration: str | Duration | None = None,
+            resume_from: Any = None) -> Any:
+        """Trains and returns a :class:`TorchModel`; continues this estimator's run.
+
+        Args:
+            dataset: The training DataFrame.
+            params: An optional param map (trains a copy, i.e. a new run, as in pyspark.ml).
+            duration: ``"3ep"`` or ``"500ba"`` more training, capped at ``maxEpochs``;
+                None trains to ``maxEpochs``.
+            resume_from: A TorchModel, Checkpoint or checkpoint path to continue from
+                instead of this estimator's own run.
+
+        Raises:
+            InvalidInputError: Bad DataFrame, Params or creators (before any Spark job).
+            TrainingCompleteError: The run already reached ``maxEpochs``.
+            TrainingFailedError: A rank failed; the estimator's run is unchanged.
+        """
+        if params:
+            if isinstance(params, (list, tuple)):
+                return super().fit(dataset, params)
+            return self.copy(params).fit(dataset, duration=duration, resume_from=resume_from)
+        return self._fit_run(dataset, duration, resume_from)
+
+    def _fit(self, dataset: DataFrame) -> TorchModel:
+        return self._fit_run(dataset, None, None)
+
+    def _fit_run(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any) -> TorchModel:
+        start = _resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
+        self._check_params()
+        target = self._target(start.progress if start is not None else Progress(), duration)
+        self._check_creators(start)
+        frame = training_frame(
+            dataset, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
+            label_col=self.getLabelCol(), validation_col=self.getValidationIndicatorCol(),
+            num_workers=self.getNumWorkers(),
+        )
+        spec = self._spec(target, start)
+        spark = dataset.sparkSession
+        wait_for_slots(spark, self.getNumWorkers(), self.getSlotWaitTimeout())
+        blob = Launcher(spark, frame, self.getMaxRetries()).run(spec)
+        checkpoint = Checkpoint.from_bytes(blob)
+        for name, hook in self._creators.hooks.items():
+            if name in checkpoint.hook_states:
+                hook.load_state_dict(checkpoint.hook_states[name])
+        self._checkpoint = checkpoint
+        for entry in checkpoint.history[len(start.history) if start is not None else 0:]:
+            logger.info("epoch %d: %s", entry["epoch"],
+                        ", ".join(f"{k}={v:.6g}" for k, v in entry.items() if k != "epoch"))
+        return self._model(checkpoint)
+
+    def _model(self, checkpoint: Checkpoint) -> TorchModel:
+        model = TorchModel(model=self._creators.model, config=dict(self._creators.config), checkpoint=checkpoint)
+        for name in ("featuresCol", "featureCols", "predictionCol", "probabilityCol", "inferenceBatchSize"):
+            model._set(**{name: self.getOrDefault(name)})
+        return model
+
+    # ----------------------------------------------------------------- validation
+
+    def _target(self, progress: Progress, duration: str | Duration | None) -> Target:
+        max_epochs = self.getMaxEpochs()
+        if progress.epoch >= max_epochs:
+            raise TrainingCompleteError(
+                f"the run is complete: {progress.epoch} of maxEpochs={max_epochs} epochs are done. "
+                "Raise maxEpochs (est.setMaxEpochs(n)) to train further, or call est.reset() to start a new run"
+            )
+        if duration is None:
+            return Target(max_epochs=max_epochs, epoch=max_epochs)
+        duration = Duration.parse(duration, what="duration")
+        if duration.unit == "ep":
+            return Target(max_epochs=max_epochs, epoch=min(progress.epoch + duration.value, max_epochs))
+        return Target(max_epochs=max_epochs, epoch=max_epochs, global_step=progress.global_step + duration.value)
+
+    def _check_params(self) -> None:
+        for name, low in (("batchSize", 1), ("maxEpochs", 1), ("numWorkers", 1), ("maxRetries", 0),
+                          ("inferenceBatchSize", 1)):
+            value = self.getOrDefault(name)
+            if value < low:
+                raise InvalidInputError(f"{name} must be at least {low}, got {value}")
+        for name in ("timeout", "slotWaitTimeout"):
+            if not self.getOrDefault(name) > 0:
+                raise InvalidInputError(f"{name} must be a positive number of seconds, got {self.getOrDefault(name)}")
+        Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
+
+    def _check_creators(self, start: Checkpoint | None) -> None:
+        """Builds every object once on the driver, so bad creators fail before any job."""
+        creators = self._creators
+        for name in ("model", "optimizer", "loss"):
+            if getattr(creators, name) is None:
+                raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
+        HookSet(creators.hooks)
+        try:
+            model = creators.build_model()
+            if start is not None:
+                check_compatible(model.state_dict(), start.model_state)
+            creators.build_scheduler(creators.build_optimizer(model))
+            creators.build_loss()
+        except CreatorError as error:
+            raise InvalidInputError(f"{error} (check the {error.creator}= argument)") from error
+
+    def _spec(self, target: Target, start: Checkpoint | None) -> TaskSpec:
+        try:
+            payload = cloudpickle.dumps(self._creators)
+        except Exception as error:
+            raise InvalidInputError(
+                f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
+            ) from error
+        interval = Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
+        return TaskSpec(
+            job_id="", payload=payload, resume=start.to_bytes() if start is not None else None,
+            target=target, world_size=self.getNumWorkers(), batch_size=self.getBatchSize(),
+            seed=self.getSeed(), store_host=None, store_port=None, timeout_s=self.getTimeout(),
+            use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
+            checkpoint_every=(interval.value, interval.unit), label_name=self.getLabelCol(),
+        )
+
+
+def _make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None, scheduler: Any = None,
+                   metrics: Mapping[str, Any] | None = None, hooks: Any = None,
+                   config: Mapping[str, Any] | None = None) -> Creators:
+    if config is not None and not isinstance(config, Mapping):
+        raise InvalidInputError(f"config must be a dict, got {type(config).__name__}")
+    for name, value in (("optimizer", optimizer), ("scheduler", scheduler)):
+        if value is not None and not callable(value):
+            raise InvalidInputError(f"{name} must be a callable creator, got {type(value).__name__}")
+    if model is not None and not (isinstance(model, torch.nn.Module) or callable(model)):
+        raise InvalidInputError(f"model must be an nn.Module or a callable(config), got {type(model).__name__}")
+    if loss is not None and not callable(loss):
+        raise InvalidInputError(f"loss must be an nn.Module or a callable(outputs, labels), got {type(loss).__name__}")
+    return Creators(model=model, optimizer=optimizer, loss=loss, scheduler=scheduler,
+                    metrics=dict(metrics or {}), hooks=normalize_hooks(hooks), config=dict(config or {}))
+
+
+def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:
+    return {name: copy.deepcopy(hook.state_dict()) for name, hook in hooks.items()}
+
+
+def _resolve_checkpoint(source: Any) -> Checkpoint:
+    if isinstance(source, Checkpoint):
+        return source
+    if isinstance(source, TorchModel):
+        return source.checkpoint
+    if isinstance(source, str):
+        return Checkpoint.load(source)
+    raise InvalidInputError(
+        f"resume_from must be a TorchModel, a Checkpoint or a checkpoint path, got {type(source).__name__}"
+    )
+

@@ -1,0 +1,266 @@
+"""Hooks: user code called at every stage of the training loop, on every rank.
+
+A hook method names only the keyword arguments it wants; :class:`HookSet` inspects each
+method once and passes exactly those names. The order of stages in one fit is::
+
+    before_run
+    for each epoch:
+        before_train_epoch
+        for each batch:
+            before_train_iter        may return a replacement batch
+            [train_step]             one hook may replace the forward/backward/step below
+            before_backward          may return a replacement loss
+            after_backward
+            before_optimizer_step
+            after_optimizer_step
+            after_train_iter
+        before_val_epoch             only with validation rows
+            before_val_iter / after_val_iter
+        after_val_epoch
+        after_train_epoch
+    after_run
+    on_exception                     when any stage raised
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from spark_torch_est.errors import InvalidInputError
+
+__all__ = ["Hook", "Control", "HookSet", "STAGES", "STAGE_ARGUMENTS", "normalize_hooks"]
+
+_COMMON = (
+    "model", "ddp_model", "optimizer", "scheduler", "loss_fn", "epoch", "batch_idx",
+    "global_step", "rank", "world_size", "config", "state", "control", "device",
+)
+_BATCH = ("batch", "inputs", "labels")
+_STEP = _BATCH + ("outputs", "loss")
+
+#: The keyword arguments on offer at each stage.
+STAGE_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "before_run": _COMMON,
+    "before_train_epoch": _COMMON,
+    "before_train_iter": _COMMON + _BATCH,
+    "train_step": _COMMON + _BATCH,
+    "before_backward": _COMMON + _STEP,
+    "after_backward": _COMMON + _STEP,
+    "before_optimizer_step": _COMMON + _STEP,
+    "after_optimizer_step": _COMMON + _STEP,
+    "after_train_iter": _COMMON + _STEP,
+    "before_val_epoch": _COMMON,
+    "before_val_iter": _COMMON + _BATCH,
+    "after_val_iter": _COMMON + _STEP,
+    "after_val_epoch": _COMMON + ("metrics",),
+    "after_train_epoch": _COMMON + ("metrics",),
+    "after_run": _COMMON + ("metrics",),
+    "on_exception": _COMMON + ("exception", "stage"),
+}
+
+#: Every stage in loop order (``train_step`` is an override, not a notification).
+STAGES: tuple[str, ...] = tuple(s for s in STAGE_ARGUMENTS if s != "train_step")
+
+
+@dataclass
+class Control:
+    """Requests hooks make to the loop. Any rank may set a flag; the loop combines the
+    flags of all ranks after each step, so every rank stops at the same step.
+
+    Attributes:
+        stop_training: End the fit after the current step (the run can be resumed).
+        stop_epoch: End the current epoch after the current step.
+        step_scheduler_per_epoch: Whether the loop steps the LR scheduler after each epoch;
+            a hook that steps it itself (see ``builtin_hooks.SchedulerPerIteration``) sets
+            this to False in ``before_run``.
+    """
+
+    stop_training: bool = False
+    stop_epoch: bool = False
+    step_scheduler_per_epoch: bool = True
+
+
+class Hook:
+    """Base class for hooks. Override the stages you need; each method declares only the
+    keyword arguments it uses (see :data:`STAGE_ARGUMENTS`), or ``**kwargs`` for all.
+
+    A hook may also define ``train_step(model, batch, loss_fn, optimizer, ...)`` to replace
+    the forward, backward and optimizer step (at most one hook may); it returns the loss or
+    ``(loss, outputs)``. Hook objects are pickled to every rank; whatever ``state_dict``
+    returns on rank 0 is saved in the checkpoint, restored on every rank at the next fit
+    and loaded into the driver's hook object when ``fit`` returns.
+    """
+
+    def before_run(self, **kwargs: Any) -> None:
+        """Once per fit, after resuming and wrapping the model in DDP."""
+
+    def before_train_epoch(self, **kwargs: Any) -> None:
+        """At the start of every epoch (not when a fit resumes mid-epoch)."""
+
+    def before_train_iter(self, **kwargs: Any) -> Any:
+        """Before each training batch; may return a replacement ``(inputs, labels)``."""
+
+    def before_backward(self, **kwargs: Any) -> Any:
+        """After the loss is computed; may return a replacement loss."""
+
+    def after_backward(self, **kwargs: Any) -> None:
+        """After ``loss.backward()``; gradients are synchronized across ranks."""
+
+    def before_optimizer_step(self, **kwargs: Any) -> None:
+        """Before ``optimizer.step()`` (gradient clipping goes here)."""
+
+    def after_optimizer_step(self, **kwargs: Any) -> None:
+        """After ``optimizer.step()``."""
+
+    def after_train_iter(self, **kwargs: Any) -> None:
+        """After each training batch; ``global_step`` includes this step."""
+
+    def before_val_epoch(self, **kwargs: Any) -> None:
+        """Before validation, when there are validation rows."""
+
+    def before_val_iter(self, **kwargs: Any) -> None:
+        """Before each validation batch."""
+
+    def after_val_iter(self, **kwargs: Any) -> None:
+        """After each validation batch."""
+
+    def after_val_epoch(self, **kwargs: Any) -> None:
+        """After validation; ``metrics`` holds this epoch's validation values."""
+
+    def after_train_epoch(self, **kwargs: Any) -> None:
+        """After every epoch; ``metrics`` holds the epoch's history entry."""
+
+    def after_run(self, **kwargs: Any) -> None:
+        """Once per fit, after the last step of this fit."""
+
+    def on_exception(self, **kwargs: Any) -> None:
+        """When a stage raised; ``exception`` and ``stage`` say what and where."""
+
+    def state_dict(self) -> dict:
+        """Returns the state to keep across fits (tensors and plain data only)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores what :meth:`state_dict` returned."""
+
+
+def normalize_hooks(hooks: Iterable[Hook] | Mapping[str, Hook] | None) -> dict[str, Hook]:
+    """Returns hooks as an ordered ``{name: hook}`` dict; list entries get unique names.
+
+    Raises:
+        InvalidInputError: An entry is not a :class:`Hook`, or ``hooks`` is not a list/dict.
+    """
+    if hooks is None:
+        return {}
+    if isinstance(hooks, Hook):
+        hooks = [hooks]
+    if isinstance(hooks, Mapping):
+        named = dict(hooks)
+    elif isinstance(hooks, (list, tuple)):
+        named = {}
+        for hook in hooks:
+            base = type(hook).__name__
+            name, n = base, 1
+            while name in named:
+                n += 1
+                name = f"{base}_{n}"
+            named[name] = hook
+    else:
+        raise InvalidInputError(f"hooks must be a list of Hook or a {{name: Hook}} dict, got {type(hooks).__name__}")
+    for name, hook in named.items():
+        if not isinstance(name, str) or not isinstance(hook, Hook):
+            raise InvalidInputError(
+                f"hooks[{name!r}] must be a spark_torch_est.Hook instance, got {type(hook).__name__}"
+            )
+    return named
+
+
+_Call = tuple[str, Callable[..., Any], "tuple[str, ...] | None"]
+
+
+def _plan(name: str, hook: Hook, stage: str) -> _Call | None:
+    """Inspects one hook method: returns (hook name, bound method, argument names or None
+    for ``**kwargs``), or None when the hook does not override the stage."""
+    method = getattr(hook, stage, None)
+    if method is None or getattr(type(hook), stage, None) is getattr(Hook, stage, None):
+        return None
+    allowed = STAGE_ARGUMENTS[stage]
+    names: list[str] = []
+    for param in inspect.signature(method).parameters.values():
+        if param.kind is param.VAR_KEYWORD:
+            return name, method, None
+        if param.kind is param.VAR_POSITIONAL:
+            continue
+        if param.name not in allowed:
+            if param.default is not param.empty:
+                continue
+            raise InvalidInputError(
+                f"hook {name!r}: {stage}() asks for unknown argument {param.name!r}; "
+                f"the arguments on offer at {stage} are: {', '.join(allowed)}"
+            )
+        names.append(param.name)
+    return name, method, tuple(names)
+
+
+class HookSet:
+    """The hooks of one fit with their call plans, made once by inspecting signatures.
+
+    Args:
+        hooks: ``{name: hook}`` as returned by :func:`normalize_hooks`.
+
+    Raises:
+        InvalidInputError: A method asks for an argument its stage does not offer, or more
+            than one hook defines ``train_step``.
+    """
+
+    def __init__(self, hooks: Mapping[str, Hook]) -> None:
+        self.hooks = dict(hooks)
+        self._plans: dict[str, list[_Call]] = {
+            stage: [p for p in (_plan(n, h, stage) for n, h in self.hooks.items()) if p]
+            for stage in STAGE_ARGUMENTS
+        }
+        steppers = self._plans.pop("train_step")
+        if len(steppers) > 1:
+            raise InvalidInputError(
+                "at most one hook may define train_step; found it in "
+                + ", ".join(repr(p[0]) for p in steppers)
+            )
+        self.train_step: _Call | None = steppers[0] if steppers else None
+        self.current_hook: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.hooks)
+
+    def has(self, stage: str) -> bool:
+        """Whether any hook overrides ``stage``."""
+        return bool(self._plans[stage])
+
+    def call(self, stage: str, context: Mapping[str, Any]) -> Any:
+        """Calls every hook's ``stage`` method; returns the last non-None return value."""
+        result = None
+        for name, method, names in self._plans[stage]:
+            self.current_hook = name
+            value = method(**context) if names is None else method(**{n: context[n] for n in names})
+            if value is not None:
+                result = value
+        self.current_hook = None
+        return result
+
+    def run_train_step(self, context: Mapping[str, Any]) -> Any:
+        """Calls the overriding ``train_step`` with the arguments it names."""
+        name, method, names = self.train_step  # type: ignore[misc]
+        self.current_hook = name
+        value = method(**context) if names is None else method(**{n: context[n] for n in names})
+        self.current_hook = None
+        return value
+
+    def state_dict(self) -> dict[str, dict]:
+        """Returns ``{hook name: hook.state_dict()}``."""
+        return {name: hook.state_dict() for name, hook in self.hooks.items()}
+
+    def load_state_dict(self, states: Mapping[str, dict]) -> None:
+        """Loads saved states into the hooks with the same names; others are left alone."""
+        for name, hook in self.hooks.items():
+            if name in states:
+                hook.load_state_dict(states[name])

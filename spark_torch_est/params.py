@@ -1,0 +1,156 @@
+"""[driver] Spark ML Param declarations and their defaults (the one home of every default)."""
+
+from __future__ import annotations
+
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (
+    HasFeaturesCol,
+    HasLabelCol,
+    HasPredictionCol,
+    HasSeed,
+    HasValidationIndicatorCol,
+)
+
+__all__ = ["ModelParams", "EstimatorParams", "ESTIMATOR_DEFAULTS", "MODEL_DEFAULTS"]
+
+
+def _to_optional_bool(value: object) -> bool | None:
+    return None if value is None else TypeConverters.toBoolean(value)
+
+
+def _to_optional_string_list(value: object) -> list[str] | None:
+    return None if value is None else TypeConverters.toListString(value)
+
+
+#: Defaults shared by TorchEstimator and TorchModel.
+MODEL_DEFAULTS: dict[str, object] = {
+    "featuresCol": "features",
+    "featureCols": None,
+    "predictionCol": "prediction",
+    "probabilityCol": None,
+    "inferenceBatchSize": 4096,
+}
+
+#: Defaults of TorchEstimator's own Params.
+ESTIMATOR_DEFAULTS: dict[str, object] = {
+    "labelCol": "label",
+    "validationIndicatorCol": None,
+    "batchSize": 64,
+    "maxEpochs": 10,
+    "numWorkers": 2,
+    "seed": 0,
+    "checkpointDir": None,
+    "checkpointInterval": "1ep",
+    "maxRetries": 1,
+    "useGpu": None,
+    "timeout": 600.0,
+    "slotWaitTimeout": 60.0,
+    "showProgress": True,
+}
+
+
+class ModelParams(HasFeaturesCol, HasPredictionCol):
+    """Params of the columns a model reads and writes."""
+
+    featureCols: Param = Param(
+        Params._dummy(), "featureCols",
+        "numeric columns to use as features, instead of featuresCol",
+        typeConverter=_to_optional_string_list,
+    )
+    probabilityCol: Param = Param(
+        Params._dummy(), "probabilityCol",
+        "for classifiers (integer labels): column for the softmax probabilities; None = omit",
+        typeConverter=TypeConverters.toString,
+    )
+    inferenceBatchSize: Param = Param(
+        Params._dummy(), "inferenceBatchSize", "rows per forward pass in transform()",
+        typeConverter=TypeConverters.toInt,
+    )
+
+    def getFeatureCols(self) -> list[str] | None:
+        """Gets the value of featureCols or its default."""
+        return self.getOrDefault(self.featureCols)
+
+    def getProbabilityCol(self) -> str | None:
+        """Gets the value of probabilityCol or its default."""
+        return self.getOrDefault(self.probabilityCol)
+
+    def getInferenceBatchSize(self) -> int:
+        """Gets the value of inferenceBatchSize or its default."""
+        return self.getOrDefault(self.inferenceBatchSize)
+
+    def setFeaturesCol(self, value: str | None):
+        """Sets featuresCol (None: use featureCols)."""
+        return self._set(featuresCol=value)
+
+    def setFeatureCols(self, value: list[str] | None):
+        """Sets featureCols."""
+        return self._set(featureCols=value)
+
+    def setPredictionCol(self, value: str):
+        """Sets predictionCol."""
+        return self._set(predictionCol=value)
+
+    def setProbabilityCol(self, value: str | None):
+        """Sets probabilityCol."""
+        return self._set(probabilityCol=value)
+
+    def setInferenceBatchSize(self, value: int):
+        """Sets inferenceBatchSize."""
+        return self._set(inferenceBatchSize=value)
+
+
+class EstimatorParams(ModelParams, HasLabelCol, HasSeed, HasValidationIndicatorCol):
+    """Params of TorchEstimator."""
+
+    batchSize: Param = Param(Params._dummy(), "batchSize", "rows per worker per step",
+                             typeConverter=TypeConverters.toInt)
+    maxEpochs: Param = Param(Params._dummy(), "maxEpochs", "the run never trains past this many epochs",
+                             typeConverter=TypeConverters.toInt)
+    numWorkers: Param = Param(Params._dummy(), "numWorkers", "barrier tasks, i.e. DDP ranks",
+                              typeConverter=TypeConverters.toInt)
+    checkpointDir: Param = Param(Params._dummy(), "checkpointDir",
+                                 "fsspec URL for periodic checkpoints (None = only the driver's copy)",
+                                 typeConverter=TypeConverters.toString)
+    checkpointInterval: Param = Param(Params._dummy(), "checkpointInterval",
+                                      "how often to write to checkpointDir, e.g. '1ep' or '500ba'",
+                                      typeConverter=TypeConverters.toString)
+    maxRetries: Param = Param(Params._dummy(), "maxRetries",
+                              "relaunches of a failed job from the newest checkpoint",
+                              typeConverter=TypeConverters.toInt)
+    useGpu: Param = Param(Params._dummy(), "useGpu", "True/False, or None to use GPUs when tasks have them",
+                          typeConverter=_to_optional_bool)
+    timeout: Param = Param(Params._dummy(), "timeout",
+                           "seconds before a rendezvous or collective that does not complete fails the fit",
+                           typeConverter=TypeConverters.toFloat)
+    slotWaitTimeout: Param = Param(Params._dummy(), "slotWaitTimeout",
+                                   "seconds to wait for executors to offer numWorkers task slots",
+                                   typeConverter=TypeConverters.toFloat)
+    showProgress: Param = Param(Params._dummy(), "showProgress",
+                                "show a progress bar (a terminal) or log lines on the driver",
+                                typeConverter=TypeConverters.toBoolean)
+
+    def setLabelCol(self, value: str):
+        """Sets labelCol."""
+        return self._set(labelCol=value)
+
+    def setSeed(self, value: int):
+        """Sets seed."""
+        return self._set(seed=value)
+
+    def setValidationIndicatorCol(self, value: str | None):
+        """Sets validationIndicatorCol."""
+        return self._set(validationIndicatorCol=value)
+
+
+def _accessors(name: str, doc: str) -> None:
+    cap = name[0].upper() + name[1:]
+    setattr(EstimatorParams, f"get{cap}", lambda self: self.getOrDefault(getattr(self, name)))
+    setattr(EstimatorParams, f"set{cap}", lambda self, value: self._set(**{name: value}))
+    getattr(EstimatorParams, f"get{cap}").__doc__ = f"Gets the value of {name} or its default ({doc})."
+    getattr(EstimatorParams, f"set{cap}").__doc__ = f"Sets {name} ({doc})."
+
+
+for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
+              "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress"):
+    _accessors(_name, getattr(EstimatorParams, _name).doc)

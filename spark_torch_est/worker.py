@@ -1,0 +1,189 @@
+"""Barrier-task entry point: ingest, rendezvous, process group, loop, teardown, result.
+
+Runs in the Spark task's own Python worker (one rank per task). Imports nothing from the
+driver side. The teardown order matters in a reused Python worker: every object that
+holds the process group (the DDP Reducer above all) must be gone before
+``destroy_process_group``, or the next fit in the session hangs (FIELD_NOTES.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import traceback
+from datetime import timedelta
+from typing import Iterator
+
+import cloudpickle
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from spark_torch_est.barrier import Barrier, SparkBarrier
+from spark_torch_est.checkpoint import iter_chunks
+from spark_torch_est.creators import CreatorError, Creators
+from spark_torch_est.data import InputDataError, Shard, read_shard
+from spark_torch_est.errors import IncompatibleCheckpointError
+from spark_torch_est.failure import CHECKPOINT, INPUT, SYSTEM, UNREACHABLE, USER, Failure, RankFailure
+from spark_torch_est.spec import TaskSpec
+
+__all__ = ["RESULT_SCHEMA", "train_task", "run_rank", "failure_key"]
+
+logger = logging.getLogger(__name__)
+
+#: Rows rank 0 returns: the checkpoint split into ordered binary chunks.
+RESULT_SCHEMA = "seq long, data binary"
+_ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
+_SYSTEM_STAGES = {"rendezvous", "collective", "backward", "checkpoint", "teardown"}
+
+
+def failure_key(rank: int) -> str:
+    """The store key under which a rank reports its failure."""
+    return f"failure/{rank}"
+
+
+def train_task(spec: TaskSpec) -> "callable":
+    """Returns the ``mapInArrow`` function for ``spec`` (a top-level function, no closure
+    over driver objects)."""
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        barrier = SparkBarrier()
+        torch.set_num_threads(max(1, barrier.cpus()))
+        blob = run_rank(spec, batches, barrier)
+        for seq, chunk in enumerate(iter_chunks(blob) if blob is not None else ()):
+            yield pa.RecordBatch.from_arrays([pa.array([seq], pa.int64()), pa.array([bytes(chunk)], pa.binary())],
+                                             schema=_ARROW_RESULT)
+
+    return task
+
+
+def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier) -> bytes | None:
+    """Runs one rank of the job; returns the checkpoint bytes on rank 0.
+
+    Raises:
+        RankFailure: Anything failed; carries a :class:`Failure` for the driver.
+    """
+    rank = barrier.rank
+    store = None
+    stage = "ingest"
+    try:
+        shard = read_shard(batches, spec.label_name)
+        stage = "rendezvous"
+        device = _device(spec, barrier)
+        store = _connect_store(spec, barrier)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+            world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s),
+        )
+    except BaseException as error:  # noqa: B036 - reported, then re-raised as RankFailure
+        failure = _describe(error, rank, stage, None)
+        del error
+        _report(store, failure)
+        raise RankFailure(failure) from None
+    failure, blob = _train(spec, shard, rank, device)
+    _teardown(clean=failure is None)
+    if failure is not None:
+        _report(store, failure)
+        raise RankFailure(failure)
+    return blob
+
+
+def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device) -> tuple[Failure | None, bytes | None]:
+    """Runs the loop; returns plain data only, so no exception or frame keeps the DDP
+    model alive into the teardown."""
+    from spark_torch_est.loop import Trainer
+
+    trainer = None
+    try:
+        creators: Creators = cloudpickle.loads(spec.payload)
+        trainer = Trainer(creators, spec, shard, rank, spec.world_size, device)
+        return None, trainer.run()
+    except BaseException as error:  # noqa: B036 - turned into plain data for the driver
+        stage = trainer.stage if trainer is not None else "setup"
+        hook = trainer.hooks.current_hook if trainer is not None else None
+        failure = _describe(error, rank, stage, hook)
+        logger.error("rank %d failed at %s: %s", rank, stage, failure.message)
+        error.__traceback__ = None
+        return failure, None
+
+
+def _describe(error: BaseException, rank: int, stage: str, hook: str | None) -> Failure:
+    if isinstance(error, InputDataError):
+        kind = INPUT
+    elif isinstance(error, IncompatibleCheckpointError):
+        kind = CHECKPOINT
+    elif isinstance(error, _Unreachable):
+        kind = UNREACHABLE
+    elif isinstance(error, CreatorError) or hook is not None:
+        kind = USER
+    elif isinstance(error, dist.DistError) or stage in _SYSTEM_STAGES or isinstance(error, KeyboardInterrupt):
+        kind = SYSTEM
+    else:
+        kind = USER
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return Failure(kind=kind, message=f"{type(error).__name__}: {error}", rank=rank, stage=stage,
+                   hook=hook, traceback=text)
+
+
+class _Unreachable(RuntimeError):
+    """The driver's rendezvous store did not answer."""
+
+
+def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:
+    gpus = barrier.gpus()
+    use_gpu = spec.use_gpu if spec.use_gpu is not None else bool(gpus) and torch.cuda.is_available()
+    if not use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise InputDataError("useGpu=True but torch sees no CUDA device on this executor")
+    index = int(gpus[0]) if gpus else barrier.rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _connect_store(spec: TaskSpec, barrier: Barrier) -> dist.Store:
+    """Joins the driver's TCPStore, or, without one, a store rank 0 opens and announces
+    with one ``allGather``."""
+    timeout = timedelta(seconds=spec.timeout_s)
+    if spec.store_host is not None:
+        try:
+            store = dist.TCPStore(spec.store_host, spec.store_port, is_master=False,
+                                  timeout=timedelta(seconds=min(spec.timeout_s, 30.0)))
+        except (RuntimeError, dist.DistError) as error:
+            raise _Unreachable(f"cannot reach the driver's rendezvous store at "
+                               f"{spec.store_host}:{spec.store_port}: {error}") from None
+        store.set_timeout(timeout)
+        return dist.PrefixStore(spec.job_id, store)
+    if barrier.rank == 0:
+        store = dist.TCPStore(barrier.host(), 0, spec.world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        barrier.all_gather(f"{barrier.host()}:{store.port}")
+    else:
+        host, port = barrier.all_gather("")[0].rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    return dist.PrefixStore(spec.job_id, store)
+
+
+def _report(store: dist.Store | None, failure: Failure) -> None:
+    """Leaves the failure in the driver's store, where the driver looks for the root cause."""
+    if store is None:
+        return
+    try:
+        store.set(failure_key(failure.rank), failure.to_json())
+    except (RuntimeError, dist.DistError):
+        logger.warning("rank %d: could not report the failure to the driver's store", failure.rank)
+
+
+def _teardown(clean: bool) -> None:
+    """Destroys the process group in the order that cannot hang a reused Python worker."""
+    if not dist.is_initialized():
+        return
+    if clean:
+        try:
+            dist.barrier()
+        except (RuntimeError, dist.DistError):
+            clean = False
+    gc.collect()
+    dist.destroy_process_group()
+    logger.debug("process group destroyed (pid %d, clean=%s)", os.getpid(), clean)
