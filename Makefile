@@ -1,0 +1,40 @@
+# Two commands on a fresh machine: `make test` and `make example`.
+PYTHON ?= python3.11
+VENV ?= .venv
+# The CPU wheel that lies on these machines; GPU users: make TORCH_SPEC='torch>=2.2' ...
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.' '_')
+# Executors run the virtualenv's Python; everything binds to loopback; settings from conf/.
+RUN := PYSPARK_PYTHON=$(abspath $(BIN))/python PYSPARK_DRIVER_PYTHON=$(abspath $(BIN))/python \
+       SPARK_LOCAL_IP=127.0.0.1 SPARK_CONF_DIR=$(abspath conf)
+
+.PHONY: test test-slow test-all example example-submit bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+test: $(STAMP)  ## the suite without the slow tests (about 10 minutes on 2 cores)
+	$(RUN) $(BIN)/python -m pytest -m "not slow" tests
+
+test-slow: $(STAMP)  ## only the slow tests
+	$(RUN) $(BIN)/python -m pytest -m slow tests
+
+test-all: $(STAMP)
+	$(RUN) $(BIN)/python -m pytest tests
+
+example: $(STAMP)  ## the main example on local[*]
+	$(RUN) $(BIN)/python examples/train_regression.py
+
+example-submit: $(STAMP)  ## the same example through spark-submit
+	$(RUN) $(BIN)/spark-submit examples/train_regression.py
+
+bench: $(STAMP)
+	$(RUN) $(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache spark-warehouse

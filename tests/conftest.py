@@ -1,0 +1,35 @@
+"""Shared test setup: the executors' Python, loopback networking, and leak checks."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+# Executors must run this interpreter (it has torch), and everything binds to loopback.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_process_group():
+    """A test must not leave a torch.distributed process group behind in this process."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail("the test left a torch.distributed process group initialized")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    """A test must not leave new non-daemon threads running (they would block exit)."""
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    leaked = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive() and not t.daemon]
+    assert not leaked, f"threads leaked by the test: {leaked}"

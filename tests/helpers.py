@@ -1,0 +1,53 @@
+"""Creators and hooks shared by tests; pickled by value, as if defined in a notebook."""
+
+from __future__ import annotations
+
+import os
+
+import cloudpickle
+import numpy as np
+import torch
+from torch import nn
+
+from spark_torch_est import Hook
+
+
+def linear_model(config: dict) -> nn.Module:
+    return nn.Linear(config.get("in_features", 8), 1)
+
+
+def mlp(config: dict) -> nn.Module:
+    width = config.get("width", 16)
+    return nn.Sequential(nn.Linear(config.get("in_features", 8), width), nn.ReLU(),
+                         nn.Dropout(config.get("dropout", 0.0)), nn.Linear(width, 1))
+
+
+def sgd(model: nn.Module, config: dict) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.05))
+
+
+def adam(model: nn.Module, config: dict) -> torch.optim.Optimizer:
+    return torch.optim.Adam(model.parameters(), lr=config.get("lr", 0.01))
+
+
+def step_lr(optimizer: torch.optim.Optimizer, config: dict):
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+
+
+def flat_weights(model: nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()]).numpy()
+
+
+class DumpWeights(Hook):
+    """Writes each rank's final weights to ``<directory>/rank<r>.npy``."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def after_run(self, model, rank):
+        np.save(os.path.join(self.directory, f"rank{rank}.npy"), flat_weights(model))
+
+
+import sys  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])

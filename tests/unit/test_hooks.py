@@ -1,0 +1,88 @@
+import pytest
+
+from spark_torch_est import Hook
+from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.hooks import STAGE_ARGUMENTS, HookSet, normalize_hooks
+
+
+class Recorder(Hook):
+    def __init__(self):
+        self.calls = []
+
+    def after_train_iter(self, loss, batch_idx):
+        self.calls.append((loss, batch_idx))
+
+    def state_dict(self):
+        return {"n": len(self.calls)}
+
+    def load_state_dict(self, state):
+        self.calls = [None] * state["n"]
+
+
+class TakesAll(Hook):
+    def before_backward(self, **kwargs):
+        self.seen = sorted(kwargs)
+        return "replaced"
+
+
+def test_each_method_gets_exactly_the_arguments_it_names():
+    hook = Recorder()
+    hooks = HookSet({"rec": hook})
+    context = {name: name for name in STAGE_ARGUMENTS["after_train_iter"]}
+    hooks.call("after_train_iter", context)
+    assert hook.calls == [("loss", "batch_idx")]
+
+
+def test_var_keyword_gets_everything_and_return_value_is_passed_back():
+    hook = TakesAll()
+    context = {name: 1 for name in STAGE_ARGUMENTS["before_backward"]}
+    assert HookSet({"all": hook}).call("before_backward", context) == "replaced"
+    assert hook.seen == sorted(STAGE_ARGUMENTS["before_backward"])
+
+
+def test_stages_not_overridden_are_not_planned():
+    hooks = HookSet({"rec": Recorder()})
+    assert hooks.has("after_train_iter") and not hooks.has("before_run")
+
+
+def test_unknown_argument_is_rejected_with_the_valid_names():
+    class Typo(Hook):
+        def after_train_iter(self, los):
+            pass
+
+    with pytest.raises(InvalidInputError) as error:
+        HookSet({"typo": Typo()})
+    assert "'los'" in str(error.value) and "loss" in str(error.value) and "'typo'" in str(error.value)
+
+
+def test_batch_is_not_offered_before_the_run():
+    class Early(Hook):
+        def before_run(self, batch):
+            pass
+
+    with pytest.raises(InvalidInputError, match="before_run"):
+        HookSet({"early": Early()})
+
+
+def test_two_train_step_overrides_are_an_error():
+    class Step(Hook):
+        def train_step(self, model, batch):
+            return 0
+
+    with pytest.raises(InvalidInputError, match="at most one hook"):
+        HookSet(normalize_hooks([Step(), Step()]))
+
+
+def test_list_hooks_get_unique_names_and_dict_names_are_kept():
+    assert list(normalize_hooks([Recorder(), Recorder()])) == ["Recorder", "Recorder_2"]
+    assert list(normalize_hooks({"mine": Recorder()})) == ["mine"]
+    with pytest.raises(InvalidInputError, match="Hook instance"):
+        normalize_hooks([object()])
+
+
+def test_state_round_trips_by_name():
+    source = HookSet({"rec": Recorder()})
+    source.hooks["rec"].calls = [1, 2, 3]
+    target = HookSet({"rec": Recorder(), "other": Recorder()})
+    target.load_state_dict(source.state_dict())
+    assert len(target.hooks["rec"].calls) == 3 and target.hooks["other"].calls == []

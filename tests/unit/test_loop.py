@@ -1,0 +1,99 @@
+"""The loop of one rank, run without Spark through a fake barrier (world size 1)."""
+
+from __future__ import annotations
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from spark_torch_est import Checkpoint, Hook
+from spark_torch_est.creators import Creators
+from spark_torch_est.data import FEATURES, LABEL
+from spark_torch_est.failure import INPUT, USER, RankFailure
+from spark_torch_est.hooks import normalize_hooks
+from spark_torch_est.spec import Target, TaskSpec
+from spark_torch_est.worker import run_rank
+from tests.helpers import adam, flat_weights, mlp, step_lr
+
+
+class FakeBarrier:
+    rank, world_size = 0, 1
+
+    def all_gather(self, message):
+        return [message]
+
+    def host(self):
+        return "127.0.0.1"
+
+    def cpus(self):
+        return 1
+
+    def gpus(self):
+        return []
+
+
+def _batches(rows=200, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 8)).astype(np.float32)
+    y = (x.sum(axis=1) + 1.0).astype(np.float32)
+    features = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 8)
+    return [pa.RecordBatch.from_arrays([features, pa.array(y)], [FEATURES, LABEL])]
+
+
+def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200) -> Checkpoint:
+    creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), scheduler=step_lr,
+                        hooks=normalize_hooks(hooks), config={"dropout": 0.3})
+    spec = TaskSpec(job_id="unit/", payload=cloudpickle.dumps(creators), resume=resume, target=target,
+                    world_size=1, batch_size=16, seed=3, store_host=None, store_port=None, timeout_s=30)
+    return Checkpoint.from_bytes(run_rank(spec, iter(_batches(rows)), FakeBarrier()))
+
+
+def _weights(checkpoint: Checkpoint) -> np.ndarray:
+    return torch.cat([v.reshape(-1) for v in checkpoint.model_state.values()]).numpy()
+
+
+def test_two_plus_two_epochs_equal_four_bitwise():
+    whole = _run(Target(max_epochs=4, epoch=4))
+    half = _run(Target(max_epochs=4, epoch=2))
+    resumed = _run(Target(max_epochs=4, epoch=4), resume=half.to_bytes())
+    np.testing.assert_array_equal(_weights(whole), _weights(resumed))
+    assert resumed.progress == whole.progress
+    assert [e["epoch"] for e in resumed.history] == [1, 2, 3, 4]
+
+
+def test_batch_durations_that_end_mid_epoch_resume_exactly():
+    whole = _run(Target(max_epochs=3, epoch=3))          # 13 steps per epoch
+    part = _run(Target(max_epochs=3, epoch=3, global_step=20))
+    assert (part.progress.epoch, part.progress.batch_in_epoch) == (1, 7)
+    resumed = _run(Target(max_epochs=3, epoch=3), resume=part.to_bytes())
+    np.testing.assert_array_equal(_weights(whole), _weights(resumed))
+    assert resumed.history[1]["train_loss"] == pytest.approx(whole.history[1]["train_loss"], rel=1e-9)
+
+
+def test_hook_exception_names_hook_stage_and_rank():
+    class Boom(Hook):
+        def after_train_iter(self, global_step):
+            if global_step == 3:
+                raise ValueError("boom at 3")
+
+    with pytest.raises(RankFailure) as error:
+        _run(Target(max_epochs=1, epoch=1), hooks={"boom": Boom()})
+    failure = error.value.failure
+    assert (failure.kind, failure.hook, failure.stage, failure.rank) == (USER, "boom", "after_train_iter", 0)
+    assert "boom at 3" in failure.message and "ValueError" in failure.traceback
+
+
+def test_an_empty_partition_is_an_input_error():
+    creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss())
+    spec = TaskSpec(job_id="unit/", payload=cloudpickle.dumps(creators), resume=None,
+                    target=Target(1, 1), world_size=1, batch_size=4, seed=0, store_host=None,
+                    store_port=None, timeout_s=30)
+    with pytest.raises(RankFailure) as error:
+        run_rank(spec, iter([]), FakeBarrier())
+    assert error.value.failure.kind == INPUT and "no training rows" in error.value.failure.message
+
+
+def test_flat_weights_helper_sees_every_parameter():
+    assert flat_weights(mlp({})).size == 8 * 16 + 16 + 16 + 1
