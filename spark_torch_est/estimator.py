@@ -23,6 +23,7 @@ from spark_torch_est.model import TorchModel
 from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import Target, TaskSpec
+from spark_torch_est.view import DriverView
 
 __all__ = ["TorchEstimator"]
 
@@ -167,15 +168,17 @@ class TorchEstimator(Estimator, EstimatorParams):
         spec = self._spec(target, start)
         spark = dataset.sparkSession
         wait_for_slots(spark, self.getNumWorkers(), self.getSlotWaitTimeout())
-        blob = Launcher(spark, frame, self.getMaxRetries()).run(spec)
+        view = DriverView(self.getShowProgress(), start.progress if start is not None else Progress(), target)
+        try:
+            blob = Launcher(spark, frame, self.getMaxRetries(), view.handle).run(spec)
+        finally:
+            view.close()
         checkpoint = Checkpoint.from_bytes(blob)
         for name, hook in self._creators.hooks.items():
             if name in checkpoint.hook_states:
                 hook.load_state_dict(checkpoint.hook_states[name])
         self._checkpoint = checkpoint
-        for entry in checkpoint.history[len(start.history) if start is not None else 0:]:
-            logger.info("epoch %d: %s", entry["epoch"],
-                        ", ".join(f"{k}={v:.6g}" for k, v in entry.items() if k != "epoch"))
+        logger.info("fit done: %s", checkpoint.progress)
         return self._model(checkpoint)
 
     def _model(self, checkpoint: Checkpoint) -> TorchModel:

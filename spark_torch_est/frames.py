@@ -1,83 +1,114 @@
 """[driver] Checks a DataFrame's columns and reduces them, in the JVM, to the three columns
-the tasks read (see :mod:`spark_torch_est.data`)."""
+the tasks read (see :mod:`spark_torch_est.data`).
+
+The checks work on the schema alone (no SparkSession needed); only building the column
+expressions touches Spark.
+"""
 
 from __future__ import annotations
 
-from pyspark.ml.functions import vector_to_array
 from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_torch_est.data import FEATURES, IS_VALIDATION, LABEL
 from spark_torch_est.errors import InvalidInputError
 
-__all__ = ["feature_column", "label_column", "training_frame"]
+__all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "training_frame"]
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
 
 
-def _field(df: DataFrame, name: str, param: str) -> T.StructField:
-    if name not in df.columns:
+def _field(schema: T.StructType, name: str, param: str) -> T.DataType:
+    if name not in schema.names:
         raise InvalidInputError(
-            f"{param}={name!r}: no such column; the DataFrame has {', '.join(df.columns) or 'no columns'}"
+            f"{param}={name!r}: no such column; the DataFrame has {', '.join(schema.names) or 'no columns'}"
         )
-    return df.schema[name]
+    return schema[name].dataType
 
 
 def _is_numeric(data_type: T.DataType) -> bool:
     return isinstance(data_type, _INTEGRAL + _FRACTIONAL + (T.BooleanType,))
 
 
-def _as_float_array(df: DataFrame, name: str, param: str) -> Column:
-    data_type = _field(df, name, param).dataType
+def _value_kind(data_type: T.DataType, name: str, param: str) -> str:
     if isinstance(data_type, VectorUDT):
-        return vector_to_array(F.col(name), "float32")
+        return "vector"
     if isinstance(data_type, T.ArrayType) and _is_numeric(data_type.elementType):
-        return F.col(name).cast("array<float>")
+        return "array"
     if _is_numeric(data_type):
-        return F.array(F.col(name).cast("float"))
+        return "scalar"
     raise InvalidInputError(
-        f"{param}={name!r} has type {data_type.simpleString()}; use a Vector, an array of numbers "
-        "or a numeric column"
+        f"{param}={name!r} has type {data_type.simpleString()}; use a Vector, an array of numbers or a numeric column"
     )
 
 
-def feature_column(df: DataFrame, features_col: str | None, feature_cols: list[str] | None) -> Column:
-    """The features as one ``array<float>`` expression.
+def features_kind(schema: T.StructType, features_col: str | None, feature_cols: list[str] | None) -> str:
+    """How the features are laid out: ``"columns"`` (featureCols), ``"vector"``, ``"array"``
+    or ``"scalar"`` (one numeric featuresCol).
 
     Raises:
         InvalidInputError: A column is missing or not numeric, or neither Param is usable.
     """
     if feature_cols:
         for name in feature_cols:
-            data_type = _field(df, name, "featureCols").dataType
+            data_type = _field(schema, name, "featureCols")
             if not _is_numeric(data_type):
                 raise InvalidInputError(
                     f"featureCols: column {name!r} has type {data_type.simpleString()}, not a number; "
                     "put vectors or arrays in featuresCol instead"
                 )
-        return F.array(*[F.col(name).cast("float") for name in feature_cols])
+        return "columns"
     if feature_cols is not None:
         raise InvalidInputError("featureCols is an empty list; name at least one column or use featuresCol")
     if not features_col:
         raise InvalidInputError("set featuresCol (a Vector or array column) or featureCols (numeric columns)")
-    return _as_float_array(df, features_col, "featuresCol")
+    return _value_kind(_field(schema, features_col, "featuresCol"), features_col, "featuresCol")
 
 
-def label_column(df: DataFrame, label_col: str) -> Column:
-    """The label as float (regression), long (class indices) or ``array<float>``.
+def label_kind(schema: T.StructType, label_col: str) -> str:
+    """``"long"`` (class indices), ``"float"`` (regression) or a vector/array kind.
 
     Raises:
         InvalidInputError: The column is missing or of an unusable type.
     """
-    data_type = _field(df, label_col, "labelCol").dataType
+    data_type = _field(schema, label_col, "labelCol")
     if isinstance(data_type, _INTEGRAL):
-        return F.col(label_col).cast("long")
+        return "long"
     if isinstance(data_type, _FRACTIONAL + (T.BooleanType,)):
-        return F.col(label_col).cast("float")
-    return _as_float_array(df, label_col, "labelCol")
+        return "float"
+    return _value_kind(data_type, label_col, "labelCol")
+
+
+def check_validation_col(schema: T.StructType, name: str) -> None:
+    """Raises InvalidInputError unless ``name`` is a boolean column."""
+    data_type = _field(schema, name, "validationIndicatorCol")
+    if not isinstance(data_type, T.BooleanType):
+        raise InvalidInputError(
+            f"validationIndicatorCol={name!r} has type {data_type.simpleString()}; it must be boolean"
+        )
+
+
+def _as_float_array(name: str, kind: str) -> Column:
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    if kind == "vector":
+        return vector_to_array(F.col(name), "float32")
+    if kind == "array":
+        return F.col(name).cast("array<float>")
+    return F.array(F.col(name).cast("float"))
+
+
+def feature_column(df: DataFrame, features_col: str | None, feature_cols: list[str] | None) -> Column:
+    """The features as one ``array<float>`` expression (checked first)."""
+    from pyspark.sql import functions as F
+
+    kind = features_kind(df.schema, features_col, feature_cols)
+    if kind == "columns":
+        return F.array(*[F.col(name).cast("float") for name in feature_cols])
+    return _as_float_array(features_col, kind)
 
 
 def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: list[str] | None,
@@ -90,16 +121,14 @@ def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: lis
     Raises:
         InvalidInputError: A column is missing or has an unusable type.
     """
-    columns = [
-        feature_column(df, features_col, feature_cols).alias(FEATURES),
-        label_column(df, label_col).alias(LABEL),
-    ]
+    from pyspark.sql import functions as F
+
+    kind = label_kind(df.schema, label_col)
+    label = F.col(label_col).cast("long" if kind == "long" else "float") if kind in ("long", "float") \
+        else _as_float_array(label_col, kind)
+    columns = [feature_column(df, features_col, feature_cols).alias(FEATURES), label.alias(LABEL)]
     if validation_col is not None:
-        data_type = _field(df, validation_col, "validationIndicatorCol").dataType
-        if not isinstance(data_type, T.BooleanType):
-            raise InvalidInputError(
-                f"validationIndicatorCol={validation_col!r} has type {data_type.simpleString()}; it must be boolean"
-            )
+        check_validation_col(df.schema, validation_col)
         columns.append(F.col(validation_col).alias(IS_VALIDATION))
     selected = df.select(*columns)
     if _partitions(df) == num_workers:

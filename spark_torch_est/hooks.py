@@ -129,7 +129,8 @@ class Hook:
         """After validation; ``metrics`` holds this epoch's validation values."""
 
     def after_train_epoch(self, **kwargs: Any) -> None:
-        """After every epoch; ``metrics`` holds the epoch's history entry."""
+        """After every epoch; ``metrics`` is the epoch's history entry: numbers a hook adds
+        to it are recorded in the history (rank 0's values)."""
 
     def after_run(self, **kwargs: Any) -> None:
         """Once per fit, after the last step of this fit."""

@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 
+from spark_torch_est.channel import ChannelServer
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.failure import SYSTEM, UNREACHABLE, Failure
@@ -105,17 +106,17 @@ class Launcher:
         spark: The session of the training DataFrame.
         frame: The prepared training DataFrame (see :func:`frames.training_frame`).
         max_retries: Relaunches allowed after retryable failures.
-        on_tick: Called about every 0.1 s on the driver while a job runs.
+        on_message: Receives the ranks' progress and log messages (driver threads).
     """
 
     _store_unreachable: set[str] = set()  # driver hosts executors could not reach
 
     def __init__(self, spark: SparkSession, frame: DataFrame, max_retries: int,
-                 on_tick: Callable[[], None] | None = None) -> None:
+                 on_message: Callable[[dict], None] | None = None) -> None:
         self.spark = spark
         self.frame = frame
         self.max_retries = max_retries
-        self.on_tick = on_tick or (lambda: None)
+        self.on_message = on_message or (lambda message: None)
 
     def run(self, spec: TaskSpec) -> bytes:
         """Trains; returns rank 0's checkpoint bytes.
@@ -154,26 +155,37 @@ class Launcher:
         return spec
 
     @contextmanager
-    def _store(self) -> Iterator[_DriverStore | None]:
+    def _driver_services(self) -> Iterator[tuple[_DriverStore | None, ChannelServer | None]]:
+        """The rendezvous store and the progress channel, both bound to the driver host."""
         host = _driver_host(self.spark)
-        store = None
+        store = channel = None
         if host is not None and host not in self._store_unreachable:
             try:
                 store = _DriverStore(host, timeout_s=60.0)
             except OSError as error:
                 logger.warning("cannot open a rendezvous store on %s (%s); using Spark's allGather", host, error)
+        if host is not None:
+            try:
+                channel = ChannelServer(host, self.on_message)
+            except OSError as error:
+                logger.warning("cannot open the progress channel on %s (%s); no live progress", host, error)
         try:
-            yield store
+            yield store, channel
         finally:
+            if channel is not None:
+                channel.close()
             if store is not None:
                 store.close()
 
     def _launch(self, spec: TaskSpec) -> bytes:
-        with self._store() as store:
-            if store is not None:
-                spec = dataclasses.replace(spec, store_host=store.host, store_port=store.port)
-            else:
-                spec = dataclasses.replace(spec, store_host=None, store_port=None)
+        with self._driver_services() as (store, channel):
+            spec = dataclasses.replace(
+                spec,
+                store_host=store.host if store is not None else None,
+                store_port=store.port if store is not None else None,
+                progress_address=channel.address if channel is not None else None,
+                progress_secret=channel.secret if channel is not None else None,
+            )
             started = time.perf_counter()
             try:
                 table = self._collect(spec)
@@ -205,8 +217,7 @@ class Launcher:
         thread.start()
         try:
             while thread.is_alive():
-                thread.join(0.1)
-                self.on_tick()
+                thread.join(0.2)
         except KeyboardInterrupt:
             logger.warning("interrupted: cancelling the training job")
             control.cancel()

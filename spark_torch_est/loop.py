@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_torch_est.channel import ProgressReporter
 from spark_torch_est.checkpoint import FORMAT_VERSION, Checkpoint, check_compatible
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import InputDataError, Shard, batch_positions, epoch_order
@@ -37,6 +38,7 @@ class Trainer:
         rank: This rank.
         world_size: Number of ranks.
         device: Where the model lives.
+        reporter: Sends progress to the driver (rank 0); None sends nothing.
 
     Attributes:
         stage: The stage running now, reported if something raises.
@@ -44,13 +46,14 @@ class Trainer:
     """
 
     def __init__(self, creators: Creators, spec: TaskSpec, shard: Shard, rank: int,
-                 world_size: int, device: torch.device) -> None:
+                 world_size: int, device: torch.device, reporter: ProgressReporter | None = None) -> None:
         self.creators = creators
         self.spec = spec
         self.shard = shard
         self.rank = rank
         self.world_size = world_size
         self.device = device
+        self.reporter = reporter or ProgressReporter(None, rank)
         self.stage = "setup"
         self.hooks = HookSet(creators.hooks)
         self.control = Control()
@@ -235,6 +238,7 @@ class Trainer:
         )
         context.update(global_step=self.progress.global_step, state=self.progress)
         self._call("after_train_iter")
+        self.reporter.step(self.progress, loss.detach(), self.steps_per_epoch)
 
     def _default_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         context = self.context
@@ -272,7 +276,8 @@ class Trainer:
                                  global_step=self.progress.global_step, samples=self.progress.samples)
         self.history.append(entry)
         self.context.update(epoch=self.progress.epoch, state=self.progress)
-        self._call("after_train_epoch", metrics=dict(entry))
+        self._call("after_train_epoch", metrics=entry)  # hooks may add values to the history entry
+        self.reporter.epoch(entry)
         if self.scheduler is not None and self.control.step_scheduler_per_epoch:
             self.stage = "scheduler_step"
             self.scheduler.step()

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from spark_torch_est.barrier import Barrier, SparkBarrier
+from spark_torch_est.channel import ChannelClient, LogForwarder, ProgressReporter
 from spark_torch_est.checkpoint import iter_chunks
 from spark_torch_est.creators import CreatorError, Creators
 from spark_torch_est.data import InputDataError, Shard, read_shard
@@ -81,15 +82,37 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
         del error
         _report(store, failure)
         raise RankFailure(failure) from None
-    failure, blob = _train(spec, shard, rank, device)
-    _teardown(clean=failure is None)
+    channel = _open_channel(spec, rank)
+    forwarder = LogForwarder(channel, rank) if channel is not None else None
+    if forwarder is not None:
+        logging.getLogger().addHandler(forwarder)
+    try:
+        failure, blob = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
+        _teardown(clean=failure is None)
+    finally:
+        if forwarder is not None:
+            logging.getLogger().removeHandler(forwarder)
+        if channel is not None:
+            channel.close()
     if failure is not None:
         _report(store, failure)
         raise RankFailure(failure)
     return blob
 
 
-def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device) -> tuple[Failure | None, bytes | None]:
+def _open_channel(spec: TaskSpec, rank: int) -> ChannelClient | None:
+    """Connects to the driver's progress channel; training goes on without it."""
+    if spec.progress_address is None or spec.progress_secret is None:
+        return None
+    try:
+        return ChannelClient(spec.progress_address, spec.progress_secret)
+    except Exception as error:  # unreachable driver or refused key: no live view, same result
+        logger.info("rank %d: no progress channel to the driver (%s)", rank, error)
+        return None
+
+
+def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
+           reporter: ProgressReporter) -> tuple[Failure | None, bytes | None]:
     """Runs the loop; returns plain data only, so no exception or frame keeps the DDP
     model alive into the teardown."""
     from spark_torch_est.loop import Trainer
@@ -97,7 +120,7 @@ def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device) -> tup
     trainer = None
     try:
         creators: Creators = cloudpickle.loads(spec.payload)
-        trainer = Trainer(creators, spec, shard, rank, spec.world_size, device)
+        trainer = Trainer(creators, spec, shard, rank, spec.world_size, device, reporter)
         return None, trainer.run()
     except BaseException as error:  # noqa: B036 - turned into plain data for the driver
         stage = trainer.stage if trainer is not None else "setup"

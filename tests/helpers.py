@@ -51,3 +51,9 @@ class DumpWeights(Hook):
 import sys  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def spark_jobs_started(spark) -> int:
+    """How many jobs the session's scheduler has started (to assert that none was)."""
+    next_id = spark.sparkContext._jsc.sc().dagScheduler().nextJobId()
+    return int(next_id if isinstance(next_id, int) else next_id.get())

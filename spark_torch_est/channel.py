@@ -1,0 +1,175 @@
+"""The driver's view of a running fit: a small authenticated message channel.
+
+The driver listens on its own host with a fresh secret per fit; ranks connect with
+``multiprocessing.connection``'s HMAC challenge (a connection without the secret is
+refused before any message is read) and send JSON messages: rank 0 its progress and
+epoch metrics, every rank its warning and error log lines. Losing the channel never
+stops training: the result and history still come back with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from multiprocessing.connection import (AuthenticationError, Connection, Listener, answer_challenge,
+                                        deliver_challenge)
+from typing import Any, Callable
+
+__all__ = ["ChannelServer", "ChannelClient", "LogForwarder", "ProgressReporter"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_MESSAGE = 1 << 20
+
+
+class ChannelServer:
+    """Accepts authenticated rank connections and hands each message to ``on_message``.
+
+    Args:
+        host: The address to bind (the driver host; never all interfaces).
+        on_message: Called from reader threads with each decoded message.
+
+    Attributes:
+        address: ``(host, port)`` to give the ranks.
+        secret: The per-fit key the ranks must prove they hold.
+        rejected: How many connections failed authentication.
+    """
+
+    def __init__(self, host: str, on_message: Callable[[dict], None]) -> None:
+        self.secret = secrets.token_bytes(32)
+        self.on_message = on_message
+        self.rejected = 0
+        self._closed = threading.Event()
+        self._listener = Listener((host, 0), family="AF_INET6" if ":" in host else "AF_INET", authkey=self.secret)
+        self.address: tuple[str, int] = self._listener.address[:2]
+        self._connections: list[Connection] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept, name="spark_torch_est-channel", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection = self._listener.accept()
+            except AuthenticationError:
+                self.rejected += 1
+                logger.warning("refused a connection to the progress channel that lacked the fit's secret")
+                continue
+            except (OSError, EOFError):
+                continue
+            if self._closed.is_set():
+                connection.close()
+                break
+            with self._lock:
+                self._connections.append(connection)
+            threading.Thread(target=self._read, args=(connection,), daemon=True).start()
+
+    def _read(self, connection: Connection) -> None:
+        while True:
+            try:
+                message = json.loads(connection.recv_bytes(_MAX_MESSAGE))
+            except (EOFError, OSError, ValueError):
+                return
+            try:
+                self.on_message(message)
+            except Exception:  # a display problem must not stop the stream
+                logger.exception("progress message handler failed")
+
+    def close(self) -> None:
+        """Stops accepting, closes every connection and joins the accept thread."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:  # wake the blocking accept()
+            socket.create_connection(self.address, timeout=1).close()
+        except OSError:
+            pass
+        self._thread.join(5)
+        self._listener.close()
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+
+
+class ChannelClient:
+    """A rank's end of the channel; ``send`` never raises (the channel is best effort).
+
+    Args:
+        address: The server's ``(host, port)``.
+        secret: The fit's key.
+        connect_timeout: Seconds to wait for the driver to answer.
+
+    Raises:
+        OSError, AuthenticationError: The driver is unreachable or refused the key.
+    """
+
+    def __init__(self, address: tuple[str, int], secret: bytes, connect_timeout: float = 5.0) -> None:
+        sock = socket.create_connection(tuple(address), timeout=connect_timeout)
+        self._connection = Connection(sock.detach())
+        answer_challenge(self._connection, secret)
+        deliver_challenge(self._connection, secret)
+        self._lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Sends one JSON message; drops the channel on the first error."""
+        if self._connection is None:
+            return
+        try:
+            with self._lock:
+                self._connection.send_bytes(json.dumps(message).encode())
+        except (OSError, ValueError):
+            self.close()
+
+    def close(self) -> None:
+        """Closes the connection."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+class LogForwarder(logging.Handler):
+    """Sends a rank's warning and error log records to the driver."""
+
+    def __init__(self, client: ChannelClient, rank: int) -> None:
+        super().__init__(logging.WARNING)
+        self.client = client
+        self.rank = rank
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.client.send({"type": "log", "rank": self.rank, "level": record.levelno, "logger": record.name,
+                          "message": record.getMessage(), "time": time.time()})
+
+
+class ProgressReporter:
+    """Rank 0's throttled progress messages; a no-op on other ranks or without a channel.
+
+    Args:
+        client: The channel, or None.
+        rank: This rank.
+        interval: Minimum seconds between progress messages.
+    """
+
+    def __init__(self, client: ChannelClient | None, rank: int, interval: float = 0.5) -> None:
+        self.client = client if rank == 0 else None
+        self.interval = interval
+        self._last = 0.0
+
+    def step(self, progress: Any, loss: Any, steps_per_epoch: int) -> None:
+        """Reports the position after a step, at most every ``interval`` seconds."""
+        if self.client is None:
+            return
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        self.client.send({"type": "progress", **progress.to_dict(), "steps_per_epoch": steps_per_epoch,
+                          "loss": float(loss), "time": time.time()})
+
+    def epoch(self, entry: dict) -> None:
+        """Reports a finished epoch's history entry."""
+        if self.client is not None:
+            self.client.send({"type": "epoch", "entry": entry, "time": time.time()})

@@ -1,0 +1,108 @@
+"""[driver] What the user sees while a fit runs: a progress bar or log lines, epoch
+summaries, and the warnings the ranks log."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+from spark_torch_est.progress import Progress
+from spark_torch_est.spec import Target
+
+__all__ = ["DriverView"]
+
+logger = logging.getLogger("spark_torch_est.progress")
+worker_logger = logging.getLogger("spark_torch_est.worker")
+
+_LOG_EVERY_S = 10.0
+
+
+class DriverView:
+    """Turns channel messages into a tqdm bar (interactive) or INFO log lines.
+
+    Every progress message is also a DEBUG record on ``spark_torch_est.progress`` whose
+    ``progress`` attribute holds the message, for programs that follow a fit.
+
+    Args:
+        show: False logs progress at DEBUG only (the ``showProgress`` Param).
+        start: Progress when the fit started.
+        target: Where the fit stops.
+    """
+
+    def __init__(self, show: bool, start: Progress, target: Target) -> None:
+        self.show = show
+        self.start = start
+        self.target = target
+        self.latest: dict | None = None
+        self._lock = threading.Lock()
+        self._bar = None
+        self._last_line = 0.0
+        self._interactive = show and _interactive()
+
+    def handle(self, message: dict) -> None:
+        """Handles one message from a rank (called from channel threads)."""
+        kind = message.get("type")
+        with self._lock:
+            if kind == "progress":
+                self._progress(message)
+            elif kind == "epoch":
+                entry = message["entry"]
+                logger.info("epoch %d: %s", entry["epoch"], _format(entry))
+            elif kind == "log":
+                worker_logger.log(int(message["level"]), "[rank %d] %s: %s", message["rank"],
+                                  message["logger"], message["message"])
+
+    def _progress(self, message: dict) -> None:
+        self.latest = message
+        logger.debug("step %d (epoch %d, batch %d/%d) loss %.4g", message["global_step"], message["epoch"] + 1,
+                     message["batch_in_epoch"], message["steps_per_epoch"], message["loss"],
+                     extra={"progress": message})
+        if not self.show:
+            return
+        total = self._total_steps(message["steps_per_epoch"])
+        done = message["global_step"] - self.start.global_step
+        if self._interactive:
+            self._update_bar(done, total, message)
+        elif time.monotonic() - self._last_line >= _LOG_EVERY_S:
+            self._last_line = time.monotonic()
+            logger.info("step %d/%d of this fit, epoch %d, loss %.4g", done, total, message["epoch"] + 1,
+                        message["loss"])
+
+    def _total_steps(self, steps_per_epoch: int) -> int:
+        start, target = self.start, self.target
+        by_epoch = (min(target.epoch, target.max_epochs) - start.epoch) * steps_per_epoch - start.batch_in_epoch
+        if target.global_step is None:
+            return by_epoch
+        return min(by_epoch, target.global_step - start.global_step)
+
+    def _update_bar(self, done: int, total: int, message: dict) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # tqdm is optional: fall back to log lines
+            self._interactive = False
+            return
+        if self._bar is None:
+            self._bar = tqdm(total=total, unit="step", desc="training", leave=True)
+        self._bar.total = total
+        self._bar.n = done
+        self._bar.set_postfix(epoch=message["epoch"] + 1, loss=f"{message['loss']:.4g}", refresh=False)
+        self._bar.refresh()
+
+    def close(self) -> None:
+        """Closes the bar."""
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+
+
+def _interactive() -> bool:
+    if "ipykernel" in sys.modules:
+        return True
+    return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
+def _format(entry: dict) -> str:
+    return ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items() if k != "epoch")

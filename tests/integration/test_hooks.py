@@ -1,0 +1,183 @@
+"""The hook contract on local[2]: 2 ranks, real DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from spark_torch_est import EarlyStopping, Hook, TorchEstimator
+from spark_torch_est.errors import TrainingFailedError
+from tests.helpers import flat_weights, linear_model, sgd
+
+pytestmark = pytest.mark.spark
+
+
+def _estimator(hooks, **params) -> TorchEstimator:
+    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64,
+                    maxEpochs=4, numWorkers=2, showProgress=False, hooks=hooks)
+    settings.update(params)
+    return TorchEstimator(**settings)
+
+
+class Observer(Hook):
+    """Records, per rank, what the stages received; counts steps across fits."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.steps = 0
+
+    def before_backward(self, loss, outputs, batch, rank, world_size, global_step):
+        if global_step == 0:
+            inputs, labels = batch
+            seen = {"loss": list(loss.shape), "outputs": list(outputs.shape), "inputs": list(inputs.shape),
+                    "labels": list(labels.shape), "rank": rank, "world_size": world_size,
+                    "requires_grad": loss.requires_grad}
+            with open(os.path.join(self.directory, f"seen{rank}.json"), "w") as f:
+                json.dump(seen, f)
+
+    def after_train_iter(self):
+        self.steps += 1
+
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state):
+        self.steps = state["steps"]
+
+
+def test_hooks_see_the_step_and_keep_state_across_fits(spark, linear_df, tmp_path):
+    observer = Observer(str(tmp_path))
+    est = _estimator([observer])
+    est.fit(linear_df, duration="1ep")
+    first = est.progress.global_step
+    assert observer.steps == first  # loaded back into the driver's object
+    est.fit(linear_df, duration="1ep")
+    assert observer.steps == est.progress.global_step == 2 * first
+
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"seen{rank}.json").read_text())
+        assert seen == {"loss": [], "outputs": [64, 1], "inputs": [64, 8], "labels": [64, 1],
+                        "rank": rank, "world_size": 2, "requires_grad": True}
+
+
+class StopFromRank1(Hook):
+    def __init__(self, directory, at_step):
+        self.directory, self.at_step = directory, at_step
+
+    def after_train_iter(self, rank, global_step, control):
+        if rank == 1 and global_step == self.at_step:
+            control.stop_training = True
+
+    def after_run(self, rank, global_step):
+        with open(os.path.join(self.directory, f"stopped{rank}"), "w") as f:
+            f.write(str(global_step))
+
+
+def test_a_stop_request_from_one_rank_stops_every_rank_at_the_same_step(spark, linear_df, tmp_path):
+    est = _estimator([StopFromRank1(str(tmp_path), at_step=7)])
+    est.fit(linear_df)
+    assert est.progress.global_step == 7
+    assert (tmp_path / "stopped0").read_text() == (tmp_path / "stopped1").read_text() == "7"
+    # stopping is not the end of the run: the next fit goes on from step 7
+    assert (est.progress.epoch, est.progress.batch_in_epoch) == (0, 7)
+
+
+class ZeroLoss(Hook):
+    def __init__(self, directory):
+        self.directory = directory
+
+    def before_run(self, model, rank):
+        np.save(os.path.join(self.directory, f"before{rank}.npy"), flat_weights(model))
+
+    def before_backward(self, loss):
+        return loss * 0.0
+
+    def after_run(self, model, rank):
+        np.save(os.path.join(self.directory, f"after{rank}.npy"), flat_weights(model))
+
+
+def test_a_zero_loss_from_before_backward_leaves_weights_unchanged(spark, linear_df, tmp_path):
+    _estimator([ZeroLoss(str(tmp_path))], maxEpochs=1).fit(linear_df)
+    for rank in (0, 1):
+        np.testing.assert_array_equal(np.load(tmp_path / f"before{rank}.npy"), np.load(tmp_path / f"after{rank}.npy"))
+
+
+class Accumulate(Hook):
+    """Gradient accumulation over two half-batches, plus clipping: a custom strategy."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def train_step(self, model, batch, loss_fn, optimizer):
+        inputs, labels = batch
+        optimizer.zero_grad()
+        total = 0.0
+        for part_x, part_y in zip(inputs.chunk(2), labels.chunk(2)):
+            loss = loss_fn(model(part_x), part_y) / 2
+            loss.backward()
+            total += loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+        optimizer.step()
+        self.calls += 1
+        return total
+
+    def state_dict(self):
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.calls = state["calls"]
+
+
+def test_a_train_step_override_is_used_and_learns(spark, linear_df, linear_data):
+    _, _, w, _ = linear_data
+    hook = Accumulate()
+    est = _estimator([hook], maxEpochs=6)
+    model = est.fit(linear_df)
+    assert hook.calls == est.progress.global_step > 0
+    np.testing.assert_allclose(model.torch_model().weight.detach().numpy().ravel(), w, atol=0.05)
+
+
+class FailOnRank(Hook):
+    def __init__(self):
+        self.rank_to_fail = None
+
+    def after_train_iter(self, rank, global_step):
+        if rank == self.rank_to_fail and global_step % 10 == 3:
+            raise RuntimeError(f"deliberate failure at step {global_step}")
+
+
+def test_a_failing_hook_names_hook_stage_and_rank_and_loses_nothing(spark, linear_df):
+    failing = FailOnRank()
+    est = _estimator({"flaky": failing})
+    est.fit(linear_df, duration="1ep")
+    checkpoint, progress = est.checkpoint, est.progress
+
+    failing.rank_to_fail = 1
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError) as error:
+        est.fit(linear_df)
+    assert time.monotonic() - started < 60
+    assert (error.value.rank, error.value.stage, error.value.hook) == (1, "after_train_iter", "flaky")
+    assert "deliberate failure" in str(error.value) and "Traceback" in error.value.remote_traceback
+    assert not error.value.retryable
+    assert est.checkpoint is checkpoint and est.progress == progress
+
+    failing.rank_to_fail = None
+    est.fit(linear_df, duration="1ep")
+    assert est.progress.epoch == progress.epoch + 1
+
+
+def test_early_stopping_stops_and_stays_stopped(spark, linear_df):
+    stopper = EarlyStopping(monitor="train_loss", patience=1, min_delta=10.0)
+    est = _estimator([stopper], maxEpochs=10)
+    est.fit(linear_df)
+    assert est.progress.epoch == 2 and stopper.stopped_epoch == 2
+    est.fit(linear_df)  # the stopped run does not train on ...
+    assert est.progress.epoch == 2
+    est.reset()  # ... until a new run starts
+    assert stopper.stopped_epoch is None and stopper.bad_epochs == 0
