@@ -18,6 +18,10 @@ def _to_optional_bool(value: object) -> bool | None:
     return None if value is None else TypeConverters.toBoolean(value)
 
 
+def _to_optional_string(value: object) -> str | None:
+    return None if value is None else TypeConverters.toString(value)
+
+
 def _to_optional_string_list(value: object) -> list[str] | None:
     return None if value is None else TypeConverters.toListString(value)
 
@@ -50,8 +54,13 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
 
 
 class ModelParams(HasFeaturesCol, HasPredictionCol):
-    """Params of the columns a model reads and writes."""
+    """Params of the columns a model reads and writes. Params that may be None use
+    converters that accept None, so saved models load back."""
 
+    featuresCol: Param = Param(
+        Params._dummy(), "featuresCol", "Vector, array<numeric> or numeric column; None to use featureCols",
+        typeConverter=_to_optional_string,
+    )
     featureCols: Param = Param(
         Params._dummy(), "featureCols",
         "numeric columns to use as features, instead of featuresCol",
@@ -60,7 +69,7 @@ class ModelParams(HasFeaturesCol, HasPredictionCol):
     probabilityCol: Param = Param(
         Params._dummy(), "probabilityCol",
         "for classifiers (integer labels): column for the softmax probabilities; None = omit",
-        typeConverter=TypeConverters.toString,
+        typeConverter=_to_optional_string,
     )
     inferenceBatchSize: Param = Param(
         Params._dummy(), "inferenceBatchSize", "rows per forward pass in transform()",
@@ -103,6 +112,10 @@ class ModelParams(HasFeaturesCol, HasPredictionCol):
 class EstimatorParams(ModelParams, HasLabelCol, HasSeed, HasValidationIndicatorCol):
     """Params of TorchEstimator."""
 
+    validationIndicatorCol: Param = Param(
+        Params._dummy(), "validationIndicatorCol", "boolean column, True for validation rows; None = no validation",
+        typeConverter=_to_optional_string,
+    )
     batchSize: Param = Param(Params._dummy(), "batchSize", "rows per worker per step",
                              typeConverter=TypeConverters.toInt)
     maxEpochs: Param = Param(Params._dummy(), "maxEpochs", "the run never trains past this many epochs",
@@ -111,7 +124,7 @@ class EstimatorParams(ModelParams, HasLabelCol, HasSeed, HasValidationIndicatorC
                               typeConverter=TypeConverters.toInt)
     checkpointDir: Param = Param(Params._dummy(), "checkpointDir",
                                  "fsspec URL for periodic checkpoints (None = only the driver's copy)",
-                                 typeConverter=TypeConverters.toString)
+                                 typeConverter=_to_optional_string)
     checkpointInterval: Param = Param(Params._dummy(), "checkpointInterval",
                                       "how often to write to checkpointDir, e.g. '1ep' or '500ba'",
                                       typeConverter=TypeConverters.toString)

@@ -57,3 +57,42 @@ def spark_jobs_started(spark) -> int:
     """How many jobs the session's scheduler has started (to assert that none was)."""
     next_id = spark.sparkContext._jsc.sc().dagScheduler().nextJobId()
     return int(next_id if isinstance(next_id, int) else next_id.get())
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports on which process ``pid`` listens (from /proc, Linux only)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A = LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendant process ids of ``pid``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, stack = set(), [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.add(child)
+            stack.append(child)
+    return found

@@ -1,0 +1,26 @@
+"""Run by test_interrupt.py: a checkpoint larger than spark.driver.maxResultSize."""
+
+import os
+import sys
+
+import torch
+from pyspark.sql import SparkSession
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+from spark_torch_est import TorchEstimator  # noqa: E402
+from spark_torch_est.errors import TrainingFailedError  # noqa: E402
+
+spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+         .config("spark.driver.maxResultSize", "1m").getOrCreate())
+spark.sparkContext.setLogLevel("OFF")
+df = spark.createDataFrame([([float(i), 1.0], float(i)) for i in range(64)], ["features", "label"])
+est = TorchEstimator(model=lambda c: torch.nn.Sequential(torch.nn.Linear(2, 1000), torch.nn.Linear(1000, 1000),
+                                                         torch.nn.Linear(1000, 1)),
+                     optimizer=lambda m, c: torch.optim.SGD(m.parameters(), lr=1e-6), loss=torch.nn.MSELoss(),
+                     maxEpochs=1, numWorkers=2, showProgress=False)
+try:
+    est.fit(df)
+    print("NO ERROR")
+except TrainingFailedError as error:
+    print("ERROR", error.message)
+spark.stop()

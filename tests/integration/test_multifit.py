@@ -1,0 +1,150 @@
+"""Multi-fit semantics (DESIGN.md table) on local[2] with 2 DDP ranks."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from spark_torch_est import Checkpoint, SetHyperparameters, TorchEstimator, TorchModel
+from spark_torch_est.errors import IncompatibleCheckpointError, TrainingCompleteError
+from tests.helpers import adam, mlp, sgd, spark_jobs_started, step_lr
+
+pytestmark = pytest.mark.spark
+
+
+def _estimator(**params) -> TorchEstimator:
+    settings = dict(model=mlp, optimizer=adam, scheduler=step_lr, loss=torch.nn.MSELoss(),
+                    config={"dropout": 0.2, "lr": 0.01}, batchSize=128, maxEpochs=4, numWorkers=2,
+                    seed=11, showProgress=False)
+    settings.update(params)
+    return TorchEstimator(**settings)
+
+
+def _weights(source) -> dict[str, torch.Tensor]:
+    checkpoint = source.checkpoint
+    return checkpoint.model_state
+
+
+def _assert_same_weights(a, b) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def test_two_plus_two_epochs_is_bitwise_four(spark, linear_df):
+    whole = _estimator()
+    whole.fit(linear_df, duration="4ep")
+    split = _estimator()
+    split.fit(linear_df, duration="2ep")
+    split.fit(linear_df, duration="2ep")
+    _assert_same_weights(whole, split)
+    assert split.progress == whole.progress
+    assert [e["epoch"] for e in split.history] == [1, 2, 3, 4]
+    np.testing.assert_allclose([e["train_loss"] for e in split.history],
+                               [e["train_loss"] for e in whole.history], rtol=1e-9)
+
+
+def test_batch_durations_ending_mid_epoch_resume_exactly(spark, linear_df):
+    whole = _estimator(maxEpochs=2)
+    whole.fit(linear_df)
+    split = _estimator(maxEpochs=2)
+    split.fit(linear_df, duration="5ba")
+    assert split.progress.global_step == 5 and split.progress.batch_in_epoch == 5
+    split.fit(linear_df, duration="10ba")
+    split.fit(linear_df)
+    _assert_same_weights(whole, split)
+    assert split.progress == whole.progress
+
+
+def test_durations_cap_at_max_epochs_and_a_complete_run_refuses_before_any_job(spark, linear_df):
+    est = _estimator(maxEpochs=3)
+    est.fit(linear_df, duration="2ep")
+    est.fit(linear_df, duration="5ep")
+    assert est.progress.epoch == 3 and len(est.history) == 3
+    jobs, started = spark_jobs_started(spark), time.monotonic()
+    with pytest.raises(TrainingCompleteError, match="maxEpochs=3.*reset"):
+        est.fit(linear_df, duration="1ep")
+    assert spark_jobs_started(spark) == jobs and time.monotonic() - started < 2
+    est.setMaxEpochs(4)
+    est.fit(linear_df)
+    assert est.progress.epoch == 4
+
+
+def test_reset_and_copy_start_new_runs(spark, linear_df):
+    est = _estimator(maxEpochs=1)
+    est.fit(linear_df)
+    first = est.checkpoint
+    copied = est.copy()
+    assert copied.checkpoint is None and copied.progress.global_step == 0
+    copied.fit(linear_df)
+    assert est.checkpoint is first  # the copy's run is its own
+    _assert_same_weights(est, copied)  # same seed, same data: same first epoch
+    est.reset()
+    assert est.checkpoint is None and est.history == []
+    est.fit(linear_df)
+    _assert_same_weights(est, copied)
+
+
+def test_resume_from_a_saved_model_in_a_fresh_estimator(spark, linear_df, tmp_path):
+    whole = _estimator(maxEpochs=3)
+    whole.fit(linear_df)
+    first = _estimator(maxEpochs=3)
+    model = first.fit(linear_df, duration="1ep")
+    model.save(str(tmp_path / "model"))
+
+    fresh = _estimator(maxEpochs=3)
+    fresh.fit(linear_df, resume_from=TorchModel.load(str(tmp_path / "model")))
+    _assert_same_weights(whole, fresh)
+    assert fresh.progress == whole.progress
+
+    model.checkpoint.save(str(tmp_path / "ckpt.pt"))
+    from_path = _estimator(maxEpochs=3)
+    from_path.fit(linear_df, resume_from=str(tmp_path / "ckpt.pt"))
+    _assert_same_weights(whole, from_path)
+
+
+def test_resume_into_a_different_model_names_the_parameters(spark, linear_df):
+    est = _estimator(maxEpochs=2)
+    est.fit(linear_df, duration="1ep")
+    other = _estimator(maxEpochs=2, config={"width": 32})
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(IncompatibleCheckpointError, match=r"0.weight \[16, 8\] -> \[32, 8\]"):
+        other.fit(linear_df, resume_from=est.checkpoint)
+    assert spark_jobs_started(spark) == jobs
+    assert other.checkpoint is None
+
+
+def test_fine_tune_on_new_data_with_a_new_learning_rate(spark, linear_df):
+    from pyspark.sql import functions as F
+
+    tune = SetHyperparameters()
+    est = _estimator(maxEpochs=3, scheduler=None, optimizer=sgd, config={"lr": 0.05}, hooks=[tune])
+    est.fit(linear_df, duration="1ep")
+    shifted = linear_df.withColumn("label", F.col("label") + 1.0)
+
+    tune.values = {"lr": 0.0}  # a zero learning rate: the second fit must not move the weights
+    before = {k: v.clone() for k, v in est.checkpoint.model_state.items()}
+    est.fit(shifted, duration="1ep")
+    for key, value in est.checkpoint.model_state.items():
+        assert torch.equal(value, before[key])
+    assert est.checkpoint.state["optimizer"]["param_groups"][0]["lr"] == 0.0
+
+    tune.values = {"lr": 0.05}
+    est.fit(shifted)
+    assert est.progress.epoch == 3
+    assert est.history[-1]["train_loss"] < est.history[-2]["train_loss"]
+
+
+def test_periodic_checkpoints_are_written_atomically_with_a_latest_pointer(spark, linear_df, tmp_path):
+    directory = tmp_path / "ckpts"
+    est = _estimator(maxEpochs=4, checkpointDir=str(directory), checkpointInterval="1ep")
+    est.fit(linear_df)
+    per_epoch = est.progress.global_step // 4
+    names = sorted(p.name for p in directory.iterdir())
+    assert names == [f"ckpt-ep{e:06d}-ba{e * per_epoch:012d}.pt" for e in (2, 3, 4)] + ["latest"]
+    latest = Checkpoint.load(str(directory / (directory / "latest").read_text()))
+    assert latest.progress == est.progress
