@@ -13,6 +13,7 @@ import json
 import logging
 import secrets
 import socket
+import struct
 import threading
 import time
 from multiprocessing.connection import (AuthenticationError, Connection, Listener, answer_challenge,
@@ -109,6 +110,10 @@ class ChannelClient:
 
     def __init__(self, address: tuple[str, int], secret: bytes, connect_timeout: float = 5.0) -> None:
         sock = socket.create_connection(tuple(address), timeout=connect_timeout)
+        sock.setblocking(True)  # Connection needs a blocking descriptor; bound its waits instead:
+        limit = struct.pack("ll", int(connect_timeout), 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
         self._connection = Connection(sock.detach())
         answer_challenge(self._connection, secret)
         deliver_challenge(self._connection, secret)

@@ -4,10 +4,11 @@ A checkpoint is one dict of tensors and plain data, written with ``torch.save`` 
 with ``torch.load(weights_only=True)``, so loading one never runs code::
 
     format_version  int
-    meta            {"param_shapes": {name: [dims]}, "output_shape": [dims], "label_kind": str,
-                     "num_features": int, "max_epochs": int, "world_size": int}
+    meta            {"run_id": str, "param_shapes": {name: [dims]}, "output_shape": [dims],
+                     "label_kind": str, "num_features": int, "max_epochs": int, "world_size": int}
     progress        Progress.to_dict()
     history         [{"epoch": 1, "train_loss": ..., ...}, ...]
+    partial_epoch   {"loss_sum": float, "count": int} of an epoch stopped mid-way
     model           model.state_dict() (CPU tensors)
     optimizer       optimizer.state_dict()
     scheduler       scheduler.state_dict() or None

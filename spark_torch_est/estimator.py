@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import uuid
 from typing import Any, Iterable, Mapping
 
 import cloudpickle
@@ -18,7 +19,7 @@ from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
 from spark_torch_est.frames import training_frame
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
-from spark_torch_est.launcher import Launcher, wait_for_slots
+from spark_torch_est.launcher import Launcher
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
 from spark_torch_est.progress import Progress
@@ -167,10 +168,9 @@ class TorchEstimator(Estimator, EstimatorParams):
         )
         spec = self._spec(target, start)
         spark = dataset.sparkSession
-        wait_for_slots(spark, self.getNumWorkers(), self.getSlotWaitTimeout())
         view = DriverView(self.getShowProgress(), start.progress if start is not None else Progress(), target)
         try:
-            blob = Launcher(spark, frame, self.getMaxRetries(), view.handle).run(spec)
+            blob = Launcher(spark, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), view.handle).run(spec)
         finally:
             view.close()
         checkpoint = Checkpoint.from_bytes(blob)
@@ -238,8 +238,9 @@ class TorchEstimator(Estimator, EstimatorParams):
                 f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
             ) from error
         interval = Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
+        run_id = start.meta.get("run_id") if start is not None else None
         return TaskSpec(
-            job_id="", payload=payload, resume=start.to_bytes() if start is not None else None,
+            job_id="", run_id=run_id or uuid.uuid4().hex, payload=payload, resume=start.to_bytes() if start is not None else None,
             target=target, world_size=self.getNumWorkers(), batch_size=self.getBatchSize(),
             seed=self.getSeed(), store_host=None, store_port=None, timeout_s=self.getTimeout(),
             use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),

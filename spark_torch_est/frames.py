@@ -137,7 +137,15 @@ def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: lis
 
 
 def _partitions(df: DataFrame) -> int | None:
+    """The DataFrame's partition count when Spark knows it without running a job, else None.
+
+    A plan with a shuffle is adaptive, and asking for its partitions would run the shuffle,
+    so such DataFrames (and Spark Connect ones, which have no RDD API) get repartitioned.
+    """
     try:
+        plan = df._jdf.queryExecution().executedPlan()
+        if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
+            return None
         return df.rdd.getNumPartitions()
-    except Exception:  # Spark Connect has no RDD API; then always repartition
+    except Exception:  # Spark Connect: no JVM handles
         return None

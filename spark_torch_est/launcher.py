@@ -106,16 +106,18 @@ class Launcher:
         spark: The session of the training DataFrame.
         frame: The prepared training DataFrame (see :func:`frames.training_frame`).
         max_retries: Relaunches allowed after retryable failures.
+        slot_wait_s: Longest wait for free task slots before each launch.
         on_message: Receives the ranks' progress and log messages (driver threads).
     """
 
     _store_unreachable: set[str] = set()  # driver hosts executors could not reach
 
-    def __init__(self, spark: SparkSession, frame: DataFrame, max_retries: int,
+    def __init__(self, spark: SparkSession, frame: DataFrame, max_retries: int, slot_wait_s: float,
                  on_message: Callable[[dict], None] | None = None) -> None:
         self.spark = spark
         self.frame = frame
         self.max_retries = max_retries
+        self.slot_wait_s = slot_wait_s
         self.on_message = on_message or (lambda message: None)
 
     def run(self, spec: TaskSpec) -> bytes:
@@ -128,6 +130,7 @@ class Launcher:
         retries = 0
         while True:
             spec = dataclasses.replace(spec, job_id=f"ste-{uuid.uuid4().hex[:12]}/")
+            wait_for_slots(self.spark, spec.world_size, self.slot_wait_s)
             try:
                 return self._launch(spec)
             except _StoreUnreachable:
@@ -138,19 +141,21 @@ class Launcher:
                     raise
                 retries += 1
                 spec = self._relaunch_spec(spec)
-                logger.warning("relaunching training (%d of %d) after: %s", retries, self.max_retries,
-                               error.message)
+                resumed = Checkpoint.from_bytes(spec.resume).progress if spec.resume else "the start"
+                logger.warning("relaunching training (%d of %d) from %s after: %s", retries, self.max_retries,
+                               resumed, error.message)
 
     def _relaunch_spec(self, spec: TaskSpec) -> TaskSpec:
-        """The same target, resumed from the newest checkpoint in checkpointDir if it is
-        newer than the one this fit started from."""
+        """The same target, resumed from the newest checkpoint of this run in checkpointDir
+        when it is newer than the one this fit started from."""
         if spec.checkpoint_dir is None:
             return spec
         newest = CheckpointDir(spec.checkpoint_dir).latest()
         if newest is None:
             return spec
+        candidate = Checkpoint.from_bytes(newest)
         started = Checkpoint.from_bytes(spec.resume).progress.global_step if spec.resume else -1
-        if Checkpoint.from_bytes(newest).progress.global_step > started:
+        if candidate.meta.get("run_id") == spec.run_id and candidate.progress.global_step > started:
             return dataclasses.replace(spec, resume=newest)
         return spec
 
@@ -195,8 +200,8 @@ class Launcher:
                 raise self._explain(error, spec, store) from None
             logger.info("training job %s finished in %.1fs", spec.job_id.rstrip("/"), time.perf_counter() - started)
         rows = sorted(zip(table.column("seq").to_pylist(), table.column("data").to_pylist()))
-        if not rows:
-            raise TrainingFailedError("rank 0 returned no checkpoint", retryable=True)
+        if not rows:  # Spark ran no task at all: it proved the input empty
+            raise InvalidInputError("the training DataFrame has no rows (Spark ran no training task)")
         return b"".join(chunk for _, chunk in rows)
 
     def _collect(self, spec: TaskSpec):

@@ -401,6 +401,7 @@ class Trainer:
         state = {
             "format_version": FORMAT_VERSION,
             "meta": {
+                "run_id": self.spec.run_id,
                 "param_shapes": {k: list(v.shape) for k, v in self.model.state_dict().items()},
                 "output_shape": self.output_shape,
                 "label_kind": "int" if not self.shard.labels.is_floating_point() else "float",

@@ -28,6 +28,7 @@ class TaskSpec:
 
     Attributes:
         job_id: Unique per launch; prefixes rendezvous keys.
+        run_id: Unique per run (kept across fits); marks its periodic checkpoints.
         payload: cloudpickled ``Creators``.
         resume: Checkpoint bytes to continue from, or None for a fresh run.
         target: Where to stop.
@@ -47,6 +48,7 @@ class TaskSpec:
     """
 
     job_id: str
+    run_id: str
     payload: bytes
     resume: bytes | None
     target: Target

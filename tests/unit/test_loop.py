@@ -45,7 +45,7 @@ def _batches(rows=200, seed=0):
 def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200) -> Checkpoint:
     creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), scheduler=step_lr,
                         hooks=normalize_hooks(hooks), config={"dropout": 0.3})
-    spec = TaskSpec(job_id="unit/", payload=cloudpickle.dumps(creators), resume=resume, target=target,
+    spec = TaskSpec(job_id="unit/", run_id="r", payload=cloudpickle.dumps(creators), resume=resume, target=target,
                     world_size=1, batch_size=16, seed=3, store_host=None, store_port=None, timeout_s=30)
     return Checkpoint.from_bytes(run_rank(spec, iter(_batches(rows)), FakeBarrier()))
 
@@ -87,7 +87,7 @@ def test_hook_exception_names_hook_stage_and_rank():
 
 def test_an_empty_partition_is_an_input_error():
     creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss())
-    spec = TaskSpec(job_id="unit/", payload=cloudpickle.dumps(creators), resume=None,
+    spec = TaskSpec(job_id="unit/", run_id="r", payload=cloudpickle.dumps(creators), resume=None,
                     target=Target(1, 1), world_size=1, batch_size=4, seed=0, store_host=None,
                     store_port=None, timeout_s=30)
     with pytest.raises(RankFailure) as error:

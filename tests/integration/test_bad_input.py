@@ -1,0 +1,141 @@
+"""The bad-input matrix: each gives a clear SparkTorchError subclass, quickly, and leaves
+the estimator's run intact so that a following good fit resumes it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from pyspark.sql import functions as F
+
+from spark_torch_est import TorchEstimator
+from spark_torch_est.errors import (IncompatibleCheckpointError, InvalidInputError, SparkTorchError,
+                                    TrainingFailedError)
+from tests.helpers import linear_model, sgd, spark_jobs_started
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def trained(spark, linear_df):
+    est = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64,
+                         maxEpochs=3, numWorkers=2, showProgress=False, slotWaitTimeout=1.0, timeout=60.0)
+    est.fit(linear_df, duration="1ep")
+    return est
+
+
+def _null_features(df):
+    return df.withColumn("features", F.when(F.rand(1) < 0.01, F.lit(None)).otherwise(F.col("features")))
+
+
+def _null_labels(df):
+    return df.withColumn("label", F.when(F.rand(2) < 0.01, F.lit(None)).otherwise(F.col("label")))
+
+
+DATA_CASES = {
+    "missing label column": (lambda df: df.drop("label"), InvalidInputError, "labelCol='label': no such column", False),
+    "missing features column": (lambda df: df.withColumnRenamed("features", "x"), InvalidInputError,
+                                "featuresCol='features': no such column", False),
+    "non-numeric label": (lambda df: df.withColumn("label", F.lit("high")), InvalidInputError, "has type string", False),
+    "non-numeric features": (lambda df: df.withColumn("features", F.array(F.lit("a"))), InvalidInputError,
+                             "array<string>", False),
+    "null feature rows": (_null_features, InvalidInputError, "null rows", True),
+    "null labels": (_null_labels, InvalidInputError, "'label' has .* null values", True),
+    "empty DataFrame": (lambda df: df.limit(0), InvalidInputError, "has no rows", True),
+    "empty partitions": (lambda df: df.filter("label > 1e9"), InvalidInputError, "no training rows", True),
+    "fewer rows than workers": (lambda df: df.limit(1), InvalidInputError, "no training rows", True),
+}
+
+
+@pytest.mark.parametrize("case", DATA_CASES)
+def test_bad_data(trained, spark, linear_df, case):
+    transform, error_type, message, needs_job = DATA_CASES[case]
+    before, jobs, started = trained.checkpoint, spark_jobs_started(spark), time.monotonic()
+    with pytest.raises(error_type, match=message):
+        trained.fit(transform(linear_df))
+    assert time.monotonic() - started < 30
+    assert trained.checkpoint is before
+    if not needs_job:
+        assert spark_jobs_started(spark) == jobs, "the error must come before any Spark job"
+
+
+def test_more_workers_than_slots(trained, linear_df):
+    before = trained.checkpoint
+    trained.setNumWorkers(3)
+    try:
+        with pytest.raises(InvalidInputError, match="numWorkers=3 needs 3 task slots at once, but the cluster offers 2"):
+            trained.fit(linear_df)
+    finally:
+        trained.setNumWorkers(2)
+    assert trained.checkpoint is before
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("batchSize", 0, "batchSize must be at least 1"),
+    ("checkpointInterval", "daily", "checkpointInterval must look like"),
+    ("timeout", -1.0, "timeout must be a positive"),
+])
+def test_nonsense_params(trained, linear_df, spark, setting, value, message):
+    before, jobs = trained.checkpoint, spark_jobs_started(spark)
+    old = trained.getOrDefault(setting)
+    trained._set(**{setting: value})
+    try:
+        with pytest.raises(InvalidInputError, match=message):
+            trained.fit(linear_df)
+    finally:
+        trained._set(**{setting: old})
+    assert trained.checkpoint is before and spark_jobs_started(spark) == jobs
+
+
+def test_a_bad_duration(trained, linear_df):
+    with pytest.raises(InvalidInputError, match="'3 epochs'"):
+        trained.fit(linear_df, duration="3 epochs")
+
+
+def test_corrupt_and_foreign_checkpoints(trained, linear_df, tmp_path):
+    corrupt, foreign = tmp_path / "corrupt.pt", tmp_path / "foreign.pt"
+    corrupt.write_bytes(b"\x00" * 100)
+    torch.save({"state_dict": {"w": torch.zeros(1)}}, foreign)
+    before = trained.checkpoint
+    with pytest.raises(IncompatibleCheckpointError, match="cannot read checkpoint"):
+        trained.fit(linear_df, resume_from=str(corrupt))
+    with pytest.raises(IncompatibleCheckpointError, match="missing"):
+        trained.fit(linear_df, resume_from=str(foreign))
+    assert trained.checkpoint is before
+
+
+_LOCK = threading.Lock()
+
+
+@pytest.mark.parametrize("creators, message", [
+    ({"model": lambda c: (_LOCK, torch.nn.Linear(8, 1))[1]}, "cannot be pickled"),
+    ({"model": lambda c: 1 / 0}, "model creator raised ZeroDivisionError"),
+    ({"model": lambda c: {"not": "a module"}}, "returned dict, not a torch.nn.Module"),
+    ({"optimizer": lambda m, c: "sgd"}, "not a torch.optim.Optimizer"),
+])
+def test_bad_creators_fail_before_any_job(spark, linear_df, creators, message):
+    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), showProgress=False)
+    settings.update(creators)
+    est = TorchEstimator(**settings)
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match=message):
+        est.fit(linear_df)
+    assert spark_jobs_started(spark) == jobs and est.checkpoint is None
+
+
+def test_a_loss_that_raises_on_shapes(spark, linear_df):
+    est = TorchEstimator(model=linear_model, optimizer=sgd, loss=lambda out, y: out @ y, maxEpochs=1,
+                         showProgress=False)
+    with pytest.raises(TrainingFailedError) as error:
+        est.fit(linear_df)
+    assert error.value.stage == "loss" and not error.value.retryable
+    assert "RuntimeError" in str(error.value)
+    assert isinstance(error.value, SparkTorchError)
+
+
+def test_after_all_that_a_good_fit_resumes_the_intact_run(trained, linear_df):
+    assert trained.progress.epoch == 1
+    trained.fit(linear_df)
+    assert trained.progress.epoch == 3 and [e["epoch"] for e in trained.history] == [1, 2, 3]

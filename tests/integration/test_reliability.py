@@ -1,0 +1,124 @@
+"""Failures, timeouts and the driver's live view on local[2]."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+import torch
+
+from spark_torch_est import Hook, TorchEstimator
+from spark_torch_est.errors import TrainingFailedError
+from tests.helpers import adam, mlp, step_lr
+
+pytestmark = pytest.mark.spark
+
+
+def _estimator(**params) -> TorchEstimator:
+    settings = dict(model=mlp, optimizer=adam, scheduler=step_lr, loss=torch.nn.MSELoss(),
+                    config={"dropout": 0.2}, batchSize=128, maxEpochs=4, numWorkers=2, seed=5,
+                    showProgress=False)
+    settings.update(params)
+    return TorchEstimator(**settings)
+
+
+class CrashOnce(Hook):
+    """Hard-exits rank 1's Python worker in epoch 3, the first time only."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def after_train_iter(self, rank, state):
+        if rank == 1 and state.epoch == 2 and state.batch_in_epoch == 4 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+
+
+def test_a_crashed_rank_is_relaunched_from_the_newest_checkpoint(spark, linear_df, tmp_path, caplog):
+    clean = _estimator()
+    clean.fit(linear_df)
+    crashing = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], checkpointDir=str(tmp_path / "ckpt"),
+                          maxRetries=1)
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
+        crashing.fit(linear_df)
+
+    assert (tmp_path / "crashed").exists()
+    relaunches = [r.getMessage() for r in caplog.records if "relaunching" in r.getMessage()]
+    assert len(relaunches) == 1 and "epoch=2" in relaunches[0]
+    for key, value in clean.checkpoint.model_state.items():
+        assert torch.equal(value, crashing.checkpoint.model_state[key]), key
+    assert [e["epoch"] for e in crashing.history] == [1, 2, 3, 4]
+
+
+def test_without_retries_a_crash_fails_and_keeps_the_run(spark, linear_df, tmp_path):
+    est = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], maxRetries=0)
+    est.fit(linear_df, duration="1ep")
+    before = est.checkpoint
+    with pytest.raises(TrainingFailedError) as error:
+        est.fit(linear_df)
+    assert error.value.retryable
+    assert est.checkpoint is before
+
+
+class HangOnRank1(Hook):
+    def after_train_iter(self, rank, global_step):
+        if rank == 1 and global_step == 3:
+            time.sleep(3600)
+
+
+def test_a_hung_rank_fails_within_the_timeout(spark, linear_df):
+    est = _estimator(hooks=[HangOnRank1()], timeout=10.0, maxRetries=0)
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError) as error:
+        est.fit(linear_df)
+    elapsed = time.monotonic() - started
+    assert elapsed < 60, elapsed
+    assert error.value.rank == 0 and error.value.retryable
+    est2 = _estimator(maxEpochs=1)
+    est2.fit(linear_df)  # the session is fine afterwards
+    assert est2.progress.epoch == 1
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.seen = []
+
+    def emit(self, record):
+        self.seen.append((time.monotonic(), record))
+
+
+def test_progress_streams_to_the_driver_while_the_fit_runs(spark, linear_df):
+    handler = Records()
+    progress_logger = logging.getLogger("spark_torch_est.progress")
+    progress_logger.addHandler(handler)
+    old_level = progress_logger.level
+    progress_logger.setLevel(logging.DEBUG)
+    try:
+        est = _estimator(batchSize=8, maxEpochs=3)
+        est.fit(linear_df)
+        returned = time.monotonic()
+    finally:
+        progress_logger.removeHandler(handler)
+        progress_logger.setLevel(old_level)
+    steps = [r.progress for _, r in handler.seen if hasattr(r, "progress")]
+    assert len(steps) >= 3
+    assert [s["global_step"] for s in steps] == sorted(s["global_step"] for s in steps)
+    assert all(s["loss"] > 0 and s["steps_per_epoch"] == est.progress.global_step // 3 for s in steps)
+    assert returned - handler.seen[0][0] > 0.5  # the first arrived well before fit returned
+    epochs = [r.getMessage() for _, r in handler.seen if r.getMessage().startswith("epoch ")]
+    assert [m.split(":")[0] for m in epochs] == ["epoch 1", "epoch 2", "epoch 3"]
+
+
+class WarnOnRank1(Hook):
+    def before_run(self, rank):
+        if rank == 1:
+            logging.getLogger("user.code").warning("rank one says hello")
+
+
+def test_worker_warnings_reach_the_driver_with_their_rank(spark, linear_df, caplog):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.worker"):
+        _estimator(hooks=[WarnOnRank1()], maxEpochs=1).fit(linear_df)
+    assert any(r.getMessage() == "[rank 1] user.code: rank one says hello" for r in caplog.records)
