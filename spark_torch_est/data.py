@@ -18,7 +18,7 @@ import torch
 
 __all__ = [
     "FEATURES", "LABEL", "IS_VALIDATION", "InputDataError", "Shard",
-    "list_column_to_matrix", "column_to_numpy", "read_shard", "epoch_order", "batch_positions",
+    "list_column_to_matrix", "column_to_numpy", "read_shard", "shape_labels", "epoch_order", "batch_positions",
 ]
 
 FEATURES = "__ste_features"
@@ -120,6 +120,22 @@ def read_shard(batches: Iterable[pa.RecordBatch], label_name: str = "labelCol") 
 def _concat(parts: list[np.ndarray], dtype: np.dtype | None) -> np.ndarray:
     """One writable, contiguous copy of the parts (Arrow's buffers are read-only)."""
     return np.concatenate(parts).astype(dtype or parts[0].dtype, copy=False)
+
+
+def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:
+    """Shapes float labels like the model's output per row, so ``Linear(d, 1)`` with
+    ``MSELoss`` and a scalar label never broadcasts to ``(B, B)``.
+
+    Raises:
+        InputDataError: The model returns several values per row for a scalar float label.
+    """
+    if not labels.is_floating_point() or labels.dim() != 1 or output_shape == []:
+        return labels
+    if output_shape != [1]:
+        raise InputDataError(
+            f"the model returns {output_shape} values per row but labelCol {label_name!r} holds one number per row"
+        )
+    return labels.unsqueeze(1)
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int, rank: int) -> torch.Tensor:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import logging
 import uuid
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import cloudpickle
 import torch
 from pyspark import keyword_only
 from pyspark.ml import Estimator
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import DataFrame
 
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
@@ -22,6 +23,7 @@ from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
+from spark_torch_est.persistence import TorchReader, TorchWriter
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import Target, TaskSpec
 from spark_torch_est.view import DriverView
@@ -33,7 +35,7 @@ logger = logging.getLogger(__name__)
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks", "config")
 
 
-class TorchEstimator(Estimator, EstimatorParams):
+class TorchEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
     """Trains a PyTorch model on a DataFrame with DDP in Spark barrier tasks.
 
     Each fit continues the estimator's run: ``fit(df)`` trains to ``maxEpochs``,
@@ -182,10 +184,36 @@ class TorchEstimator(Estimator, EstimatorParams):
         return self._model(checkpoint)
 
     def _model(self, checkpoint: Checkpoint) -> TorchModel:
-        model = TorchModel(model=self._creators.model, config=dict(self._creators.config), checkpoint=checkpoint)
-        for name in ("featuresCol", "featureCols", "predictionCol", "probabilityCol", "inferenceBatchSize"):
-            model._set(**{name: self.getOrDefault(name)})
+        model = TorchModel(creators=self._creators, checkpoint=checkpoint)
+        for name in MODEL_DEFAULTS:
+            if self.isSet(name):
+                model._set(**{name: self.getOrDefault(name)})
         return model
+
+    # ---------------------------------------------------------------- persistence
+
+    def write(self) -> MLWriter:
+        """Saves Params as JSON, creators and hooks cloudpickled, and the run's checkpoint."""
+        return TorchWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        """Reads what :meth:`write` saved, run included."""
+        return TorchReader(cls)
+
+    def _persisted_files(self) -> dict[str, bytes]:
+        files = {"creators.pkl": cloudpickle.dumps((self._creators, self._initial_hook_states))}
+        if self._checkpoint is not None:
+            files["checkpoint.pt"] = self._checkpoint.to_bytes()
+        return files
+
+    @classmethod
+    def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchEstimator:
+        instance = cls()
+        instance._creators, instance._initial_hook_states = cloudpickle.loads(read("creators.pkl"))
+        blob = read("checkpoint.pt")
+        instance._checkpoint = Checkpoint.from_bytes(blob) if blob is not None else None
+        return instance
 
     # ----------------------------------------------------------------- validation
 

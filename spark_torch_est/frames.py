@@ -14,7 +14,8 @@ from pyspark.sql import types as T
 from spark_torch_est.data import FEATURES, IS_VALIDATION, LABEL
 from spark_torch_est.errors import InvalidInputError
 
-__all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "training_frame"]
+__all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
+           "training_frame"]
 
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
@@ -111,6 +112,16 @@ def feature_column(df: DataFrame, features_col: str | None, feature_cols: list[s
     return _as_float_array(features_col, kind)
 
 
+def label_column(df: DataFrame, label_col: str) -> Column:
+    """The label as long (class indices), float, or ``array<float>`` (checked first)."""
+    from pyspark.sql import functions as F
+
+    kind = label_kind(df.schema, label_col)
+    if kind in ("long", "float"):
+        return F.col(label_col).cast(kind)
+    return _as_float_array(label_col, kind)
+
+
 def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: list[str] | None,
                    label_col: str, validation_col: str | None, num_workers: int) -> DataFrame:
     """The columns the tasks read, in ``num_workers`` partitions.
@@ -123,10 +134,8 @@ def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: lis
     """
     from pyspark.sql import functions as F
 
-    kind = label_kind(df.schema, label_col)
-    label = F.col(label_col).cast("long" if kind == "long" else "float") if kind in ("long", "float") \
-        else _as_float_array(label_col, kind)
-    columns = [feature_column(df, features_col, feature_cols).alias(FEATURES), label.alias(LABEL)]
+    columns = [feature_column(df, features_col, feature_cols).alias(FEATURES),
+               label_column(df, label_col).alias(LABEL)]
     if validation_col is not None:
         check_validation_col(df.schema, validation_col)
         columns.append(F.col(validation_col).alias(IS_VALIDATION))

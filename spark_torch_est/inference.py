@@ -1,4 +1,4 @@
-"""[executor] Batched inference for ``TorchModel.transform``: Arrow in, Arrow out.
+"""[executor] Batched scoring for ``TorchModel.transform`` and ``TorchModel.evaluate``.
 
 The model is built once per Python worker process and cached by the digest of its
 weights, so a reused worker scores every later batch and task without reloading.
@@ -16,45 +16,47 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from spark_torch_est.data import FEATURES, list_column_to_matrix
+from spark_torch_est.creators import Creators
+from spark_torch_est.data import FEATURES, LABEL, column_to_numpy, list_column_to_matrix, shape_labels
 
-__all__ = ["PredictSpec", "predict_task", "load_model"]
+__all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model"]
 
 _CACHE: OrderedDict[str, torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 2
+EVALUATION_SCHEMA = "count long, loss_sum double, metric_sums array<double>, metric_states array<binary>"
 
 
 @dataclass(frozen=True)
-class PredictSpec:
+class ScoringSpec:
     """What a scoring task needs.
 
     Attributes:
         key: Digest of the weights; the per-process cache key.
-        model_payload: cloudpickled ``(model creator or module, config)``.
+        creators: cloudpickled :class:`Creators` (model, loss, metrics, config).
         weights: ``torch.save`` of the model's state_dict.
         batch_size: Rows per forward pass.
         prediction_col: Name of the output column.
         output: ``"scalar"`` (double), ``"vector"`` (array<float>) or ``"class"`` (argmax).
         probability_col: Softmax column for ``"class"`` outputs, or None.
+        label_name: The label column, for messages.
     """
 
     key: str
-    model_payload: bytes
+    creators: bytes
     weights: bytes
     batch_size: int
-    prediction_col: str
-    output: str
+    prediction_col: str = "prediction"
+    output: str = "scalar"
     probability_col: str | None = None
+    label_name: str = "label"
 
 
-def load_model(spec: PredictSpec) -> torch.nn.Module:
-    """Builds the model (CPU or the task's GPU), once per process and weights."""
+def load_model(spec: ScoringSpec) -> torch.nn.Module:
+    """Builds the model in eval mode (on the GPU when there is one), once per process and weights."""
     model = _CACHE.get(spec.key)
     if model is None:
-        from spark_torch_est.creators import Creators
-
-        module_or_creator, config = cloudpickle.loads(spec.model_payload)
-        model = Creators(model=module_or_creator, optimizer=None, loss=None, config=config).build_model()
+        creators: Creators = cloudpickle.loads(spec.creators)
+        model = creators.build_model()
         model.load_state_dict(torch.load(io.BytesIO(spec.weights), map_location="cpu", weights_only=True))
         model.eval()
         if torch.cuda.is_available():
@@ -66,15 +68,28 @@ def load_model(spec: PredictSpec) -> torch.nn.Module:
     return model
 
 
-def predict_task(spec: PredictSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters(), torch.empty(0)).device
+
+
+def _forward(model: torch.nn.Module, features: np.ndarray, batch_size: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yields (start row, outputs) per chunk of ``batch_size`` rows."""
+    device = _device(model)
+    with torch.inference_mode():
+        for start in range(0, len(features), batch_size):
+            inputs = torch.tensor(features[start:start + batch_size], device=device)  # Arrow memory is read-only
+            yield start, model(inputs)
+
+
+def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Returns the ``mapInArrow`` function that appends predictions to every batch."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         model = load_model(spec)
-        device = next(model.parameters(), torch.empty(0)).device
         for batch in batches:
             features = list_column_to_matrix(batch.column(FEATURES), "features")
-            outputs = _forward(model, features, spec.batch_size, device)
+            parts = [out.float().cpu() for _, out in _forward(model, features, spec.batch_size)]
+            outputs = torch.cat(parts).reshape(len(features), -1).numpy() if parts else np.zeros((0, 1), np.float32)
             kept = batch.drop_columns([FEATURES])
             for name, column in _columns(spec, outputs):
                 kept = kept.append_column(name, column)
@@ -83,19 +98,42 @@ def predict_task(spec: PredictSpec) -> Callable[[Iterator[pa.RecordBatch]], Iter
     return task
 
 
-def _forward(model: torch.nn.Module, features: np.ndarray, batch_size: int, device: torch.device) -> np.ndarray:
-    parts = []
-    with torch.inference_mode():
-        for start in range(0, len(features), batch_size):
-            inputs = torch.tensor(features[start:start + batch_size], device=device)  # Arrow memory is read-only
-            parts.append(model(inputs).float().cpu())
-    if not parts:
-        return np.zeros((0, 1), dtype=np.float32)
-    outputs = torch.cat(parts)
-    return outputs.reshape(len(outputs), -1).numpy()
+def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Returns the ``mapInArrow`` function that sums the loss and metrics of a partition."""
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        model = load_model(spec)
+        creators: Creators = cloudpickle.loads(spec.creators)
+        loss_fn, names = creators.build_loss(), sorted(creators.metrics)
+        count, loss_sum, sums = 0, 0.0, np.zeros(len(names))
+        for batch in batches:
+            features = list_column_to_matrix(batch.column(FEATURES), "features")
+            labels = torch.from_numpy(np.array(column_to_numpy(batch.column(LABEL), spec.label_name)))
+            if labels.is_floating_point():
+                labels = labels.float()
+            for start, outputs in _forward(model, features, spec.batch_size):
+                target = shape_labels(labels[start:start + len(outputs)], list(outputs.shape[1:]), spec.label_name)
+                target = target.to(outputs.device)
+                count += len(outputs)
+                loss_sum += float(loss_fn(outputs, target)) * len(outputs)
+                for i, name in enumerate(names):
+                    metric = creators.metrics[name]
+                    if hasattr(metric, "update"):
+                        metric.update(outputs, target)
+                    else:
+                        sums[i] += float(metric(outputs, target)) * len(outputs)
+        states = [cloudpickle.dumps(creators.metrics[n]) if hasattr(creators.metrics[n], "update") else b""
+                  for n in names]
+        yield pa.RecordBatch.from_pydict(
+            {"count": [count], "loss_sum": [loss_sum], "metric_sums": [sums.tolist()], "metric_states": [states]},
+            schema=pa.schema([("count", pa.int64()), ("loss_sum", pa.float64()),
+                              ("metric_sums", pa.list_(pa.float64())), ("metric_states", pa.list_(pa.binary()))]),
+        )
+
+    return task
 
 
-def _columns(spec: PredictSpec, outputs: np.ndarray) -> list[tuple[str, pa.Array]]:
+def _columns(spec: ScoringSpec, outputs: np.ndarray) -> list[tuple[str, pa.Array]]:
     if spec.output == "scalar":
         return [(spec.prediction_col, pa.array(outputs[:, 0].astype(np.float64)))]
     if spec.output == "vector":

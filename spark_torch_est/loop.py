@@ -17,7 +17,7 @@ from torch import nn
 from spark_torch_est.channel import ProgressReporter
 from spark_torch_est.checkpoint import FORMAT_VERSION, Checkpoint, check_compatible
 from spark_torch_est.creators import Creators
-from spark_torch_est.data import InputDataError, Shard, batch_positions, epoch_order
+from spark_torch_est.data import InputDataError, Shard, batch_positions, epoch_order, shape_labels
 from spark_torch_est.hooks import Control, HookSet
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import TaskSpec
@@ -119,26 +119,18 @@ class Trainer:
         }
 
     def _shape_labels(self, model: nn.Module) -> list[int]:
-        """Runs the model on two rows (eval mode, no RNG drawn) and shapes float labels
-        like its output, so ``Linear(d, 1)`` + ``MSELoss`` + scalar labels never broadcast."""
+        """Runs the model on two rows (eval mode, no RNG drawn) to learn its output shape,
+        and shapes the labels to match."""
         shard = self.shard
         if len(shard.features) == 0:
             return []
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            outputs = model(shard.features[:2].to(self.device))
+            output_shape = list(model(shard.features[:2].to(self.device)).shape[1:])
         model.train(was_training)
-        output_shape = list(outputs.shape[1:])
-        labels = shard.labels
-        if labels.is_floating_point() and labels.dim() == 1 and output_shape != []:
-            if output_shape != [1]:
-                raise InputDataError(
-                    f"the model returns {output_shape} values per row but labelCol "
-                    f"{self.spec.label_name!r} holds one number per row"
-                )
-            shard.labels = labels.unsqueeze(1)
-            shard.val_labels = shard.val_labels.unsqueeze(1)
+        shard.labels = shape_labels(shard.labels, output_shape, self.spec.label_name)
+        shard.val_labels = shape_labels(shard.val_labels, output_shape, self.spec.label_name)
         return output_shape
 
     def _agree_on_rows(self) -> None:

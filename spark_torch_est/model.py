@@ -1,49 +1,49 @@
-"""[driver] TorchModel: a Spark ML Transformer for batched inference, with save/load."""
+"""[driver] TorchModel: a Spark ML Transformer for batched inference, evaluation, save/load."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
-import json
-from typing import Any
+from typing import Any, Callable
 
 import cloudpickle
 import torch
 from pyspark.ml import Model
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
-from spark_torch_est.data import FEATURES
+from spark_torch_est.data import FEATURES, LABEL
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.frames import feature_column
-from spark_torch_est.inference import PredictSpec, predict_task
+from spark_torch_est.frames import feature_column, label_column
+from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
 from spark_torch_est.params import MODEL_DEFAULTS, ModelParams
-from spark_torch_est.storage import read_bytes, write_atomic
+from spark_torch_est.persistence import TorchReader, TorchWriter
 
 __all__ = ["TorchModel"]
 
 
 class TorchModel(Model, ModelParams, MLReadable, MLWritable):
-    """A trained model: ``transform`` appends predictions; ``torch_model()`` returns the module.
+    """A trained model: ``transform`` appends predictions, ``evaluate`` computes the loss
+    and metrics, ``torch_model()`` returns the module.
 
     Args:
-        model: The ``nn.Module`` or ``callable(config)`` the estimator was given.
-        config: The estimator's config dict.
+        creators: The estimator's creators (model, loss, metrics and config are used).
         checkpoint: The checkpoint the weights come from.
 
-    The prediction column is a double for one output per row, ``array<float>`` for several;
-    for classifiers (integer labels, several outputs) it is the class index, with softmax
-    probabilities in ``probabilityCol`` when that Param is set.
+    The prediction column is a double for one output per row and ``array<float>`` for
+    several. For classifiers (integer labels, several outputs) it is the class index,
+    with softmax probabilities in ``probabilityCol`` when that Param is set.
     """
 
-    def __init__(self, model: Any = None, config: dict | None = None, checkpoint: Checkpoint | None = None) -> None:
+    def __init__(self, creators: Creators | None = None, checkpoint: Checkpoint | None = None) -> None:
         super().__init__()
         self._setDefault(**MODEL_DEFAULTS)
-        self._model_creator = model
-        self._config = dict(config or {})
+        self._creators = dataclasses.replace(creators, optimizer=None, scheduler=None, hooks={}) \
+            if creators is not None else None
         self._checkpoint = checkpoint
 
     @property
@@ -58,9 +58,16 @@ class TorchModel(Model, ModelParams, MLReadable, MLWritable):
 
     def torch_model(self) -> torch.nn.Module:
         """The trained ``nn.Module`` on the CPU, in eval mode."""
-        model = Creators(model=self._model_creator, optimizer=None, loss=None, config=self._config).build_model()
+        model = self._creators.build_model()
         model.load_state_dict(self._checkpoint.model_state)
         return model.cpu().eval()
+
+    def _scoring_spec(self, **fields: Any) -> ScoringSpec:
+        weights = io.BytesIO()
+        torch.save(self._checkpoint.model_state, weights)
+        return ScoringSpec(key=hashlib.sha256(weights.getbuffer()).hexdigest(),
+                           creators=cloudpickle.dumps(self._creators), weights=weights.getvalue(),
+                           batch_size=self.getInferenceBatchSize(), **fields)
 
     def _output_kind(self) -> str:
         meta = self._checkpoint.meta
@@ -74,57 +81,68 @@ class TorchModel(Model, ModelParams, MLReadable, MLWritable):
     def _transform(self, dataset: DataFrame) -> DataFrame:
         features = feature_column(dataset, self.getFeaturesCol(), self.getFeatureCols())
         kind = self._output_kind()
+        probability = self.getProbabilityCol() if kind == "class" else None
         added = [(self.getPredictionCol(), T.DoubleType() if kind != "vector" else T.ArrayType(T.FloatType()))]
-        if kind == "class" and self.getProbabilityCol():
-            added.append((self.getProbabilityCol(), T.ArrayType(T.FloatType())))
+        if probability:
+            added.append((probability, T.ArrayType(T.FloatType())))
         for name, _ in added:
             if name in dataset.columns:
                 raise InvalidInputError(f"the DataFrame already has a column {name!r}; set predictionCol/probabilityCol")
         schema = T.StructType(list(dataset.schema.fields) + [T.StructField(n, t, False) for n, t in added])
-        weights = io.BytesIO()
-        torch.save(self._checkpoint.model_state, weights)
-        spec = PredictSpec(
-            key=hashlib.sha256(weights.getbuffer()).hexdigest(),
-            model_payload=cloudpickle.dumps((self._model_creator, self._config)),
-            weights=weights.getvalue(), batch_size=self.getInferenceBatchSize(),
-            prediction_col=self.getPredictionCol(), output=kind,
-            probability_col=self.getProbabilityCol() if kind == "class" else None,
-        )
+        spec = self._scoring_spec(prediction_col=self.getPredictionCol(), output=kind, probability_col=probability)
         return dataset.withColumn(FEATURES, features).mapInArrow(predict_task(spec), schema)
+
+    def evaluate(self, dataset: DataFrame) -> dict[str, float]:
+        """The loss and metrics over every row of ``dataset``, computed by Spark tasks.
+
+        Returns:
+            ``{"loss": ..., "<metric name>": ...}``: weighted by rows, exact for losses
+            and metrics that are means over rows; stateful metrics (torchmetrics) are
+            merged with their ``merge_state``.
+
+        Raises:
+            InvalidInputError: Missing or unusable columns (before any Spark job).
+        """
+        frame = dataset.select(feature_column(dataset, self.getFeaturesCol(), self.getFeatureCols()).alias(FEATURES),
+                               label_column(dataset, self.getLabelCol()).alias(LABEL))
+        spec = self._scoring_spec(label_name=self.getLabelCol())
+        rows = frame.mapInArrow(evaluate_task(spec), EVALUATION_SCHEMA).collect()
+        count = sum(r["count"] for r in rows)
+        if count == 0:
+            raise InvalidInputError("evaluate() got a DataFrame without rows")
+        result = {"loss": sum(r["loss_sum"] for r in rows) / count}
+        for i, name in enumerate(sorted(self._creators.metrics)):
+            states = [bytes(r["metric_states"][i]) for r in rows if r["count"] and r["metric_states"][i]]
+            if states:
+                result[name] = _merged(name, states)
+            else:
+                result[name] = sum(r["metric_sums"][i] for r in rows) / count
+        return result
 
     # ---------------------------------------------------------------- persistence
 
     def write(self) -> MLWriter:
-        """Saves Params as JSON, the creator cloudpickled, and the checkpoint."""
-        return _TorchModelWriter(self)
+        """Saves Params as JSON, the creators cloudpickled and the checkpoint."""
+        return TorchWriter(self)
 
     @classmethod
     def read(cls) -> MLReader:
         """Reads what :meth:`write` saved."""
-        return _TorchModelReader(cls)
+        return TorchReader(cls)
+
+    def _persisted_files(self) -> dict[str, bytes]:
+        return {"creators.pkl": cloudpickle.dumps(self._creators), "checkpoint.pt": self._checkpoint.to_bytes()}
+
+    @classmethod
+    def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchModel:
+        return cls(creators=cloudpickle.loads(read("creators.pkl")),
+                   checkpoint=Checkpoint.from_bytes(read("checkpoint.pt")))
 
 
-class _TorchModelWriter(MLWriter):
-    def __init__(self, instance: TorchModel) -> None:
-        super().__init__()
-        self.instance = instance
-
-    def saveImpl(self, path: str) -> None:
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession.sparkContext)
-        write_atomic(f"{path}/torch/creator.pkl", cloudpickle.dumps((self.instance._model_creator, self.instance._config)))
-        write_atomic(f"{path}/torch/checkpoint.pt", self.instance.checkpoint.to_bytes())
-        write_atomic(f"{path}/torch/README.json", json.dumps({"format": "spark_torch_est.TorchModel", "version": 1}).encode())
-
-
-class _TorchModelReader(MLReader):
-    def __init__(self, cls: type) -> None:
-        super().__init__()
-        self.cls = cls
-
-    def load(self, path: str) -> TorchModel:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession.sparkContext)
-        model, config = cloudpickle.loads(read_bytes(f"{path}/torch/creator.pkl"))
-        instance = self.cls(model=model, config=config, checkpoint=Checkpoint.load(f"{path}/torch/checkpoint.pt"))
-        instance._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(instance, metadata)
-        return instance
+def _merged(name: str, states: list[bytes]) -> float:
+    metric = cloudpickle.loads(states[0])
+    if len(states) > 1 and not hasattr(metric, "merge_state"):
+        raise InvalidInputError(f"metric {name!r} has no merge_state(), so partitions cannot be combined")
+    for other in states[1:]:
+        metric.merge_state(cloudpickle.loads(other))
+    return float(metric.compute())

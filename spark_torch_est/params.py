@@ -29,6 +29,7 @@ def _to_optional_string_list(value: object) -> list[str] | None:
 #: Defaults shared by TorchEstimator and TorchModel.
 MODEL_DEFAULTS: dict[str, object] = {
     "featuresCol": "features",
+    "labelCol": "label",
     "featureCols": None,
     "predictionCol": "prediction",
     "probabilityCol": None,
@@ -37,7 +38,6 @@ MODEL_DEFAULTS: dict[str, object] = {
 
 #: Defaults of TorchEstimator's own Params.
 ESTIMATOR_DEFAULTS: dict[str, object] = {
-    "labelCol": "label",
     "validationIndicatorCol": None,
     "batchSize": 64,
     "maxEpochs": 10,
@@ -53,7 +53,7 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
 }
 
 
-class ModelParams(HasFeaturesCol, HasPredictionCol):
+class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
     """Params of the columns a model reads and writes. Params that may be None use
     converters that accept None, so saved models load back."""
 
@@ -96,6 +96,10 @@ class ModelParams(HasFeaturesCol, HasPredictionCol):
         """Sets featureCols."""
         return self._set(featureCols=value)
 
+    def setLabelCol(self, value: str):
+        """Sets labelCol."""
+        return self._set(labelCol=value)
+
     def setPredictionCol(self, value: str):
         """Sets predictionCol."""
         return self._set(predictionCol=value)
@@ -109,7 +113,7 @@ class ModelParams(HasFeaturesCol, HasPredictionCol):
         return self._set(inferenceBatchSize=value)
 
 
-class EstimatorParams(ModelParams, HasLabelCol, HasSeed, HasValidationIndicatorCol):
+class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
     """Params of TorchEstimator."""
 
     validationIndicatorCol: Param = Param(
@@ -142,10 +146,6 @@ class EstimatorParams(ModelParams, HasLabelCol, HasSeed, HasValidationIndicatorC
     showProgress: Param = Param(Params._dummy(), "showProgress",
                                 "show a progress bar (a terminal) or log lines on the driver",
                                 typeConverter=TypeConverters.toBoolean)
-
-    def setLabelCol(self, value: str):
-        """Sets labelCol."""
-        return self._set(labelCol=value)
 
     def setSeed(self, value: int):
         """Sets seed."""

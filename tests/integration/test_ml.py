@@ -1,0 +1,136 @@
+"""Spark ML citizenship: Pipeline, CrossValidator, persistence, validation metrics,
+classification and evaluate()."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchmetrics
+from pyspark.ml import Pipeline
+from pyspark.ml.evaluation import MulticlassClassificationEvaluator, RegressionEvaluator
+from pyspark.ml.feature import VectorAssembler
+from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit
+from pyspark.sql import functions as F
+
+from spark_torch_est import EarlyStopping, TorchEstimator, TorchModel
+from tests.helpers import linear_model, mlp, sgd
+
+pytestmark = pytest.mark.spark
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _mae(outputs, labels):
+    return (outputs - labels).abs().mean()
+
+
+def _estimator(**params) -> TorchEstimator:
+    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64, maxEpochs=3,
+                    numWorkers=2, showProgress=False)
+    settings.update(params)
+    return TorchEstimator(**settings)
+
+
+@pytest.fixture(scope="module")
+def wide_df(spark, linear_df):
+    columns = [F.col("features")[i].alias(f"f{i}") for i in range(8)]
+    return linear_df.select(F.monotonically_increasing_id().alias("id"), *columns, "label")
+
+
+def test_pipeline_fit_save_and_load_in_a_fresh_process(spark, wide_df, tmp_path):
+    assembler = VectorAssembler(inputCols=[f"f{i}" for i in range(8)], outputCol="features")
+    pipeline = Pipeline(stages=[assembler, _estimator()])
+    model = pipeline.fit(wide_df)
+    expected = {r.id: r.prediction for r in model.transform(wide_df).select("id", "prediction").collect()}
+
+    model.write().overwrite().save(str(tmp_path / "pipeline"))
+    wide_df.write.parquet(str(tmp_path / "data"))
+    pipeline.write().overwrite().save(str(tmp_path / "unfitted"))  # the estimator saves too
+    result = subprocess.run([sys.executable, str(SCRIPTS / "score_saved_pipeline.py"), str(tmp_path / "pipeline"),
+                             str(tmp_path / "data")], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    line = next(l for l in result.stdout.splitlines() if l.startswith("PREDICTIONS "))
+    loaded = {i: p for i, p in json.loads(line[len("PREDICTIONS "):])}
+    assert loaded.keys() == expected.keys()
+    assert all(loaded[i] == expected[i] for i in expected)
+    assert isinstance(Pipeline.load(str(tmp_path / "unfitted")).getStages()[1], TorchEstimator)
+
+
+def test_a_saved_estimator_carries_its_run(spark, linear_df, tmp_path):
+    est = _estimator()
+    est.fit(linear_df, duration="1ep")
+    est.save(str(tmp_path / "est"))
+    loaded = TorchEstimator.load(str(tmp_path / "est"))
+    assert loaded.progress == est.progress and loaded.getBatchSize() == 64
+    loaded.fit(linear_df)
+    assert loaded.progress.epoch == 3 and est.progress.epoch == 1
+
+
+def test_cross_validator_picks_the_better_batch_size_and_leaves_the_estimator_alone(spark, linear_df):
+    est = _estimator(maxEpochs=1, config={"lr": 0.01})
+    grid = ParamGridBuilder().addGrid(est.batchSize, [512, 16]).build()
+    evaluator = RegressionEvaluator(labelCol="label", predictionCol="prediction", metricName="rmse")
+    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=3)
+    cv_model = cv.fit(linear_df)
+    best = int(np.argmin(cv_model.avgMetrics))
+    assert cv_model.getEstimatorParamMaps()[best][est.batchSize] == 16
+    assert cv_model.avgMetrics[1] < cv_model.avgMetrics[0] / 2
+    assert isinstance(cv_model.bestModel, TorchModel)
+    assert est.checkpoint is None and est.getBatchSize() == 64
+
+    tvs = TrainValidationSplit(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, seed=3)
+    assert isinstance(tvs.fit(linear_df).bestModel, TorchModel)
+    assert est.checkpoint is None
+
+
+def test_validation_loss_and_metrics_are_exact_over_all_validation_rows(spark, linear_df):
+    df = linear_df.withColumn("is_val", F.rand(seed=4) < 0.25)
+    est = _estimator(model=mlp, validationIndicatorCol="is_val", maxEpochs=2,
+                     metrics={"mae": _mae, "tm_mae": torchmetrics.MeanAbsoluteError()},
+                     hooks=[EarlyStopping(monitor="val_mae", patience=5)])
+    model = est.fit(df)
+    val = df.filter("is_val").toPandas()
+    x = torch.tensor(np.stack(val["features"].to_numpy()), dtype=torch.float32)
+    with torch.no_grad():
+        predicted = model.torch_model()(x).numpy().ravel()
+    errors = predicted - val["label"].to_numpy()
+    last = est.history[-1]
+    assert last["val_loss"] == pytest.approx(float(np.mean(errors ** 2)), rel=1e-4)
+    assert last["val_mae"] == pytest.approx(float(np.mean(np.abs(errors))), rel=1e-4)
+    assert last["val_tm_mae"] == pytest.approx(float(np.mean(np.abs(errors))), rel=1e-4)
+
+    evaluated = model.evaluate(df.filter("is_val"))
+    assert evaluated["loss"] == pytest.approx(last["val_loss"], rel=1e-4)
+    assert evaluated["mae"] == pytest.approx(last["val_mae"], rel=1e-4)
+    assert evaluated["tm_mae"] == pytest.approx(last["val_mae"], rel=1e-4)
+
+
+def _blobs(spark, rows=1500, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(scale=3.0, size=(classes, 4))
+    labels = rng.integers(0, classes, size=rows)
+    x = centers[labels] + rng.normal(size=(rows, 4))
+    return spark.createDataFrame([(r.tolist(), int(c)) for r, c in zip(x, labels)], ["features", "label"])
+
+
+def test_classification_predicts_class_indices_and_probabilities(spark):
+    df = _blobs(spark)
+    est = TorchEstimator(model=lambda c: torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(),
+                                                             torch.nn.Linear(16, 3)),
+                         optimizer=lambda m, c: torch.optim.Adam(m.parameters(), lr=0.02),
+                         loss=torch.nn.CrossEntropyLoss(), metrics={"accuracy": torchmetrics.Accuracy("multiclass", num_classes=3)},
+                         batchSize=32, maxEpochs=5, numWorkers=2, showProgress=False, probabilityCol="probability")
+    model = est.fit(df)
+    scored = model.transform(df)
+    assert scored.schema["prediction"].dataType.typeName() == "double"
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored.withColumn(
+        "label", F.col("label").cast("double")))
+    assert accuracy > 0.9
+    sums = scored.select(F.aggregate("probability", F.lit(0.0), lambda a, p: a + p).alias("s")).toPandas()["s"]
+    np.testing.assert_allclose(sums, 1.0, atol=1e-5)
+    assert model.evaluate(df)["accuracy"] == pytest.approx(accuracy, abs=1e-6)  # torchmetrics computes in float32
