@@ -76,12 +76,13 @@ class GradientClipping(Hook):
 
 
 class SchedulerPerIteration(Hook):
-    """Steps the LR scheduler after every optimizer step instead of every epoch."""
+    """Steps the LR scheduler after every training step instead of every epoch (also
+    with a ``train_step`` override)."""
 
     def before_run(self, control: Control) -> None:
         control.step_scheduler_per_epoch = False
 
-    def after_optimizer_step(self, scheduler: Any) -> None:
+    def after_train_iter(self, scheduler: Any) -> None:
         if scheduler is not None:
             scheduler.step()
 

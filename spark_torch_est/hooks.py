@@ -111,7 +111,7 @@ class Hook:
         """Before ``optimizer.step()`` (gradient clipping goes here)."""
 
     def after_optimizer_step(self, **kwargs: Any) -> None:
-        """After ``optimizer.step()``."""
+        """After ``optimizer.step()``; ``global_step`` includes this step from here on."""
 
     def after_train_iter(self, **kwargs: Any) -> None:
         """After each training batch; ``global_step`` includes this step."""
@@ -126,7 +126,8 @@ class Hook:
         """After each validation batch."""
 
     def after_val_epoch(self, **kwargs: Any) -> None:
-        """After validation; ``metrics`` holds this epoch's validation values."""
+        """After validation; ``metrics`` holds this epoch's validation values (numbers a
+        hook adds are recorded in the history)."""
 
     def after_train_epoch(self, **kwargs: Any) -> None:
         """After every epoch; ``metrics`` is the epoch's history entry: numbers a hook adds

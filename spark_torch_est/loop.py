@@ -57,6 +57,8 @@ class Trainer:
         self.stage = "setup"
         self.hooks = HookSet(creators.hooks)
         self.control = Control()
+        self.context: dict[str, Any] = {"rank": rank, "world_size": world_size, "control": self.control,
+                                        "device": device, "config": dict(creators.config)}
         self._sync_flags = world_size > 1 and bool(self.hooks)
 
     # ----------------------------------------------------------------- public entry
@@ -64,8 +66,8 @@ class Trainer:
     def run(self) -> bytes | None:
         """Trains to the spec's target; returns the checkpoint bytes on rank 0, else None."""
         resume = Checkpoint.from_bytes(self.spec.resume) if self.spec.resume is not None else None
-        self._setup(resume)
         try:
+            self._setup(resume)
             self._call("before_run")
             self._restore_rng(resume)
             self._agree_on_flags()
@@ -110,13 +112,13 @@ class Trainer:
                 self.scheduler.load_state_dict(resume.state["scheduler"])
             self.hooks.load_state_dict(resume.hook_states)
         self._agree_on_rows()
-        self.context: dict[str, Any] = {
+        self.context.update({
             "model": model, "ddp_model": self.ddp_model, "optimizer": self.optimizer,
             "scheduler": self.scheduler, "loss_fn": self.loss_fn, "rank": self.rank,
             "world_size": self.world_size, "config": dict(creators.config), "control": self.control,
             "device": self.device, "epoch": self.progress.epoch, "batch_idx": 0,
             "global_step": self.progress.global_step, "state": self.progress,
-        }
+        })
 
     def _shape_labels(self, model: nn.Module) -> list[int]:
         """Runs the model on two rows (eval mode, no RNG drawn) to learn its output shape,
@@ -182,9 +184,9 @@ class Trainer:
     def _train(self) -> None:
         self.model.train()
         while not self._finished():
+            self.control.stop_epoch = False
             if self.progress.batch_in_epoch == 0:
                 self._call("before_train_epoch")
-            self.control.stop_epoch = False
             if self._train_epoch():
                 self._end_epoch()
 
@@ -234,8 +236,8 @@ class Trainer:
 
     def _default_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         context = self.context
-        self.optimizer.zero_grad(set_to_none=True)
         self.stage = "forward"
+        self.optimizer.zero_grad(set_to_none=True)
         outputs = self.ddp_model(inputs)
         self.stage = "loss"
         loss = self.loss_fn(outputs, labels)
@@ -252,6 +254,7 @@ class Trainer:
         self._call("before_optimizer_step")
         self.stage = "optimizer_step"
         self.optimizer.step()
+        context["global_step"] = self.progress.global_step + 1  # the step is done from here on
         self._call("after_optimizer_step")
         return loss
 
@@ -311,7 +314,7 @@ class Trainer:
         for i, name in enumerate(names, start=1):
             metric = self.metrics[name]
             values[f"val_{name}"] = float(metric.compute()) if _is_stateful(metric) else float(sums[i]) / self.val_rows
-        self._call("after_val_epoch", metrics=dict(values))
+        self._call("after_val_epoch", metrics=values)  # hooks may add values to the history entry
         return values
 
     @staticmethod

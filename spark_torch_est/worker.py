@@ -29,7 +29,7 @@ from spark_torch_est.errors import IncompatibleCheckpointError
 from spark_torch_est.failure import CHECKPOINT, INPUT, SYSTEM, UNREACHABLE, USER, Failure, RankFailure
 from spark_torch_est.spec import TaskSpec
 
-__all__ = ["RESULT_SCHEMA", "train_task", "run_rank", "failure_key"]
+__all__ = ["RESULT_SCHEMA", "train_task", "run_rank", "failure_key", "choose_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,16 +153,36 @@ class _Unreachable(RuntimeError):
     """The driver's rendezvous store did not answer."""
 
 
-def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:
-    gpus = barrier.gpus()
-    use_gpu = spec.use_gpu if spec.use_gpu is not None else bool(gpus) and torch.cuda.is_available()
-    if not use_gpu:
+def choose_device(use_gpu: bool | None, gpus: list[str], cuda_devices: int, rank: int) -> torch.device:
+    """The device of one rank: the GPU Spark assigned the task (task resources), else one
+    picked by rank when Spark assigns none, else the CPU.
+
+    Args:
+        use_gpu: The ``useGpu`` Param: True, False or None (a GPU when there is one).
+        gpus: GPU addresses Spark assigned the task.
+        cuda_devices: ``torch.cuda.device_count()`` on the executor.
+        rank: This rank.
+
+    Raises:
+        InputDataError: ``useGpu=True`` on an executor where torch sees no GPU.
+    """
+    if use_gpu is False or (use_gpu is None and cuda_devices == 0):
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise InputDataError("useGpu=True but torch sees no CUDA device on this executor")
-    index = int(gpus[0]) if gpus else barrier.rank % torch.cuda.device_count()
-    torch.cuda.set_device(index)
+    if cuda_devices == 0:
+        raise InputDataError(
+            f"useGpu=True but torch sees no CUDA device on this executor (Spark assigned GPUs {gpus or 'none'}); "
+            "install a CUDA build of torch there or set useGpu=False"
+        )
+    index = int(gpus[0]) if gpus else rank % cuda_devices
     return torch.device("cuda", index)
+
+
+def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = choose_device(spec.use_gpu, barrier.gpus(), cuda, barrier.rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def _connect_store(spec: TaskSpec, barrier: Barrier) -> dist.Store:

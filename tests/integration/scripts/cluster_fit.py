@@ -1,0 +1,60 @@
+"""Run by test_cluster.py: fits on local-cluster[2,1,1024] (two executor JVMs) whose workers
+offer fake GPUs through a discovery script, as Spark's own tests do."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from pyspark import BarrierTaskContext
+from pyspark.sql import SparkSession
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+from spark_torch_est import Hook, TorchEstimator  # noqa: E402
+from spark_torch_est.errors import InvalidInputError  # noqa: E402
+from tests.helpers import linear_model, sgd  # noqa: E402
+
+out_dir, discovery = sys.argv[1], sys.argv[2]
+
+
+class WhereAmI(Hook):
+    """Records the task's GPU addresses, device and executor JVM per rank."""
+
+    def before_run(self, rank, device):
+        gpus = BarrierTaskContext.get().resources().get("gpu")
+        with open(f"/proc/{os.getppid()}/stat") as f:  # the worker's parent is pyspark's daemon,
+            jvm = int(f.read().rsplit(")", 1)[1].split()[1])  # whose parent is the executor JVM
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"gpus": list(gpus.addresses) if gpus else [], "device": str(device), "jvm": jvm}, f)
+
+
+spark = (SparkSession.builder.master("local-cluster[2,1,1024]").config("spark.ui.enabled", "false")
+         .config("spark.worker.resource.gpu.amount", "2")
+         .config("spark.worker.resource.gpu.discoveryScript", discovery)
+         .config("spark.executor.resource.gpu.amount", "1")
+         .config("spark.task.resource.gpu.amount", "1")
+         .getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+rng = np.random.default_rng(1)
+x = rng.normal(size=(2000, 8))
+w = rng.normal(size=8)
+df = spark.createDataFrame([(r.tolist(), float(r @ w + 0.5)) for r in x], ["features", "label"]).repartition(2)
+est = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=32, maxEpochs=4,
+                     numWorkers=2, showProgress=False, hooks=[WhereAmI()], slotWaitTimeout=120)
+model = est.fit(df, duration="2ep")
+model = est.fit(df)  # a second fit across the same executors resumes the run
+learned = model.torch_model()
+error = float(np.abs(learned.weight.detach().numpy().ravel() - w).max())
+predictions = model.transform(df).select("label", "prediction").toPandas()
+rmse = float(np.sqrt(((predictions.label - predictions.prediction) ** 2).mean()))
+try:
+    TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), useGpu=True, maxEpochs=1,
+                   showProgress=False).fit(df)
+    gpu_error = None
+except InvalidInputError as exc:
+    gpu_error = str(exc)
+ranks = [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in (0, 1)]
+print("RESULT " + json.dumps({"weight_error": error, "rmse": rmse, "epochs": est.progress.epoch,
+                              "ranks": ranks, "gpu_error": gpu_error}))
+spark.stop()
