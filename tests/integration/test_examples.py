@@ -1,0 +1,24 @@
+"""The examples run top to bottom (each in its own driver process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+@pytest.mark.parametrize("script, expected", [
+    ("notebook.py", "reloaded: 8000 rows scored"),
+    ("custom_training.py", "early stopping"),
+])
+def test_example_runs(script, expected):
+    result = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert expected in result.stdout
