@@ -73,7 +73,7 @@ class ChannelServer:
         while True:
             try:
                 message = json.loads(connection.recv_bytes(_MAX_MESSAGE))
-            except (EOFError, OSError, ValueError):
+            except (EOFError, OSError, ValueError, TypeError):  # TypeError: closed by close()
                 return
             try:
                 self.on_message(message)
