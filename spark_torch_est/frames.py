@@ -17,6 +17,7 @@ from spark_torch_est.errors import InvalidInputError
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
            "training_frame"]
 
+ROW_ORDER = "__ste_row_order"
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
 
@@ -124,10 +125,12 @@ def label_column(df: DataFrame, label_col: str) -> Column:
 
 def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: list[str] | None,
                    label_col: str, validation_col: str | None, num_workers: int) -> DataFrame:
-    """The columns the tasks read, in ``num_workers`` partitions.
+    """The columns the tasks read, in ``num_workers`` partitions, in a reproducible order.
 
     The shuffle is skipped when the DataFrame already has exactly ``num_workers``
-    partitions (where Spark can tell without running a job).
+    partitions (where Spark can tell without running a job). Either way the rows of a
+    rank come in the same order in every job as long as the input's order is stable
+    (files, local data, a cached DataFrame), which exact resume relies on.
 
     Raises:
         InvalidInputError: A column is missing or has an unusable type.
@@ -139,10 +142,12 @@ def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: lis
     if validation_col is not None:
         check_validation_col(df.schema, validation_col)
         columns.append(F.col(validation_col).alias(IS_VALIDATION))
-    selected = df.select(*columns)
     if _partitions(df) == num_workers:
-        return selected
-    return selected.repartition(num_workers)
+        return df.select(*columns)
+    # A shuffle's output order depends on fetch timing; sorting each partition by the rows'
+    # position in the input makes every job (every fit, every relaunch) see the same order.
+    order = F.monotonically_increasing_id().alias(ROW_ORDER)
+    return df.select(*columns, order).repartition(num_workers).sortWithinPartitions(ROW_ORDER).drop(ROW_ORDER)
 
 
 def _partitions(df: DataFrame) -> int | None:

@@ -26,7 +26,7 @@ def _gpu_discovery_script(directory: Path) -> Path:
     return script
 
 
-def test_local_cluster_two_executors_with_fake_gpus(tmp_path):
+def test_local_cluster_two_executors_fake_gpus_and_a_killed_executor(tmp_path):
     env = dict(os.environ, SPARK_WORKER_DIR=str(tmp_path / "work"))
     result = subprocess.run([sys.executable, str(SCRIPTS / "cluster_fit.py"), str(tmp_path),
                              str(_gpu_discovery_script(tmp_path))],
@@ -39,6 +39,8 @@ def test_local_cluster_two_executors_with_fake_gpus(tmp_path):
     assert ranks[0]["jvm"] != ranks[1]["jvm"], "both ranks ran in one executor"
     assert all(len(r["gpus"]) == 1 and r["device"] == "cpu" for r in ranks)  # no CUDA build: CPU
     assert "useGpu=True" in found["gpu_error"] and "Spark assigned GPUs" in found["gpu_error"]
+    # an executor JVM killed mid-epoch: relaunched from the newest checkpoint, same weights
+    assert found["killed"] and found["recovered_equal"] and found["recovered_epochs"] == [1, 2, 3, 4]
 
 
 def _free_port() -> int:

@@ -148,3 +148,15 @@ def test_periodic_checkpoints_are_written_atomically_with_a_latest_pointer(spark
     assert names == [f"ckpt-ep{e:06d}-ba{e * per_epoch:012d}.pt" for e in (2, 3, 4)] + ["latest"]
     latest = Checkpoint.load(str(directory / (directory / "latest").read_text()))
     assert latest.progress == est.progress
+
+
+def test_exact_resume_also_when_the_input_is_reshuffled_into_ranks(spark, linear_data):
+    x, y, _, _ = linear_data
+    rows = spark.sparkContext.parallelize([(r.tolist(), float(t)) for r, t in zip(x, y)], 3)
+    df = spark.createDataFrame(rows, "features array<double>, label double")  # 3 partitions -> 2 ranks
+    whole = _estimator(maxEpochs=2)
+    whole.fit(df)
+    split = _estimator(maxEpochs=2)
+    split.fit(df, duration="1ep")
+    split.fit(df)
+    _assert_same_weights(whole, split)

@@ -39,7 +39,8 @@ spark.sparkContext.setLogLevel("ERROR")
 rng = np.random.default_rng(1)
 x = rng.normal(size=(2000, 8))
 w = rng.normal(size=8)
-df = spark.createDataFrame([(r.tolist(), float(r @ w + 0.5)) for r in x], ["features", "label"]).repartition(2)
+rows = spark.sparkContext.parallelize([(r.tolist(), float(r @ w + 0.5)) for r in x], 3)  # 3 partitions: ours shuffle
+df = spark.createDataFrame(rows, "features array<double>, label double")
 est = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=32, maxEpochs=4,
                      numWorkers=2, showProgress=False, hooks=[WhereAmI()], slotWaitTimeout=120)
 model = est.fit(df, duration="2ep")
@@ -55,6 +56,31 @@ try:
 except InvalidInputError as exc:
     gpu_error = str(exc)
 ranks = [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in (0, 1)]
+
+
+class KillExecutorOnce(Hook):
+    """Kills rank 1's executor JVM (SIGKILL) in the middle of epoch 3, the first time only."""
+
+    def after_train_iter(self, rank, state):
+        marker = os.path.join(out_dir, "killed")
+        if rank == 1 and state.epoch == 2 and state.batch_in_epoch == 5 and not os.path.exists(marker):
+            open(marker, "w").close()
+            with open(f"/proc/{os.getppid()}/stat") as f:
+                os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), 9)
+
+
+def run(hooks, **params):
+    fitted = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=32, maxEpochs=4,
+                            numWorkers=2, showProgress=False, hooks=hooks, slotWaitTimeout=120, seed=3, **params)
+    fitted.fit(df)
+    return fitted
+
+
+clean = run([])
+faulty = run([KillExecutorOnce()], checkpointDir=os.path.join(out_dir, "ckpt"), maxRetries=1)
+same = all(torch.equal(v, faulty.checkpoint.model_state[k]) for k, v in clean.checkpoint.model_state.items())
 print("RESULT " + json.dumps({"weight_error": error, "rmse": rmse, "epochs": est.progress.epoch,
-                              "ranks": ranks, "gpu_error": gpu_error}))
+                              "ranks": ranks, "gpu_error": gpu_error,
+                              "killed": os.path.exists(os.path.join(out_dir, "killed")),
+                              "recovered_equal": same, "recovered_epochs": [e["epoch"] for e in faulty.history]}))
 spark.stop()
