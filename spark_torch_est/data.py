@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from spark_torch_est.rowstore import RowStore, SpilledRows
+
 __all__ = [
     "FEATURES", "LABEL", "IS_VALIDATION", "InputDataError", "Shard",
     "list_column_to_matrix", "column_to_numpy", "read_shard", "shape_labels", "epoch_order", "batch_positions",
@@ -79,47 +81,46 @@ class Shard:
     """The rows one rank trains on.
 
     Attributes:
-        features: ``(n, d)`` float32.
+        features: ``(n, d)`` float32: a tensor, or :class:`SpilledRows` read per batch
+            when the partition was larger than the memory budget.
         labels: ``(n,)`` float32 or int64, or ``(n, k)`` float32.
         val_features: Validation rows' features (may have 0 rows).
         val_labels: Validation rows' labels.
     """
 
-    features: torch.Tensor
+    features: torch.Tensor | SpilledRows
     labels: torch.Tensor
-    val_features: torch.Tensor
+    val_features: torch.Tensor | SpilledRows
     val_labels: torch.Tensor
 
 
-def read_shard(batches: Iterable[pa.RecordBatch], label_name: str = "labelCol") -> Shard:
-    """Concatenates a partition's record batches into a :class:`Shard`.
+def read_shard(batches: Iterable[pa.RecordBatch], label_name: str = "labelCol",
+               memory_budget: int | None = None) -> Shard:
+    """Collects a partition's record batches into a :class:`Shard`; feature rows past
+    ``memory_budget`` bytes go to local files (see :mod:`spark_torch_est.rowstore`).
 
     Raises:
         InputDataError: Nulls or ragged feature arrays.
     """
-    features, labels, flags = [], [], []
+    store = RowStore(memory_budget)
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        features.append(list_column_to_matrix(batch.column(FEATURES), "features"))
-        labels.append(column_to_numpy(batch.column(LABEL), label_name))
+        features = list_column_to_matrix(batch.column(FEATURES), "features")
+        labels = column_to_numpy(batch.column(LABEL), label_name)
+        if labels.dtype.kind == "f":
+            labels = labels.astype(np.float32, copy=False)
         if IS_VALIDATION in batch.schema.names:
-            flags.append(column_to_numpy(batch.column(IS_VALIDATION), "validationIndicatorCol"))
-    if not features:
-        empty = torch.zeros((0, 0))
-        return Shard(empty, empty, empty, empty)
-    x = torch.from_numpy(_concat(features, np.float32))
-    y_np = _concat(labels, None)
-    y = torch.from_numpy(y_np.astype(np.int64 if y_np.dtype.kind in "iu" else np.float32, copy=False))
-    if not flags:
-        return Shard(x, y, x[:0], y[:0])
-    is_val = torch.from_numpy(np.concatenate(flags).astype(bool))
-    return Shard(x[~is_val].contiguous(), y[~is_val].contiguous(), x[is_val].contiguous(), y[is_val].contiguous())
-
-
-def _concat(parts: list[np.ndarray], dtype: np.dtype | None) -> np.ndarray:
-    """One writable, contiguous copy of the parts (Arrow's buffers are read-only)."""
-    return np.concatenate(parts).astype(dtype or parts[0].dtype, copy=False)
+            is_val = column_to_numpy(batch.column(IS_VALIDATION), "validationIndicatorCol").astype(bool)
+            store.append("val_features", features[is_val], spillable=True)
+            store.append("val_labels", labels[is_val])
+            features, labels = features[~is_val], labels[~is_val]
+        store.append("features", features, spillable=True)
+        store.append("labels", labels)
+    labels = store.column("labels")
+    labels = labels.float() if labels.is_floating_point() else labels.long()
+    return Shard(store.column("features"), labels, store.column("val_features"),
+                 store.column("val_labels").to(labels.dtype))
 
 
 def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:

@@ -68,6 +68,8 @@ class TorchEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
         timeout: Seconds before a stuck rendezvous or collective fails the fit (default 600).
         slotWaitTimeout: Seconds to wait for numWorkers free task slots (default 60).
         showProgress: Progress bar or log lines on the driver (default True).
+        memoryBudgetMB: MB of a partition's feature rows a rank keeps in RAM; the rest
+            goes to local files read per batch (default 4096; 0 never spills).
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
     """
 
@@ -82,7 +84,7 @@ class TorchEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
                  numWorkers: int = 2, seed: int = 0, checkpointDir: str | None = None,
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
-                 inferenceBatchSize: int = 4096) -> None:
+                 memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096) -> None:
         super().__init__()
         self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
         kwargs = dict(self._input_kwargs)
@@ -233,7 +235,7 @@ class TorchEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
 
     def _check_params(self) -> None:
         for name, low in (("batchSize", 1), ("maxEpochs", 1), ("numWorkers", 1), ("maxRetries", 0),
-                          ("inferenceBatchSize", 1)):
+                          ("inferenceBatchSize", 1), ("memoryBudgetMB", 0)):
             value = self.getOrDefault(name)
             if value < low:
                 raise InvalidInputError(f"{name} must be at least {low}, got {value}")
@@ -273,6 +275,7 @@ class TorchEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
             seed=self.getSeed(), store_host=None, store_port=None, timeout_s=self.getTimeout(),
             use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
             checkpoint_every=(interval.value, interval.unit), label_name=self.getLabelCol(),
+            memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
         )
 
 

@@ -50,6 +50,7 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "timeout": 600.0,
     "slotWaitTimeout": 60.0,
     "showProgress": True,
+    "memoryBudgetMB": 4096.0,
 }
 
 
@@ -143,6 +144,10 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
     slotWaitTimeout: Param = Param(Params._dummy(), "slotWaitTimeout",
                                    "seconds to wait for executors to offer numWorkers task slots",
                                    typeConverter=TypeConverters.toFloat)
+    memoryBudgetMB: Param = Param(Params._dummy(), "memoryBudgetMB",
+                                  "MB of a partition's rows a rank keeps in RAM; beyond that they spill to "
+                                  "local files read per batch (0: never spill)",
+                                  typeConverter=TypeConverters.toFloat)
     showProgress: Param = Param(Params._dummy(), "showProgress",
                                 "show a progress bar (a terminal) or log lines on the driver",
                                 typeConverter=TypeConverters.toBoolean)
@@ -165,5 +170,5 @@ def _accessors(name: str, doc: str) -> None:
 
 
 for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
-              "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress"):
+              "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB"):
     _accessors(_name, getattr(EstimatorParams, _name).doc)

@@ -45,6 +45,8 @@ class TaskSpec:
         label_name: The user's label column, for messages.
         progress_address: ``(host, port)`` of the driver's progress channel, or None.
         progress_secret: The channel's per-fit secret.
+        memory_budget: Bytes of a partition's rows held in RAM before they spill to
+            memory-mapped local files (None: never spill).
     """
 
     job_id: str
@@ -64,3 +66,4 @@ class TaskSpec:
     label_name: str = "label"
     progress_address: tuple[str, int] | None = None
     progress_secret: bytes | None = None
+    memory_budget: int | None = None

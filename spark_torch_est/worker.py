@@ -69,7 +69,7 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
     store = None
     stage = "ingest"
     try:
-        shard = read_shard(batches, spec.label_name)
+        shard = read_shard(batches, spec.label_name, spec.memory_budget)
         stage = "rendezvous"
         device = _device(spec, barrier)
         store = _connect_store(spec, barrier)

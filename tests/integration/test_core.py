@@ -93,3 +93,12 @@ def test_multi_output_prediction_is_an_array(spark, linear_df):
     model = est.fit(two_labels)
     row = model.transform(two_labels).select("prediction").first()
     assert len(row.prediction) == 3
+
+
+def test_a_partition_over_the_memory_budget_spills_and_trains_identically(spark, linear_df):
+    in_memory = _estimator(maxEpochs=2, memoryBudgetMB=0)
+    in_memory.fit(linear_df)
+    spilled = _estimator(maxEpochs=2, memoryBudgetMB=0.02)  # 20 KB: each rank's ~50 KB partition spills
+    spilled.fit(linear_df)
+    for key, value in in_memory.checkpoint.model_state.items():
+        assert torch.equal(value, spilled.checkpoint.model_state[key])
