@@ -11,7 +11,6 @@ import cloudpickle
 import torch
 from pyspark import keyword_only
 from pyspark.ml import Estimator
-from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import DataFrame
 
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
@@ -23,7 +22,7 @@ from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
-from spark_torch_est.persistence import TorchReader, TorchWriter
+from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import Target, TaskSpec
 from spark_torch_est.view import DriverView
@@ -35,7 +34,7 @@ logger = logging.getLogger(__name__)
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks", "config")
 
 
-class TorchEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
+class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     """Trains a PyTorch model on a DataFrame with DDP in Spark barrier tasks.
 
     Each fit continues the estimator's run: ``fit(df)`` trains to ``maxEpochs``,
@@ -194,16 +193,8 @@ class TorchEstimator(Estimator, EstimatorParams, MLReadable, MLWritable):
 
     # ---------------------------------------------------------------- persistence
 
-    def write(self) -> MLWriter:
-        """Saves Params as JSON, creators and hooks cloudpickled, and the run's checkpoint."""
-        return TorchWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        """Reads what :meth:`write` saved, run included."""
-        return TorchReader(cls)
-
     def _persisted_files(self) -> dict[str, bytes]:
+        """Creators and hooks cloudpickled, and the checkpoint (see persistence.py)."""
         files = {"creators.pkl": cloudpickle.dumps((self._creators, self._initial_hook_states))}
         if self._checkpoint is not None:
             files["checkpoint.pt"] = self._checkpoint.to_bytes()

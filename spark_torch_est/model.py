@@ -10,7 +10,6 @@ from typing import Any, Callable
 import cloudpickle
 import torch
 from pyspark.ml import Model
-from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
@@ -21,12 +20,12 @@ from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.frames import feature_column, label_column
 from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
 from spark_torch_est.params import MODEL_DEFAULTS, ModelParams
-from spark_torch_est.persistence import TorchReader, TorchWriter
+from spark_torch_est.persistence import TorchPersistence
 
 __all__ = ["TorchModel"]
 
 
-class TorchModel(Model, ModelParams, MLReadable, MLWritable):
+class TorchModel(Model, ModelParams, TorchPersistence):
     """A trained model: ``transform`` appends predictions, ``evaluate`` computes the loss
     and metrics, ``torch_model()`` returns the module.
 
@@ -121,16 +120,8 @@ class TorchModel(Model, ModelParams, MLReadable, MLWritable):
 
     # ---------------------------------------------------------------- persistence
 
-    def write(self) -> MLWriter:
-        """Saves Params as JSON, the creators cloudpickled and the checkpoint."""
-        return TorchWriter(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        """Reads what :meth:`write` saved."""
-        return TorchReader(cls)
-
     def _persisted_files(self) -> dict[str, bytes]:
+        """Creators and hooks cloudpickled, and the checkpoint (see persistence.py)."""
         return {"creators.pkl": cloudpickle.dumps(self._creators), "checkpoint.pt": self._checkpoint.to_bytes()}
 
     @classmethod

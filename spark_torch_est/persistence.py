@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from spark_torch_est.storage import read_bytes, write_atomic
 
-__all__ = ["Persistable", "TorchWriter", "TorchReader"]
+__all__ = ["Persistable", "TorchPersistence", "TorchWriter", "TorchReader"]
 
 
 class Persistable(Protocol):
@@ -58,3 +58,17 @@ class TorchReader(MLReader):
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         return instance
+
+
+class TorchPersistence(MLReadable, MLWritable):
+    """Mixin: ``save``/``load``/``write``/``read`` for a stage that implements
+    ``_persisted_files`` and ``_from_files`` (see :class:`Persistable`)."""
+
+    def write(self) -> MLWriter:
+        """Saves Params as JSON and the stage's torch files under ``<path>/torch/``."""
+        return TorchWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        """Reads what :meth:`write` saved."""
+        return TorchReader(cls)
