@@ -28,6 +28,7 @@ __all__ = ["Launcher", "task_slots", "wait_for_slots"]
 logger = logging.getLogger(__name__)
 
 _RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 
 
 def task_slots(spark: SparkSession) -> int | None:
@@ -250,7 +251,14 @@ class Launcher:
                 f"the checkpoint is bigger than spark.driver.maxResultSize ({too_large.group(1)}); raise "
                 "spark.driver.maxResultSize (e.g. --conf spark.driver.maxResultSize=4g) or set checkpointDir"
             )
-        if "Barrier execution mode" in text or "barrier stage" in text.lower() and "slots" in text:
+        missing = _MISSING_MODULE.search(text)
+        if missing:
+            return TrainingFailedError(
+                f"the executors' Python cannot import {missing.group(1)!r}: point PYSPARK_PYTHON at an environment "
+                "with torch and spark_torch_est, or ship the package (--py-files / --archives)",
+                remote_traceback=text[-4000:],
+            )
+        if "Barrier execution mode" or "barrier stage" in text.lower() and "slots" in text:
             return InvalidInputError(f"Spark cannot run the barrier job: {_first_line(text)}")
         return TrainingFailedError(f"the training job failed: {_first_line(text)}",
                                    remote_traceback=text[-4000:], retryable=True)

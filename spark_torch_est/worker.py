@@ -145,8 +145,12 @@ def _describe(error: BaseException, rank: int, stage: str, hook: str | None) -> 
     else:
         kind = USER
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return Failure(kind=kind, message=f"{type(error).__name__}: {error}", rank=rank, stage=stage,
-                   hook=hook, traceback=text)
+    message = f"{type(error).__name__}: {error}"
+    if isinstance(error, ModuleNotFoundError) and stage == "setup":
+        message += (f"; a creator or hook refers to module {error.name!r}, which the executors cannot import: "
+                    "ship it (--py-files), define it in __main__ or a notebook, or call "
+                    f"cloudpickle.register_pickle_by_value on it")
+    return Failure(kind=kind, message=message, rank=rank, stage=stage, hook=hook, traceback=text)
 
 
 class _Unreachable(RuntimeError):

@@ -97,3 +97,22 @@ def test_an_empty_partition_is_an_input_error():
 
 def test_flat_weights_helper_sees_every_parameter():
     assert flat_weights(mlp({})).size == 8 * 16 + 16 + 16 + 1
+
+
+def test_a_creator_from_a_module_executors_cannot_import_gets_a_hint(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    (tmp_path / "driver_only_module.py").write_text("import torch\ndef make(config):\n    return torch.nn.Linear(8, 1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("driver_only_module")
+    payload = cloudpickle.dumps(Creators(model=module.make, optimizer=adam, loss=torch.nn.MSELoss()))
+    del sys.modules["driver_only_module"]
+    sys.path.remove(str(tmp_path))  # now this process is an executor without the module
+    spec = TaskSpec(job_id="unit/", run_id="r", payload=payload, resume=None, target=Target(1, 1), world_size=1,
+                    batch_size=4, seed=0, store_host=None, store_port=None, timeout_s=30)
+    with pytest.raises(RankFailure) as error:
+        run_rank(spec, iter(_batches()), FakeBarrier())
+    failure = error.value.failure
+    assert failure.kind == USER and failure.stage == "setup"
+    assert "'driver_only_module'" in failure.message and "register_pickle_by_value" in failure.message
