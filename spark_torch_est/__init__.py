@@ -1,16 +1,45 @@
-"""Train PyTorch models on Spark DataFrames: a pyspark.ml Estimator over barrier-mode DDP."""
+"""Train PyTorch models on Spark DataFrames: a pyspark.ml Estimator over barrier-mode DDP.
 
-from spark_torch_est.builtin_hooks import (EarlyStopping, GradientClipping, SchedulerPerIteration,
-                                           SetHyperparameters, Throughput)
-from spark_torch_est.checkpoint import Checkpoint
-from spark_torch_est.duration import Duration
-from spark_torch_est.estimator import TorchEstimator
-from spark_torch_est.hooks import Control, Hook
-from spark_torch_est.model import TorchModel
-from spark_torch_est.progress import Progress
+Names are imported on first use, so an executor that only runs the training loop never
+pays for importing the driver side (``pyspark.ml`` alone takes about half a second).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "TorchEstimator", "TorchModel", "Hook", "Control", "Checkpoint", "Duration", "Progress",
     "EarlyStopping", "GradientClipping", "SchedulerPerIteration", "Throughput", "SetHyperparameters",
 ]
 __version__ = "0.1.0"
+
+_HOMES = {
+    "TorchEstimator": "estimator", "TorchModel": "model", "Hook": "hooks", "Control": "hooks",
+    "Checkpoint": "checkpoint", "Duration": "duration", "Progress": "progress",
+    "EarlyStopping": "builtin_hooks", "GradientClipping": "builtin_hooks",
+    "SchedulerPerIteration": "builtin_hooks", "Throughput": "builtin_hooks", "SetHyperparameters": "builtin_hooks",
+}
+
+if TYPE_CHECKING:
+    from spark_torch_est.builtin_hooks import (EarlyStopping, GradientClipping, SchedulerPerIteration,
+                                               SetHyperparameters, Throughput)
+    from spark_torch_est.checkpoint import Checkpoint
+    from spark_torch_est.duration import Duration
+    from spark_torch_est.estimator import TorchEstimator
+    from spark_torch_est.hooks import Control, Hook
+    from spark_torch_est.model import TorchModel
+    from spark_torch_est.progress import Progress
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'spark_torch_est' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"spark_torch_est.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
