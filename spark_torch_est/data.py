@@ -117,10 +117,14 @@ def read_shard(batches: Iterable[pa.RecordBatch], label_name: str = "labelCol",
             features, labels = features[~is_val], labels[~is_val]
         store.append("features", features, spillable=True)
         store.append("labels", labels)
-    labels = store.column("labels")
+    features, labels = store.column("features"), store.column("labels")
+    if features is None:
+        features, labels = torch.zeros(0, 0), torch.zeros(0)
     labels = labels.float() if labels.is_floating_point() else labels.long()
-    return Shard(store.column("features"), labels, store.column("val_features"),
-                 store.column("val_labels").to(labels.dtype))
+    val_features, val_labels = store.column("val_features"), store.column("val_labels")
+    if val_features is None:  # no validation rows: empty, with the training rows' shapes
+        val_features, val_labels = torch.zeros(0, *features.shape[1:]), labels[:0]
+    return Shard(features, labels, val_features, val_labels.to(labels.dtype))
 
 
 def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:

@@ -103,13 +103,12 @@ class RowStore:
         self.files[name] = (file, rows + len(values))
         self._width = values.shape[1]
 
-    def column(self, name: str) -> torch.Tensor | SpilledRows:
-        """The whole column: one tensor, or :class:`SpilledRows` when it was spilled."""
+    def column(self, name: str) -> torch.Tensor | SpilledRows | None:
+        """The whole column: one tensor, :class:`SpilledRows` when it was spilled, or
+        None when it has no rows."""
         if name in self.files:
             file, rows = self.files[name]
             file.flush()
             return SpilledRows(file, rows, self._width)
-        parts = self.parts.get(name) or []
-        if not parts:
-            return torch.zeros(0, dtype=torch.float32)
-        return torch.from_numpy(np.concatenate(parts))
+        parts = [part for part in self.parts.get(name, []) if len(part)]
+        return torch.from_numpy(np.concatenate(parts)) if parts else None

@@ -65,5 +65,6 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
     in_memory, spilled = results["none"], results[str(64 << 20)]
     print("peak RSS growth, 256 MB partition:", in_memory, "vs 64 MB budget:", spilled)
     assert spilled["spilled"] and not in_memory["spilled"]
-    assert in_memory["growth_mb"] > 256        # the rows (plus a concatenation copy)
-    assert spilled["growth_mb"] < 64 + 64      # budget + one batch and the gather buffers
+    assert in_memory["growth_mb"] > 256              # the rows (plus a concatenation copy)
+    assert spilled["growth_mb"] < 64 + 96            # the budget, batches in flight, allocator slack
+    assert spilled["growth_mb"] < in_memory["growth_mb"] / 3
