@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 test: $(STAMP)  ## the suite without the slow tests (about 10 minutes on 2 cores)
 	$(RUN) $(BIN)/python -m pytest -m "not slow" tests
 
-test-slow: $(STAMP)  ## only the slow tests
+test-slow: $(STAMP)  ## only the slow tests: local-cluster, standalone + spark-submit, Connect, examples
 	$(RUN) $(BIN)/python -m pytest -m slow tests
 
 test-all: $(STAMP)

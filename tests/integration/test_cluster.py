@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.cluster]
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.slow]
 ROOT = Path(__file__).parents[2]
 SCRIPTS = Path(__file__).parent / "scripts"
 
