@@ -114,9 +114,7 @@ class Trainer:
         self._agree_on_rows()
         self.context.update({
             "model": model, "ddp_model": self.ddp_model, "optimizer": self.optimizer,
-            "scheduler": self.scheduler, "loss_fn": self.loss_fn, "rank": self.rank,
-            "world_size": self.world_size, "config": dict(creators.config), "control": self.control,
-            "device": self.device, "epoch": self.progress.epoch, "batch_idx": 0,
+            "scheduler": self.scheduler, "loss_fn": self.loss_fn, "epoch": self.progress.epoch, "batch_idx": 0,
             "global_step": self.progress.global_step, "state": self.progress,
         })
 
