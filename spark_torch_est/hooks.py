@@ -59,6 +59,9 @@ STAGE_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "on_exception": _COMMON + ("exception", "stage"),
 }
 
+_PER_STEP = ("before_train_iter", "before_backward", "after_backward", "before_optimizer_step",
+             "after_optimizer_step", "after_train_iter")
+
 #: Every stage in loop order (``train_step`` is an override, not a notification).
 STAGES: tuple[str, ...] = tuple(s for s in STAGE_ARGUMENTS if s != "train_step")
 
@@ -230,6 +233,11 @@ class HookSet:
             )
         self.train_step: _Call | None = steppers[0] if steppers else None
         self.current_hook: str | None = None
+        per_step = [self.train_step] if self.train_step else []
+        per_step += [plan for stage in _PER_STEP for plan in self._plans[stage]]
+        #: Whether a per-step stage can reach ``control`` (then the loop combines the
+        #: ranks' flags after every step; otherwise only at epoch ends).
+        self.controls_steps = any(names is None or "control" in names for _, _, names in per_step)
 
     def __bool__(self) -> bool:
         return bool(self.hooks)

@@ -60,6 +60,7 @@ class Trainer:
         self.context: dict[str, Any] = {"rank": rank, "world_size": world_size, "control": self.control,
                                         "device": device, "config": dict(creators.config)}
         self._sync_flags = world_size > 1 and bool(self.hooks)
+        self._sync_step_flags = world_size > 1 and self.hooks.controls_steps
 
     # ----------------------------------------------------------------- public entry
 
@@ -199,7 +200,8 @@ class Trainer:
             rows = batch_positions(order, step, spec.batch_size)
             self._train_step(step, shard.features[rows], shard.labels[rows])
             self._maybe_write_checkpoint("ba")
-            self._agree_on_flags()
+            if self._sync_step_flags:
+                self._agree_on_flags()
             if self.control.stop_training:
                 return self.progress.batch_in_epoch >= self.steps_per_epoch
             if self.control.stop_epoch:

@@ -86,3 +86,26 @@ def test_state_round_trips_by_name():
     target = HookSet({"rec": Recorder(), "other": Recorder()})
     target.load_state_dict(source.state_dict())
     assert len(target.hooks["rec"].calls) == 3 and target.hooks["other"].calls == []
+
+
+def test_ranks_sync_stop_flags_every_step_only_when_a_step_stage_can_set_them():
+    class Reads(Hook):
+        def after_train_iter(self, loss):
+            pass
+
+    class StopsPerStep(Hook):
+        def after_train_iter(self, control):
+            pass
+
+    class StopsPerEpoch(Hook):
+        def after_train_epoch(self, control):
+            pass
+
+    class TakesAll(Hook):
+        def before_backward(self, **kwargs):
+            pass
+
+    assert not HookSet({"r": Reads()}).controls_steps
+    assert not HookSet({"e": StopsPerEpoch()}).controls_steps
+    assert HookSet({"s": StopsPerStep()}).controls_steps
+    assert HookSet({"a": TakesAll()}).controls_steps
