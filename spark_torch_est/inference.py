@@ -39,6 +39,9 @@ class ScoringSpec:
         output: ``"scalar"`` (double), ``"vector"`` (array<float>) or ``"class"`` (argmax).
         probability_col: Softmax column for ``"class"`` outputs, or None.
         label_name: The label column, for messages.
+        features_col: The column holding the features as arrays (the input's own column
+            when it already is one, else a converted copy that is dropped again).
+        feature_cols: Numeric columns stacked into the features, instead of ``features_col``.
     """
 
     key: str
@@ -49,6 +52,16 @@ class ScoringSpec:
     output: str = "scalar"
     probability_col: str | None = None
     label_name: str = "label"
+    features_col: str = FEATURES
+    feature_cols: tuple[str, ...] = ()
+
+
+def _features(batch: pa.RecordBatch, spec: ScoringSpec) -> np.ndarray:
+    """The batch's features as an ``(n, d)`` matrix, read straight from its columns."""
+    if spec.feature_cols:
+        columns = [column_to_numpy(batch.column(name), name) for name in spec.feature_cols]
+        return np.stack(columns, axis=1).astype(np.float32, copy=False)
+    return list_column_to_matrix(batch.column(spec.features_col), spec.features_col).astype(np.float32, copy=False)
 
 
 def load_model(spec: ScoringSpec) -> torch.nn.Module:
@@ -87,10 +100,10 @@ def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iter
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         model = load_model(spec)
         for batch in batches:
-            features = list_column_to_matrix(batch.column(FEATURES), "features")
+            features = _features(batch, spec)
             parts = [out.float().cpu() for _, out in _forward(model, features, spec.batch_size)]
             outputs = torch.cat(parts).reshape(len(features), -1).numpy() if parts else np.zeros((0, 1), np.float32)
-            kept = batch.drop_columns([FEATURES])
+            kept = batch.drop_columns([FEATURES]) if spec.features_col == FEATURES else batch
             for name, column in _columns(spec, outputs):
                 kept = kept.append_column(name, column)
             yield kept
@@ -107,7 +120,7 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
         loss_fn, names = creators.build_loss(), sorted(creators.metrics)
         count, loss_sum, sums = 0, 0.0, np.zeros(len(names))
         for batch in batches:
-            features = list_column_to_matrix(batch.column(FEATURES), "features")
+            features = _features(batch, spec)
             labels = torch.from_numpy(np.array(column_to_numpy(batch.column(LABEL), spec.label_name)))
             if labels.is_floating_point():
                 labels = labels.float()

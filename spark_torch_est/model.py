@@ -17,7 +17,7 @@ from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import FEATURES, LABEL
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.frames import feature_column, label_column
+from spark_torch_est.frames import feature_column, features_kind, label_column
 from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
 from spark_torch_est.params import MODEL_DEFAULTS, ModelParams
 from spark_torch_est.persistence import TorchPersistence
@@ -77,8 +77,19 @@ class TorchModel(Model, ModelParams, TorchPersistence):
             return "class"
         return "scalar" if width == 1 else "vector"
 
-    def _transform(self, dataset: DataFrame) -> DataFrame:
+    def _features(self, dataset: DataFrame) -> tuple[DataFrame, dict[str, Any]]:
+        """The dataset with its features readable by the scoring tasks, and where they are:
+        array and numeric columns are read as they are; only Vectors are converted."""
+        kind = features_kind(dataset.schema, self.getFeaturesCol(), self.getFeatureCols())
+        if kind == "columns":
+            return dataset, {"feature_cols": tuple(self.getFeatureCols())}
+        if kind == "array":
+            return dataset, {"features_col": self.getFeaturesCol()}
         features = feature_column(dataset, self.getFeaturesCol(), self.getFeatureCols())
+        return dataset.withColumn(FEATURES, features), {"features_col": FEATURES}
+
+    def _transform(self, dataset: DataFrame) -> DataFrame:
+        prepared, where = self._features(dataset)
         kind = self._output_kind()
         probability = self.getProbabilityCol() if kind == "class" else None
         added = [(self.getPredictionCol(), T.DoubleType() if kind != "vector" else T.ArrayType(T.FloatType()))]
@@ -88,8 +99,9 @@ class TorchModel(Model, ModelParams, TorchPersistence):
             if name in dataset.columns:
                 raise InvalidInputError(f"the DataFrame already has a column {name!r}; set predictionCol/probabilityCol")
         schema = T.StructType(list(dataset.schema.fields) + [T.StructField(n, t, False) for n, t in added])
-        spec = self._scoring_spec(prediction_col=self.getPredictionCol(), output=kind, probability_col=probability)
-        return dataset.withColumn(FEATURES, features).mapInArrow(predict_task(spec), schema)
+        spec = self._scoring_spec(prediction_col=self.getPredictionCol(), output=kind, probability_col=probability,
+                                  **where)
+        return prepared.mapInArrow(predict_task(spec), schema)
 
     def evaluate(self, dataset: DataFrame) -> dict[str, float]:
         """The loss and metrics over every row of ``dataset``, computed by Spark tasks.
