@@ -33,8 +33,9 @@ example: $(STAMP)  ## the main example on local[*]
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py
 
-bench: $(STAMP)
+bench: $(STAMP)  ## the suite against the peers (about 7 minutes), then the hook overhead
 	$(RUN) $(BIN)/python -m benchmarks
+	$(RUN) $(BIN)/python -m benchmarks.hook_overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache spark-warehouse

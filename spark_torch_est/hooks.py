@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Mapping
 
 from spark_torch_est.errors import InvalidInputError
@@ -181,31 +182,50 @@ def normalize_hooks(hooks: Iterable[Hook] | Mapping[str, Hook] | None) -> dict[s
     return named
 
 
-_Call = tuple[str, Callable[..., Any], "tuple[str, ...] | None"]
+_Call = tuple[str, Callable[[Mapping[str, Any]], Any], "tuple[str, ...] | None"]
+
+
+def _invoker(method: Callable[..., Any], names: tuple[str, ...] | None, positional: bool) -> Callable[..., Any]:
+    """A function of the context that calls ``method`` with exactly ``names`` (made once:
+    the per-call work is one C-level item lookup where the signature allows)."""
+    if names is None:
+        return lambda context: method(**context)
+    if not names:
+        return lambda context: method()
+    if positional and len(names) == 1:
+        key = names[0]
+        return lambda context: method(context[key])
+    if positional:
+        get = itemgetter(*names)
+        return lambda context: method(*get(context))
+    return lambda context: method(**{n: context[n] for n in names})
 
 
 def _plan(name: str, hook: Hook, stage: str) -> _Call | None:
-    """Inspects one hook method: returns (hook name, bound method, argument names or None
-    for ``**kwargs``), or None when the hook does not override the stage."""
+    """Inspects one hook method: returns (hook name, invoker, argument names or None for
+    ``**kwargs``), or None when the hook does not override the stage."""
     method = getattr(hook, stage, None)
     if method is None or getattr(type(hook), stage, None) is getattr(Hook, stage, None):
         return None
     allowed = STAGE_ARGUMENTS[stage]
     names: list[str] = []
+    positional = True
     for param in inspect.signature(method).parameters.values():
         if param.kind is param.VAR_KEYWORD:
-            return name, method, None
+            return name, _invoker(method, None, False), None
         if param.kind is param.VAR_POSITIONAL:
             continue
         if param.name not in allowed:
             if param.default is not param.empty:
+                positional = False  # later arguments must then be passed by name
                 continue
             raise InvalidInputError(
                 f"hook {name!r}: {stage}() asks for unknown argument {param.name!r}; "
                 f"the arguments on offer at {stage} are: {', '.join(allowed)}"
             )
+        positional = positional and param.kind is param.POSITIONAL_OR_KEYWORD
         names.append(param.name)
-    return name, method, tuple(names)
+    return name, _invoker(method, tuple(names), positional), tuple(names)
 
 
 class HookSet:
@@ -247,23 +267,29 @@ class HookSet:
         return bool(self._plans[stage])
 
     def call(self, stage: str, context: Mapping[str, Any]) -> Any:
-        """Calls every hook's ``stage`` method; returns the last non-None return value."""
+        """Calls every hook's ``stage`` method; returns the last non-None return value.
+        If one raises, ``current_hook`` names it."""
         result = None
-        for name, method, names in self._plans[stage]:
-            self.current_hook = name
-            value = method(**context) if names is None else method(**{n: context[n] for n in names})
-            if value is not None:
-                result = value
-        self.current_hook = None
+        plans = self._plans[stage]
+        index = 0
+        try:
+            for index, (_, invoke, _) in enumerate(plans):
+                value = invoke(context)
+                if value is not None:
+                    result = value
+        except BaseException:
+            self.current_hook = plans[index][0]
+            raise
         return result
 
     def run_train_step(self, context: Mapping[str, Any]) -> Any:
         """Calls the overriding ``train_step`` with the arguments it names."""
-        name, method, names = self.train_step  # type: ignore[misc]
-        self.current_hook = name
-        value = method(**context) if names is None else method(**{n: context[n] for n in names})
-        self.current_hook = None
-        return value
+        name, invoke, _ = self.train_step  # type: ignore[misc]
+        try:
+            return invoke(context)
+        except BaseException:
+            self.current_hook = name
+            raise
 
     def state_dict(self) -> dict[str, dict]:
         """Returns ``{hook name: hook.state_dict()}``."""

@@ -1,0 +1,124 @@
+"""Contender: this project, ``TorchEstimator(...).fit(df)`` on ``spark.read.parquet``.
+
+One process, one fresh SparkSession, in this order:
+
+1. cold fit: the session's first fit;
+2. warm fit: a new estimator, the same epochs;
+3. warm fit without hooks, timed from the driver's progress records only
+   (:mod:`benchmarks.listener`): what the probe hook itself costs;
+4. resumed fit: the warm estimator of 2 again, ``maxEpochs + 1`` and ``duration="1ep"``;
+5. ``TorchModel.transform`` of every row into the ``noop`` sink, twice, and the plain
+   batched forward of the same module over the same rows;
+6. two short fits, of the MLP and of the MLP with ~100 MB of frozen parameters, whose
+   difference prices the checkpoint's way back to the driver.
+
+Every fit but the third carries a :class:`~benchmarks.hooks.ProbeHook`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pyspark.sql import DataFrame
+from torch import nn
+
+from spark_torch_est import TorchEstimator, TorchModel
+
+from benchmarks.dataset import read_numpy
+from benchmarks.forward import forward_rows_per_s
+from benchmarks.hooks import ProbeHook
+from benchmarks.listener import ProgressRecords
+from benchmarks.probes import read_rank_reports
+from benchmarks.protocol import contender_main
+from benchmarks.remote import register_by_value
+from benchmarks.session import spark_session
+from benchmarks.workload import Workload, make_big_model, make_model, make_optimizer
+
+__all__ = ["measure"]
+
+
+def measure(workload: Workload, scratch: str, variant: str = "") -> dict:
+    """Runs the sequence in the module docstring; returns one dict per measurement."""
+    register_by_value()
+    with spark_session(workload, "bench-torchestimator") as (spark, start_s):
+        df = spark.read.parquet(workload.path)
+        probe = ProbeHook(scratch, "te-cold")
+        cold, _ = _fit(_estimator(workload, probe), df, workload, probe)
+        probe = ProbeHook(scratch, "te-warm")
+        estimator = _estimator(workload, probe)
+        warm, model = _fit(estimator, df, workload, probe)
+        no_hook = _fit_without_hooks(df, workload)
+        estimator.setMaxEpochs(workload.epochs + 1)
+        probe.tag = "te-resume"
+        resume, _ = _fit(estimator, df, workload, probe, duration="1ep")
+        transform = _transform(model, df, workload)
+        checkpoint = _checkpoint_transfer(df, workload, scratch)
+    return {"session_start_s": start_s, "cold": cold, "warm": warm, "warm_no_hook": no_hook, "resume": resume,
+            "transform": transform, "checkpoint": checkpoint}
+
+
+def _estimator(workload: Workload, probe: ProbeHook | None, model=make_model,
+               max_epochs: int | None = None) -> TorchEstimator:
+    return TorchEstimator(
+        model=model, optimizer=make_optimizer, loss=nn.MSELoss(), config=workload.config,
+        hooks=[probe] if probe is not None else None, featuresCol="features", labelCol="label",
+        batchSize=workload.batch_size, maxEpochs=max_epochs or workload.epochs, numWorkers=workload.ranks,
+        seed=workload.seed, showProgress=False,
+    )
+
+
+def _fit(estimator: TorchEstimator, df: DataFrame, workload: Workload, probe: ProbeHook,
+         duration: str | None = None) -> tuple[dict, TorchModel]:
+    """One timed fit; rank 0's report gives the first step, the loop rate and the tail."""
+    called = time.time()
+    model = estimator.fit(df, duration=duration)
+    returned = time.time()
+    reports = read_rank_reports(probe.directory, probe.tag, workload.ranks)
+    rank0 = reports[0]
+    return {
+        "wall_s": returned - called,
+        "first_step_s": rank0.first_step - called,
+        **rank0.loop_figures(),
+        "after_run_to_return_s": returned - rank0.finished,
+        "peak_rss_mb": [r.peak_rss_mb for r in reports],
+        "checkpoint_mb": len(estimator.checkpoint.to_bytes()) / 1e6,
+    }, model
+
+
+def _fit_without_hooks(df: DataFrame, workload: Workload) -> dict:
+    """A warm fit with no hook, followed through the driver's progress records."""
+    with ProgressRecords() as records:
+        called = time.time()
+        _estimator(workload, None).fit(df)
+        wall = time.time() - called
+    return {"wall_s": wall, **records.loop_figures(called)}
+
+
+def _transform(model: TorchModel, df: DataFrame, workload: Workload) -> dict:
+    """``transform`` into the noop sink twice, then the plain forward baseline."""
+    seconds = []
+    for _ in range(2):
+        started = time.perf_counter()
+        model.transform(df).write.format("noop").mode("overwrite").save()
+        seconds.append(time.perf_counter() - started)
+    features, _ = read_numpy(workload.path)
+    return {
+        "rows_per_s": workload.rows / seconds[0],
+        "repeat_rows_per_s": workload.rows / seconds[1],
+        "plain_forward_rows_per_s": forward_rows_per_s(model.torch_model(), features, model.getInferenceBatchSize()),
+    }
+
+
+def _checkpoint_transfer(df: DataFrame, workload: Workload, scratch: str) -> dict:
+    """A short fit of the MLP and of the MLP with frozen ballast; same steps, same data."""
+    duration = f"{workload.checkpoint_steps}ba"
+    fits = {}
+    for name, creator in (("small", make_model), ("big", make_big_model)):
+        probe = ProbeHook(scratch, f"te-ckpt-{name}")
+        fits[name], _ = _fit(_estimator(workload, probe, model=creator, max_epochs=1), df, workload, probe,
+                             duration=duration)
+    return fits
+
+
+if __name__ == "__main__":
+    contender_main(measure)
