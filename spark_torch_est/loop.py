@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_torch_est.balance import rebalance, transfer_plan
 from spark_torch_est.channel import ProgressReporter
 from spark_torch_est.checkpoint import FORMAT_VERSION, Checkpoint, check_compatible
 from spark_torch_est.creators import Creators
@@ -84,6 +85,7 @@ class Trainer:
 
     def _setup(self, resume: Checkpoint | None) -> None:
         spec, creators = self.spec, self.creators
+        self._agree_on_rows()
         torch.manual_seed(spec.seed)
         model = creators.build_model().to(self.device)
         if resume is not None:
@@ -112,7 +114,6 @@ class Trainer:
             if self.scheduler is not None and resume.state.get("scheduler") is not None:
                 self.scheduler.load_state_dict(resume.state["scheduler"])
             self.hooks.load_state_dict(resume.hook_states)
-        self._agree_on_rows()
         self.context.update({
             "model": model, "ddp_model": self.ddp_model, "optimizer": self.optimizer,
             "scheduler": self.scheduler, "loss_fn": self.loss_fn, "epoch": self.progress.epoch, "batch_idx": 0,
@@ -135,14 +136,32 @@ class Trainer:
         return output_shape
 
     def _agree_on_rows(self) -> None:
-        """Shares every rank's row counts; all ranks then take the same number of steps."""
+        """Shares every rank's row counts, evens them out (see :mod:`balance`), and fixes
+        the steps per epoch that all ranks take."""
         self.stage = "collective"
-        counts = torch.zeros(2, self.world_size, dtype=torch.int64)
-        counts[0, self.rank] = len(self.shard.features)
-        counts[1, self.rank] = len(self.shard.val_features)
-        counts = self._all_reduce(counts, dist.ReduceOp.SUM)
-        self.train_rows = [int(n) for n in counts[0]]
-        self.val_rows = int(counts[1].sum())
+        shard = self.shard
+        labels = shard.labels
+        info = torch.zeros(5, self.world_size, dtype=torch.int64)
+        info[:, self.rank] = torch.tensor([
+            len(shard.features), len(shard.val_features),
+            shard.features.shape[1] if len(shard.features) else 0,
+            labels.shape[1] if labels.dim() > 1 else 0,
+            int(len(labels) > 0 and not labels.is_floating_point()),
+        ])
+        info = self._all_reduce(info, dist.ReduceOp.SUM)
+        self.train_rows = [int(n) for n in info[0]]
+        self.val_rows = int(info[1].sum())
+        plan = transfer_plan(self.train_rows)
+        if plan:
+            shard.features, shard.labels = rebalance(
+                shard.features, shard.labels, plan, self.rank, feature_shape=(int(info[2].max()),),
+                label_shape=(int(info[3].max()),) if int(info[3].max()) else (),
+                label_dtype=torch.int64 if int(info[4].max()) else torch.float32, device=self.device,
+            )
+            logger.info("rank %d: evened out %s training rows per rank", self.rank, self.train_rows)
+            for source, destination, rows in plan:
+                self.train_rows[source] -= rows
+                self.train_rows[destination] += rows
         empty = [r for r, n in enumerate(self.train_rows) if n == 0]
         if empty:
             raise InputDataError(

@@ -60,6 +60,17 @@ class SpilledRows:
     def element_size(self) -> int:
         return 4
 
+    def head(self, rows: int) -> SpilledRows:
+        """The first ``rows`` rows, in the same file (extending them overwrites the rows after)."""
+        return SpilledRows(self._file, rows, self.shape[1])
+
+    def extend(self, rows: torch.Tensor) -> SpilledRows:
+        """Appends rows to the file; returns self."""
+        data = rows.to(torch.float32).contiguous().numpy()
+        os.pwrite(self._file.fileno(), data.tobytes(), len(self) * self._row_bytes)
+        self.shape = torch.Size((len(self) + len(rows), self.shape[1]))
+        return self
+
 
 class RowStore:
     """Columns of one partition; the spillable ones share a memory budget.

@@ -8,7 +8,7 @@ import torch
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
-from spark_torch_est import TorchEstimator, TorchModel
+from spark_torch_est import Hook, TorchEstimator, TorchModel
 from tests.helpers import DumpWeights, linear_model, sgd
 
 pytestmark = pytest.mark.spark
@@ -70,12 +70,39 @@ def test_uneven_partitions_train_without_hanging(spark, linear_data):
     uneven = spark.createDataFrame(parts, "features array<double>, label double")
     assert uneven.rdd.glom().map(len).collect() == [2800, 200]
 
-    est = _estimator(timeout=120)
+    est = _estimator(timeout=120, hooks=[CountRows()])
     model = est.fit(uneven)
 
     _assert_learned(model, w, b)
-    # the partitions were used as they are: both ranks took the larger rank's step count
-    assert est.progress.global_step == 4 * int(np.ceil(2800 / 32))
+    # no shuffle, yet the ranks evened out their rows: 1500 each, every row once per epoch
+    assert est.progress.global_step == 4 * int(np.ceil(1500 / 32))
+    assert est.progress.samples == 4 * 3000
+    assert est.hooks["CountRows"].rows == {0: 1500, 1: 1500}
+
+
+class CountRows(Hook):
+    """Counts the training rows each rank saw in its first epoch (kept in hook state)."""
+
+    def __init__(self):
+        self.rows = {}
+        self._seen = 0
+
+    def after_train_iter(self, inputs, epoch, rank, world_size):
+        if epoch == 0:
+            self._seen += len(inputs)
+
+    def after_train_epoch(self, epoch, rank, world_size):
+        if epoch == 1:
+            counts = torch.zeros(world_size, dtype=torch.int64)
+            counts[rank] = self._seen
+            torch.distributed.all_reduce(counts)
+            self.rows = {r: int(n) for r, n in enumerate(counts)}
+
+    def state_dict(self):
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state):
+        self.rows = state["rows"]
 
 
 def test_scalar_label_is_shaped_like_a_single_output(spark, linear_df):

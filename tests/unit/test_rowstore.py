@@ -68,3 +68,12 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
     assert in_memory["growth_mb"] > 256              # the rows (plus a concatenation copy)
     assert spilled["growth_mb"] < 64 + 96            # the budget, batches in flight, allocator slack
     assert spilled["growth_mb"] < in_memory["growth_mb"] / 3
+
+
+def test_spilled_rows_can_be_cut_and_extended_in_place():
+    spilled = read_shard(_batches(2000), memory_budget=16 * 1024).features
+    head = spilled.head(100)
+    extra = torch.arange(32, dtype=torch.float32).reshape(2, 16)
+    head.extend(extra)
+    assert len(head) == 102 and torch.equal(head[100:102], extra)
+    assert torch.equal(head[0:100], spilled[0:100])
