@@ -23,12 +23,13 @@ from spark_torch_est.spec import TaskSpec
 from spark_torch_est.storage import CheckpointDir
 from spark_torch_est.worker import RESULT_SCHEMA, failure_key, train_task
 
-__all__ = ["Launcher", "task_slots", "wait_for_slots"]
+__all__ = ["Launcher", "explain_job_failure", "task_slots", "wait_for_slots"]
 
 logger = logging.getLogger(__name__)
 
 _RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+_BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|support)[^\n]*")
 
 
 def task_slots(spark: SparkSession) -> int | None:
@@ -234,34 +235,46 @@ class Launcher:
         return outcome["table"]
 
     def _explain(self, error: Exception, spec: TaskSpec, store: _DriverStore | None) -> SparkTorchError:
-        """Maps a failed job to the most specific error: a rank's own report first."""
         reported = store.failures(spec.job_id, spec.world_size) if store is not None else []
-        text = str(error)
-        found = Failure.find(text)
-        candidates = reported + ([found] if found is not None else [])
-        if candidates:
-            root = next((f for f in candidates if f.kind != SYSTEM), candidates[0])
-            if root.kind == UNREACHABLE:
-                self._store_unreachable.add(spec.store_host or "")
-                return _StoreUnreachable(root.message)
-            return root.to_error()
-        too_large = _RESULT_TOO_LARGE.search(text)
-        if too_large:
-            return TrainingFailedError(
-                f"the checkpoint is bigger than spark.driver.maxResultSize ({too_large.group(1)}); raise "
-                "spark.driver.maxResultSize (e.g. --conf spark.driver.maxResultSize=4g) or set checkpointDir"
-            )
-        missing = _MISSING_MODULE.search(text)
-        if missing:
-            return TrainingFailedError(
-                f"the executors' Python cannot import {missing.group(1)!r}: point PYSPARK_PYTHON at an environment "
-                "with torch and spark_torch_est, or ship the package (--py-files / --archives)",
-                remote_traceback=text[-4000:],
-            )
-        if "Barrier execution mode" or "barrier stage" in text.lower() and "slots" in text:
-            return InvalidInputError(f"Spark cannot run the barrier job: {_first_line(text)}")
-        return TrainingFailedError(f"the training job failed: {_first_line(text)}",
-                                   remote_traceback=text[-4000:], retryable=True)
+        explained = explain_job_failure(str(error), reported)
+        if isinstance(explained, _StoreUnreachable):
+            self._store_unreachable.add(spec.store_host or "")
+        return explained
+
+
+def explain_job_failure(text: str, reported: list[Failure]) -> SparkTorchError:
+    """Maps a failed job to the most specific error: a rank's own report (a user error
+    before the "connection closed" its peers saw), else what Spark's error text shows.
+
+    Args:
+        text: The exception text of the failed job.
+        reported: Failures the ranks left in the driver's store.
+    """
+    found = Failure.find(text)
+    candidates = reported + ([found] if found is not None else [])
+    if candidates:
+        root = next((f for f in candidates if f.kind != SYSTEM), candidates[0])
+        if root.kind == UNREACHABLE:
+            return _StoreUnreachable(root.message)
+        return root.to_error()
+    too_large = _RESULT_TOO_LARGE.search(text)
+    if too_large:
+        return TrainingFailedError(
+            f"the checkpoint is bigger than spark.driver.maxResultSize ({too_large.group(1)}); raise it, "
+            "e.g. --conf spark.driver.maxResultSize=4g"
+        )
+    missing = _MISSING_MODULE.search(text)
+    if missing:
+        return TrainingFailedError(
+            f"the executors' Python cannot import {missing.group(1)!r}: point PYSPARK_PYTHON at an environment "
+            "with torch and spark_torch_est, or ship the package (--py-files / --archives)",
+            remote_traceback=text[-4000:],
+        )
+    unsupported = _BARRIER_UNSUPPORTED.search(text)
+    if unsupported:  # e.g. dynamic allocation, or more slots than the cluster has
+        return InvalidInputError(f"Spark cannot run the barrier job: {unsupported.group(0)}")
+    return TrainingFailedError(f"the training job failed: {_first_line(text)}",
+                               remote_traceback=text[-4000:], retryable=True)
 
 
 def _first_line(text: str) -> str:
