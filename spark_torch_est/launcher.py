@@ -278,9 +278,12 @@ def explain_job_failure(text: str, reported: list[Failure]) -> SparkTorchError:
 
 
 def _first_line(text: str) -> str:
+    """The most telling line of a Spark error: the first exception that is not the
+    generic "Job aborted" wrapper."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    useful = [line for line in lines if "Error" in line or "Exception" in line]
-    return (useful or lines or ["(no message)"])[0][:500]
+    errors = [line for line in lines if "Error" in line or "Exception" in line]
+    specific = [line for line in errors if "Job aborted" not in line]
+    return (specific or errors or lines or ["(no message)"])[0][:500]
 
 
 class _JobControl:
