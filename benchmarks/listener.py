@@ -4,7 +4,7 @@
 ``spark_torch_est.progress`` logger, with the message (rank 0's ``time.time()``,
 ``global_step``, ``samples``) in the record's ``progress`` attribute. Rank 0 sends one
 after its first step and then at most every 0.5 s, so the records time the loop of a fit
-that has no hooks at all, which makes the loop skip its per-step flag all-reduce.
+that has no hooks at all.
 """
 
 from __future__ import annotations

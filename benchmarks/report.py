@@ -216,7 +216,7 @@ def _flag_rows(summary: _Summary, workload: Workload) -> list[list[str]]:
     return [[
         "one more all-reduce (2 int32, gloo) per step", summary.show(flag_us, _us),
         f"{summary.show(share, _pct)} of a bare-DDP step; spark_torch_est's loop adds one per step "
-        "whenever any hook is set (Trainer._agree_on_flags)",
+        "only when a per-step hook stage takes `control` (Trainer._agree_on_flags)",
     ]]
 
 
