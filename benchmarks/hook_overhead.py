@@ -22,6 +22,7 @@ from spark_torch_est.creators import Creators
 from spark_torch_est.data import FEATURES, LABEL
 from spark_torch_est.hooks import normalize_hooks
 from spark_torch_est.spec import Target, TaskSpec
+from spark_torch_est.barrier import LocalBarrier
 from spark_torch_est.worker import run_rank
 
 
@@ -47,22 +48,6 @@ class NoOp(Hook):
         pass
 
 
-class _OneRank:
-    rank, world_size = 0, 1
-
-    def all_gather(self, message):
-        return [message]
-
-    def host(self):
-        return "127.0.0.1"
-
-    def cpus(self):
-        return 1
-
-    def gpus(self):
-        return []
-
-
 def _model(config):
     return torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                                torch.nn.ReLU(), torch.nn.Linear(256, 1))
@@ -75,7 +60,7 @@ def _run(batches: list[pa.RecordBatch], hooks: int, epochs: int) -> float:
                     target=Target(epochs, epochs), world_size=1, batch_size=256, seed=0, store_host=None,
                     store_port=None, timeout_s=60)
     started = time.process_time()  # CPU time of this single-threaded loop: other load barely moves it
-    run_rank(spec, iter(batches), _OneRank())
+    run_rank(spec, iter(batches), LocalBarrier())
     return time.process_time() - started
 
 

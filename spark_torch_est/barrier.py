@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["Barrier", "SparkBarrier"]
+__all__ = ["Barrier", "SparkBarrier", "LocalBarrier"]
 
 
 class Barrier(Protocol):
@@ -49,3 +49,23 @@ class SparkBarrier:
     def gpus(self) -> list[str]:
         resource = self._context.resources().get("gpu")
         return list(resource.addresses) if resource is not None else []
+
+
+class LocalBarrier:
+    """:class:`Barrier` of a lone rank outside Spark: runs the training loop of one rank
+    in this process (unit tests, benchmarks, debugging a loop without a cluster)."""
+
+    rank = 0
+    world_size = 1
+
+    def all_gather(self, message: str) -> list[str]:
+        return [message]
+
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    def cpus(self) -> int:
+        return 1
+
+    def gpus(self) -> list[str]:
+        return []

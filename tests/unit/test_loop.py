@@ -1,4 +1,4 @@
-"""The loop of one rank, run without Spark through a fake barrier (world size 1)."""
+"""The loop of one rank, run without Spark through LocalBarrier (world size 1)."""
 
 from __future__ import annotations
 
@@ -14,24 +14,9 @@ from spark_torch_est.data import FEATURES, LABEL
 from spark_torch_est.failure import INPUT, USER, RankFailure
 from spark_torch_est.hooks import normalize_hooks
 from spark_torch_est.spec import Target, TaskSpec
+from spark_torch_est.barrier import LocalBarrier
 from spark_torch_est.worker import run_rank
 from tests.helpers import adam, flat_weights, mlp, step_lr
-
-
-class FakeBarrier:
-    rank, world_size = 0, 1
-
-    def all_gather(self, message):
-        return [message]
-
-    def host(self):
-        return "127.0.0.1"
-
-    def cpus(self):
-        return 1
-
-    def gpus(self):
-        return []
 
 
 def _batches(rows=200, seed=0):
@@ -47,7 +32,7 @@ def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200) -> C
                         hooks=normalize_hooks(hooks), config={"dropout": 0.3})
     spec = TaskSpec(job_id="unit/", run_id="r", payload=cloudpickle.dumps(creators), resume=resume, target=target,
                     world_size=1, batch_size=16, seed=3, store_host=None, store_port=None, timeout_s=30)
-    return Checkpoint.from_bytes(run_rank(spec, iter(_batches(rows)), FakeBarrier()))
+    return Checkpoint.from_bytes(run_rank(spec, iter(_batches(rows)), LocalBarrier()))
 
 
 def _weights(checkpoint: Checkpoint) -> np.ndarray:
@@ -91,7 +76,7 @@ def test_an_empty_partition_is_an_input_error():
                     target=Target(1, 1), world_size=1, batch_size=4, seed=0, store_host=None,
                     store_port=None, timeout_s=30)
     with pytest.raises(RankFailure) as error:
-        run_rank(spec, iter([]), FakeBarrier())
+        run_rank(spec, iter([]), LocalBarrier())
     assert error.value.failure.kind == INPUT and "no training rows" in error.value.failure.message
 
 
@@ -112,7 +97,7 @@ def test_a_creator_from_a_module_executors_cannot_import_gets_a_hint(tmp_path, m
     spec = TaskSpec(job_id="unit/", run_id="r", payload=payload, resume=None, target=Target(1, 1), world_size=1,
                     batch_size=4, seed=0, store_host=None, store_port=None, timeout_s=30)
     with pytest.raises(RankFailure) as error:
-        run_rank(spec, iter(_batches()), FakeBarrier())
+        run_rank(spec, iter(_batches()), LocalBarrier())
     failure = error.value.failure
     assert failure.kind == USER and failure.stage == "setup"
     assert "'driver_only_module'" in failure.message and "register_pickle_by_value" in failure.message
