@@ -96,6 +96,14 @@ class ChannelServer:
                 connection.close()
 
 
+def _plain(value: Any) -> Any:
+    """JSON for numbers hooks put in metrics: tensors and numpy scalars become floats."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 class ChannelClient:
     """A rank's end of the channel; ``send`` never raises (the channel is best effort).
 
@@ -125,8 +133,8 @@ class ChannelClient:
             return
         try:
             with self._lock:
-                self._connection.send_bytes(json.dumps(message).encode())
-        except (OSError, ValueError):
+                self._connection.send_bytes(json.dumps(message, default=_plain).encode())
+        except (OSError, ValueError, TypeError):
             self.close()
 
     def close(self) -> None:

@@ -118,6 +118,10 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
         model = load_model(spec)
         creators: Creators = cloudpickle.loads(spec.creators)
         loss_fn, names = creators.build_loss(), sorted(creators.metrics)
+        device = _device(model)
+        for name in names:
+            if hasattr(creators.metrics[name], "to"):
+                creators.metrics[name] = creators.metrics[name].to(device)
         count, loss_sum, sums = 0, 0.0, np.zeros(len(names))
         for batch in batches:
             features = _features(batch, spec)

@@ -85,8 +85,9 @@ class _DriverStore:
         self._socket.detach()  # the store owns the descriptor now and closes it
 
     def failures(self, job_id: str, world_size: int) -> list[Failure]:
-        """Failures the ranks of ``job_id`` reported, in rank order."""
-        keys = [f"{job_id}{failure_key(rank)}" for rank in range(world_size)]
+        """Failures the ranks of ``job_id`` reported, in rank order (they write through a
+        ``PrefixStore(job_id)``, which joins prefix and key with ``/``)."""
+        keys = [f"{job_id}/{failure_key(rank)}" for rank in range(world_size)]
         return [Failure.from_json(self.store.get(k)) for k in keys if self.store.check([k])]
 
     def close(self) -> None:
@@ -131,7 +132,7 @@ class Launcher:
         """
         retries = 0
         while True:
-            spec = dataclasses.replace(spec, job_id=f"ste-{uuid.uuid4().hex[:12]}/")
+            spec = dataclasses.replace(spec, job_id=f"ste-{uuid.uuid4().hex[:12]}")
             wait_for_slots(self.spark, spec.world_size, self.slot_wait_s)
             try:
                 return self._launch(spec)
@@ -200,7 +201,7 @@ class Launcher:
                 raise
             except Exception as error:
                 raise self._explain(error, spec, store) from None
-            logger.info("training job %s finished in %.1fs", spec.job_id.rstrip("/"), time.perf_counter() - started)
+            logger.info("training job %s finished in %.1fs", spec.job_id, time.perf_counter() - started)
         rows = sorted(zip(table.column("seq").to_pylist(), table.column("data").to_pylist()))
         if not rows:  # Spark ran no task at all: it proved the input empty
             raise InvalidInputError("the training DataFrame has no rows (Spark ran no training task)")
@@ -209,7 +210,7 @@ class Launcher:
     def _collect(self, spec: TaskSpec):
         """Runs the job in a thread so the driver can tick and turn Ctrl-C into a cancel."""
         job = self.frame.mapInArrow(train_task(spec), RESULT_SCHEMA, barrier=True)
-        group = f"spark_torch_est-{spec.job_id.rstrip('/')}"
+        group = f"spark_torch_est-{spec.job_id}"
         control = _JobControl(self.spark, group)
         outcome: dict = {}
 

@@ -102,7 +102,8 @@ class Trainer:
         self.optimizer = creators.build_optimizer(model)
         self.scheduler = creators.build_scheduler(self.optimizer)
         self.loss_fn = creators.build_loss()
-        self.metrics = dict(creators.metrics)
+        self.metrics = {name: metric.to(self.device) if hasattr(metric, "to") else metric
+                        for name, metric in creators.metrics.items()}
         self.progress = resume.progress if resume is not None else Progress()
         self.history: list[dict] = resume.history if resume is not None else []
         partial = resume.state.get("partial_epoch", {}) if resume is not None else {}
@@ -168,6 +169,7 @@ class Trainer:
                 f"rank(s) {empty} received no training rows (rows per rank: {self.train_rows}); "
                 "give the DataFrame at least numWorkers training rows, or lower numWorkers"
             )
+        self.stage = "setup"
         size = self.spec.batch_size
         self.steps_per_epoch = max(math.ceil(n / size) for n in self.train_rows)
         self.step_samples = [
@@ -205,6 +207,7 @@ class Trainer:
             self.control.stop_epoch = False
             if self.progress.batch_in_epoch == 0:
                 self._call("before_train_epoch")
+                self._agree_on_flags()
             if self._train_epoch():
                 self._end_epoch()
 
@@ -401,7 +404,8 @@ class Trainer:
         blob = self._checkpoint_bytes()
         if blob is not None:
             started = time.perf_counter()
-            path = CheckpointDir(self.spec.checkpoint_dir).write(blob, self.progress.epoch, self.progress.global_step)
+            path = CheckpointDir(self.spec.checkpoint_dir, run_id=self.spec.run_id).write(
+                blob, self.progress.epoch, self.progress.global_step)
             logger.info("rank 0: wrote %s (%.1f MB) in %.2fs", path, len(blob) / 1e6, time.perf_counter() - started)
 
     def _checkpoint_bytes(self) -> bytes | None:

@@ -2,9 +2,11 @@
 
 A checkpoint directory looks like::
 
-    ckpt-ep000002-ba000000000040.pt
-    ckpt-ep000003-ba000000000060.pt
+    ckpt-3f9c0a1b2d4e-ep000002-ba000000000040.pt   # run id, epoch, global step
+    ckpt-3f9c0a1b2d4e-ep000003-ba000000000060.pt
     latest                      # the file name of the newest complete checkpoint
+
+Each run prunes only its own files, so runs may share a directory.
 """
 
 from __future__ import annotations
@@ -46,19 +48,22 @@ class CheckpointDir:
 
     Args:
         url: A local path or fsspec URL (``hdfs://``, ``s3://``, ``dbfs:/``, ...).
-        keep: How many of the newest checkpoints to keep.
+        keep: How many of the newest checkpoints of the run to keep.
+        run_id: The run's id (its first 12 characters name the files).
     """
 
     POINTER = "latest"
 
-    def __init__(self, url: str, keep: int = 3) -> None:
+    def __init__(self, url: str, keep: int = 3, run_id: str = "") -> None:
         self.url = url.rstrip("/")
         self.keep = keep
+        self.run = run_id[:12]
         self.fs, self.path = _fs(self.url)
 
     def write(self, data: bytes, epoch: int, global_step: int) -> str:
         """Writes one checkpoint, then points ``latest`` at it and prunes old ones."""
-        name = f"ckpt-ep{epoch:06d}-ba{global_step:012d}.pt"
+        name = f"ckpt-{self.run}-ep{epoch:06d}-ba{global_step:012d}.pt" if self.run else \
+            f"ckpt-ep{epoch:06d}-ba{global_step:012d}.pt"
         write_atomic(f"{self.url}/{name}", data)
         write_atomic(f"{self.url}/{self.POINTER}", name.encode())
         for old in self._names()[:-self.keep]:
@@ -72,11 +77,15 @@ class CheckpointDir:
             return None
         with self.fs.open(pointer, "rb") as handle:
             name = handle.read().decode().strip()
-        with self.fs.open(f"{self.path}/{name}", "rb") as handle:
-            return handle.read()
+        try:
+            with self.fs.open(f"{self.path}/{name}", "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:  # pruned by another run sharing the directory
+            return None
 
     def _names(self) -> list[str]:
         if not self.fs.exists(self.path):
             return []
         names = [posixpath.basename(p) for p in self.fs.ls(self.path, detail=False)]
-        return sorted(n for n in names if n.startswith("ckpt-") and n.endswith(".pt"))
+        mine = f"ckpt-{self.run}-" if self.run else "ckpt-ep"
+        return sorted(n for n in names if n.startswith(mine) and n.endswith(".pt"))

@@ -145,7 +145,8 @@ def test_periodic_checkpoints_are_written_atomically_with_a_latest_pointer(spark
     est.fit(linear_df)
     per_epoch = est.progress.global_step // 4
     names = sorted(p.name for p in directory.iterdir())
-    assert names == [f"ckpt-ep{e:06d}-ba{e * per_epoch:012d}.pt" for e in (2, 3, 4)] + ["latest"]
+    run = est.checkpoint.meta["run_id"][:12]
+    assert names == [f"ckpt-{run}-ep{e:06d}-ba{e * per_epoch:012d}.pt" for e in (2, 3, 4)] + ["latest"]
     latest = Checkpoint.load(str(directory / (directory / "latest").read_text()))
     assert latest.progress == est.progress
 

@@ -56,3 +56,35 @@ def test_an_unreachable_driver_fails_fast():
     with pytest.raises(OSError):
         ChannelClient(address, b"x", connect_timeout=2)
     assert time.monotonic() - started < 5
+
+
+def test_numbers_hooks_put_in_metrics_travel_as_floats():
+    import numpy as np
+    import torch
+
+    received = []
+    server = ChannelServer("127.0.0.1", received.append)
+    try:
+        client = ChannelClient(server.address, server.secret)
+        client.send({"type": "epoch", "entry": {"grad_norm": torch.tensor(2.5), "lr": np.float32(0.5)}})
+        assert _wait_for(lambda: received == [{"type": "epoch", "entry": {"grad_norm": 2.5, "lr": 0.5}}])
+        client.close()
+    finally:
+        server.close()
+
+
+def test_the_driver_finds_the_failure_a_rank_reported_through_its_prefix_store():
+    import torch.distributed as dist
+
+    from spark_torch_est.failure import USER, Failure
+    from spark_torch_est.launcher import _DriverStore
+    from spark_torch_est.worker import _report
+
+    driver = _DriverStore("127.0.0.1", timeout_s=10)
+    try:
+        client = dist.TCPStore("127.0.0.1", driver.port, is_master=False)
+        failure = Failure(USER, "ValueError: x", 1, "after_train_iter", hook="h")
+        _report(dist.PrefixStore("ste-abc", client), failure)
+        assert driver.failures("ste-abc", 2) == [failure]
+    finally:
+        driver.close()

@@ -101,3 +101,13 @@ def test_a_creator_from_a_module_executors_cannot_import_gets_a_hint(tmp_path, m
     failure = error.value.failure
     assert failure.kind == USER and failure.stage == "setup"
     assert "'driver_only_module'" in failure.message and "register_pickle_by_value" in failure.message
+
+
+def test_a_model_that_does_not_fit_the_features_is_a_user_error_at_setup():
+    creators = Creators(model=lambda c: torch.nn.Linear(10, 1), optimizer=adam, loss=torch.nn.MSELoss())
+    spec = TaskSpec(job_id="unit", run_id="r", payload=cloudpickle.dumps(creators), resume=None, target=Target(1, 1),
+                    world_size=1, batch_size=4, seed=0, store_host=None, store_port=None, timeout_s=30)
+    with pytest.raises(RankFailure) as error:
+        run_rank(spec, iter(_batches()), LocalBarrier())
+    failure = error.value.failure
+    assert (failure.kind, failure.stage) == (USER, "setup") and "mat1 and mat2" in failure.message
