@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
-test: $(STAMP)  ## the suite without the slow tests (about 10 minutes on 2 cores)
+test: $(STAMP)  ## the suite without the slow tests (about 5 minutes on 2 cores)
 	$(RUN) $(BIN)/python -m pytest -m "not slow" tests
 
 test-slow: $(STAMP)  ## only the slow tests: local-cluster, standalone + spark-submit, Connect, examples
