@@ -57,9 +57,6 @@ class SpilledRows:
             read(descriptor, [view[i * size:(i + 1) * size]], row * size)
         return torch.from_numpy(out)
 
-    def element_size(self) -> int:
-        return 4
-
     def head(self, rows: int) -> SpilledRows:
         """The first ``rows`` rows, in the same file (extending them overwrites the rows after)."""
         return SpilledRows(self._file, rows, self.shape[1])
