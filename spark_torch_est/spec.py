@@ -46,7 +46,7 @@ class TaskSpec:
         progress_address: ``(host, port)`` of the driver's progress channel, or None.
         progress_secret: The channel's per-fit secret.
         memory_budget: Bytes of a partition's rows held in RAM before they spill to
-            memory-mapped local files (None: never spill).
+            local files read per batch (None: never spill).
     """
 
     job_id: str

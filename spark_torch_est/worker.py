@@ -13,7 +13,7 @@ import logging
 import os
 import traceback
 from datetime import timedelta
-from typing import Iterator
+from typing import Callable, Iterator
 
 import cloudpickle
 import pyarrow as pa
@@ -44,7 +44,7 @@ def failure_key(rank: int) -> str:
     return f"failure/{rank}"
 
 
-def train_task(spec: TaskSpec) -> "callable":
+def train_task(spec: TaskSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Returns the ``mapInArrow`` function for ``spec`` (a top-level function, no closure
     over driver objects)."""
 
