@@ -9,8 +9,11 @@ holds the process group (the DDP Reducer above all) must be gone before
 from __future__ import annotations
 
 import gc
+import importlib
 import logging
 import os
+import sys
+import threading
 import traceback
 from datetime import timedelta
 from typing import Callable, Iterator
@@ -36,6 +39,8 @@ logger = logging.getLogger(__name__)
 #: Rows rank 0 returns: the checkpoint split into ordered binary chunks.
 RESULT_SCHEMA = "seq long, data binary"
 _ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
+#: Modules the loop imports lazily and slowly in a fresh process (see _import_in_background).
+_SLOW_LAZY_IMPORTS = ("torch._dynamo",)
 _SYSTEM_STAGES = {"rendezvous", "collective", "backward", "checkpoint", "teardown"}
 
 
@@ -68,6 +73,7 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
     rank = barrier.rank
     store = None
     stage = "ingest"
+    importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     try:
         shard = read_shard(batches, spec.label_name, spec.memory_budget)
         stage = "rendezvous"
@@ -82,6 +88,8 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
         del error
         _report(store, failure)
         raise RankFailure(failure) from None
+    if importing is not None:
+        importing.join()  # before the creators are unpickled: one importer at a time from here
     channel = _open_channel(spec, rank)
     forwarder = LogForwarder(channel, rank) if channel is not None else None
     if forwarder is not None:
@@ -98,6 +106,30 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
         _report(store, failure)
         raise RankFailure(failure)
     return blob
+
+
+def _import_in_background(modules: tuple[str, ...]) -> threading.Thread | None:
+    """Imports ``modules`` in a thread while the rank waits for its rows and its peers.
+
+    In a fresh Python worker the first optimizer imports ``torch._dynamo`` (through
+    ``torch._disable_dynamo``), ~1.5 s before the first step; here that overlaps with
+    ingest and rendezvous, which mostly wait on the JVM and the network. Reused workers
+    have it already and start no thread.
+    """
+    missing = [name for name in modules if name not in sys.modules]
+    if not missing:
+        return None
+
+    def run() -> None:
+        for name in missing:
+            try:
+                importlib.import_module(name)
+            except Exception:  # an optimization only: the loop imports what it needs itself
+                logger.debug("background import of %s failed", name, exc_info=True)
+
+    thread = threading.Thread(target=run, name="spark_torch_est-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def _open_channel(spec: TaskSpec, rank: int) -> ChannelClient | None:

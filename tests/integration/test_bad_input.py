@@ -125,6 +125,15 @@ def test_bad_creators_fail_before_any_job(spark, linear_df, creators, message):
     assert spark_jobs_started(spark) == jobs and est.checkpoint is None
 
 
+def test_a_bad_creator_and_a_missing_column_report_the_creator(spark, linear_df):
+    """The frame is planned while the creators are built; the creator's error is the one raised."""
+    est = TorchEstimator(model=lambda c: 1 / 0, optimizer=sgd, loss=torch.nn.MSELoss(), showProgress=False)
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match="model creator raised ZeroDivisionError"):
+        est.fit(linear_df.drop("label"))
+    assert spark_jobs_started(spark) == jobs and est.checkpoint is None
+
+
 def test_a_loss_that_raises_on_shapes(spark, linear_df):
     est = TorchEstimator(model=linear_model, optimizer=sgd, loss=lambda out, y: out @ y, maxEpochs=1,
                          showProgress=False)

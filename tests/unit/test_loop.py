@@ -111,3 +111,15 @@ def test_a_model_that_does_not_fit_the_features_is_a_user_error_at_setup():
         run_rank(spec, iter(_batches()), LocalBarrier())
     failure = error.value.failure
     assert (failure.kind, failure.stage) == (USER, "setup") and "mat1 and mat2" in failure.message
+
+
+def test_slow_imports_run_in_the_background_only_when_missing():
+    import sys
+
+    from spark_torch_est.worker import _import_in_background
+
+    assert _import_in_background(("torch", "pyarrow")) is None  # a reused worker starts no thread
+    sys.modules.pop("colorsys", None)
+    thread = _import_in_background(("no_such_module_ste", "colorsys"))  # a failure is only logged
+    thread.join(30)
+    assert not thread.is_alive() and "colorsys" in sys.modules
