@@ -7,8 +7,9 @@ One process, one fresh SparkSession, in this order:
 3. warm fit without hooks, timed from the driver's progress records only
    (:mod:`benchmarks.listener`): what the probe hook itself costs;
 4. resumed fit: the warm estimator of 2 again, ``maxEpochs + 1`` and ``duration="1ep"``;
-5. ``TorchModel.transform`` of every row into the ``noop`` sink, twice, and the plain
-   batched forward of the same module over the same rows;
+5. ``TorchModel.transform`` of every row into the ``noop`` sink, twice, then the scan alone
+   and a ``mapInArrow`` identity into the same sink (the floor of any transform through
+   Spark), and the plain batched forward of the same module over the same rows;
 6. two short fits, of the MLP and of the MLP with ~100 MB of frozen parameters, whose
    difference prices the checkpoint's way back to the driver.
 
@@ -17,7 +18,11 @@ Every fit but the third carries a :class:`~benchmarks.hooks.ProbeHook`.
 
 from __future__ import annotations
 
+import sys
 import time
+from typing import Iterator
+
+import pyarrow as pa
 
 from pyspark.sql import DataFrame
 from torch import nn
@@ -39,7 +44,7 @@ __all__ = ["measure"]
 
 def measure(workload: Workload, scratch: str, variant: str = "") -> dict:
     """Runs the sequence in the module docstring; returns one dict per measurement."""
-    register_by_value()
+    register_by_value(sys.modules[__name__])  # _identity runs in the executors
     with spark_session(workload, "bench-torchestimator") as (spark, start_s):
         df = spark.read.parquet(workload.path)
         probe = ProbeHook(scratch, "te-cold")
@@ -95,18 +100,31 @@ def _fit_without_hooks(df: DataFrame, workload: Workload) -> dict:
 
 
 def _transform(model: TorchModel, df: DataFrame, workload: Workload) -> dict:
-    """``transform`` into the noop sink twice, then the plain forward baseline."""
-    seconds = []
-    for _ in range(2):
-        started = time.perf_counter()
-        model.transform(df).write.format("noop").mode("overwrite").save()
-        seconds.append(time.perf_counter() - started)
+    """``transform`` into the noop sink twice, then what any transform through Spark costs
+    at least (the scan alone, and a ``mapInArrow`` that returns its input), then the plain
+    forward baseline."""
+    seconds = [_noop_seconds(model.transform(df)) for _ in range(2)]
+    scan = _noop_seconds(df)
+    identity = _noop_seconds(df.mapInArrow(_identity, df.schema))
     features, _ = read_numpy(workload.path)
     return {
         "rows_per_s": workload.rows / seconds[0],
         "repeat_rows_per_s": workload.rows / seconds[1],
+        "scan_rows_per_s": workload.rows / scan,
+        "identity_rows_per_s": workload.rows / identity,
         "plain_forward_rows_per_s": forward_rows_per_s(model.torch_model(), features, model.getInferenceBatchSize()),
     }
+
+
+def _noop_seconds(frame: DataFrame) -> float:
+    started = time.perf_counter()
+    frame.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A mapInArrow function that returns its input: the Python round trip alone."""
+    yield from batches
 
 
 def _checkpoint_transfer(df: DataFrame, workload: Workload, scratch: str) -> dict:

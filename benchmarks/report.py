@@ -198,12 +198,29 @@ def _other(summary: _Summary, workload: Workload, labels: dict[str, str]) -> Tab
             ["TorchModel.transform rows/s, second call",
              summary.show(_get("te", "transform", "repeat_rows_per_s"), _rate),
              "the model is cached in the reused Python workers"],
+            *_transform_floor_rows(summary),
             ["SparkSession start (TorchEstimator's process)", summary.show(_get("te", "session_start_s"), _s),
              "not part of any fit time"],
         ]
     if "ddp" in labels:
         rows += _flag_rows(summary, workload)
     return Table("Other figures", ["Figure", "Value", "How / notes"], rows)
+
+
+def _transform_floor_rows(summary: _Summary) -> list[list[str]]:
+    """What any transform through Spark costs at least, against the plain forward."""
+    plain = _get("te", "transform", "plain_forward_rows_per_s")
+    rows = []
+    for field, figure, how in (
+        ("scan_rows_per_s", "Spark alone: the Parquet scan into the noop sink",
+         "no Python at all"),
+        ("identity_rows_per_s", "Spark + Python: a mapInArrow identity into the noop sink",
+         "every row to a Python worker and back, no model"),
+    ):
+        value = _get("te", "transform", field)
+        rows.append([figure, summary.show(value, _rate),
+                     f"{summary.show(_ratio(value, plain), _x)} of the plain batched forward; {how}"])
+    return rows
 
 
 def _flag_rows(summary: _Summary, workload: Workload) -> list[list[str]]:

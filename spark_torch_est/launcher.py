@@ -21,7 +21,7 @@ from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingF
 from spark_torch_est.failure import SYSTEM, UNREACHABLE, Failure
 from spark_torch_est.spec import TaskSpec
 from spark_torch_est.storage import CheckpointDir
-from spark_torch_est.worker import RESULT_SCHEMA, failure_key, train_task
+from spark_torch_est.worker import DELIVERED, RESULT_SCHEMA, failure_key, train_task
 
 __all__ = ["Launcher", "explain_job_failure", "task_slots", "wait_for_slots"]
 
@@ -202,10 +202,7 @@ class Launcher:
             except Exception as error:
                 raise self._explain(error, spec, store) from None
             logger.info("training job %s finished in %.1fs", spec.job_id, time.perf_counter() - started)
-        rows = sorted(zip(table.column("seq").to_pylist(), table.column("data").to_pylist()))
-        if not rows:  # Spark ran no task at all: it proved the input empty
-            raise InvalidInputError("the training DataFrame has no rows (Spark ran no training task)")
-        return b"".join(chunk for _, chunk in rows)
+            return _checkpoint_bytes(table, channel, spec.job_id)
 
     def _collect(self, spec: TaskSpec):
         """Runs the job in a thread so the driver can tick and turn Ctrl-C into a cancel."""
@@ -241,6 +238,21 @@ class Launcher:
         if isinstance(explained, _StoreUnreachable):
             self._store_unreachable.add(spec.store_host or "")
         return explained
+
+
+def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> bytes:
+    """Rank 0's checkpoint: from the channel when its one result row says it was delivered
+    there, else joined from its ordered result rows."""
+    rows = sorted(zip(table.column("seq").to_pylist(), table.column("data").to_pylist()))
+    if not rows:  # Spark ran no task at all: it proved the input empty
+        raise InvalidInputError("the training DataFrame has no rows (Spark ran no training task)")
+    if rows[0][0] != DELIVERED:
+        return b"".join(chunk for _, chunk in rows)
+    blob = channel.take_blob(job_id, rows[0][1].decode()) if channel is not None else None
+    if blob is None:
+        raise TrainingFailedError("rank 0 reported its checkpoint delivered over the channel, but the driver "
+                                  "does not hold it", retryable=True)
+    return blob
 
 
 def explain_job_failure(text: str, reported: list[Failure]) -> SparkTorchError:

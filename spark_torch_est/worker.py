@@ -32,12 +32,14 @@ from spark_torch_est.errors import IncompatibleCheckpointError
 from spark_torch_est.failure import CHECKPOINT, INPUT, SYSTEM, UNREACHABLE, USER, Failure, RankFailure
 from spark_torch_est.spec import TaskSpec
 
-__all__ = ["RESULT_SCHEMA", "train_task", "run_rank", "failure_key", "choose_device"]
+__all__ = ["RESULT_SCHEMA", "DELIVERED", "train_task", "run_rank", "failure_key", "choose_device"]
 
 logger = logging.getLogger(__name__)
 
-#: Rows rank 0 returns: the checkpoint split into ordered binary chunks.
+#: Rows rank 0 returns: the checkpoint split into ordered binary chunks, or one row with
+#: seq DELIVERED and the checkpoint's SHA-256 when the driver already holds it (channel).
 RESULT_SCHEMA = "seq long, data binary"
+DELIVERED = -1
 _ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
 #: Modules the loop imports lazily and slowly in a fresh process (see _import_in_background).
 _SLOW_LAZY_IMPORTS = ("torch._dynamo",)
@@ -56,16 +58,25 @@ def train_task(spec: TaskSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         barrier = SparkBarrier()
         torch.set_num_threads(max(1, barrier.cpus()))
-        blob = run_rank(spec, batches, barrier)
-        for seq, chunk in enumerate(iter_chunks(blob) if blob is not None else ()):
-            yield pa.RecordBatch.from_arrays([pa.array([seq], pa.int64()), pa.array([bytes(chunk)], pa.binary())],
-                                             schema=_ARROW_RESULT)
+        result = run_rank(spec, batches, barrier)
+        if isinstance(result, str):
+            yield _result_row(DELIVERED, result.encode())
+        elif result is not None:
+            for seq, chunk in enumerate(iter_chunks(result)):
+                yield _result_row(seq, bytes(chunk))
 
     return task
 
 
-def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier) -> bytes | None:
-    """Runs one rank of the job; returns the checkpoint bytes on rank 0.
+def _result_row(seq: int, data: bytes) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([seq], pa.int64()), pa.array([data], pa.binary())],
+                                      schema=_ARROW_RESULT)
+
+
+def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier) -> bytes | str | None:
+    """Runs one rank of the job. Rank 0 returns the checkpoint: its SHA-256 (hex) when the
+    driver acknowledged it over the channel, else its bytes, for result rows. Other
+    ranks return None.
 
     Raises:
         RankFailure: Anything failed; carries a :class:`Failure` for the driver.
@@ -97,6 +108,9 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
     try:
         failure, blob = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
         _teardown(clean=failure is None)
+        delivered = channel.send_blob(spec.job_id, blob) if blob is not None and channel is not None else None
+        if delivered is not None:
+            return delivered
     finally:
         if forwarder is not None:
             logging.getLogger().removeHandler(forwarder)

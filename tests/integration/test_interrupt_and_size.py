@@ -62,10 +62,18 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
-def test_a_checkpoint_over_max_result_size_names_the_setting():
-    process = _start("result_too_large.py")
-    output, _ = process.communicate(timeout=300)
-    line = next((l for l in output.splitlines() if l.startswith(("ERROR", "NO ERROR"))), output[-2000:])
+def _outcome(*args: str) -> str:
+    output, _ = _start("result_too_large.py", *args).communicate(timeout=300)
+    return next((l for l in output.splitlines() if l.startswith(("ERROR", "NO ERROR"))), output[-2000:])
+
+
+def test_a_checkpoint_over_max_result_size_comes_back_over_the_channel():
+    line = _outcome()
+    assert line.startswith("NO ERROR") and int(line.split()[2]) > 1 << 20, line
+
+
+def test_a_checkpoint_over_max_result_size_as_result_rows_names_the_setting():
+    line = _outcome("rows")
     assert line.startswith("ERROR") and "spark.driver.maxResultSize" in line, line
 
 

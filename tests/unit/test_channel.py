@@ -88,3 +88,34 @@ def test_the_driver_finds_the_failure_a_rank_reported_through_its_prefix_store()
         assert driver.failures("ste-abc", 2) == [failure]
     finally:
         driver.close()
+
+
+def test_a_checkpoint_crosses_the_channel_in_parts_and_is_acknowledged():
+    received = []
+    server = ChannelServer("127.0.0.1", received.append)
+    try:
+        client = ChannelClient(server.address, server.secret)
+        blob = bytes(range(256)) * (40 * 4096 + 7)  # ~42 MB: three parts, the last one short
+        client.send({"type": "progress", "global_step": 3})
+        digest = client.send_blob("job-1", blob)
+        client.send({"type": "epoch", "entry": {"epoch": 1}})  # the channel stays usable
+        assert digest is not None
+        assert server.take_blob("job-1", "0" * 64) is None, "a blob is handed out only under its own digest"
+        client.send_blob("job-2", blob)
+        assert server.take_blob("job-2", digest) == blob
+        assert server.take_blob("job-2", digest) is None, "taken once"
+        assert _wait_for(lambda: len(received) == 2) and received[1]["type"] == "epoch"
+        client.close()
+    finally:
+        server.close()
+
+
+def test_a_checkpoint_the_driver_does_not_acknowledge_is_not_delivered():
+    server = ChannelServer("127.0.0.1", lambda message: None)
+    try:
+        client = ChannelClient(server.address, server.secret)
+        server._receive_blob = lambda connection, header: None  # reads nothing, answers nothing
+        assert client.send_blob("job-1", b"x" * 1000, ack_timeout=0.5) is None
+        assert client.send_blob("job-1", b"x") is None, "the channel is closed after a failed send"
+    finally:
+        server.close()
