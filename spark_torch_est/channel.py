@@ -56,7 +56,7 @@ class ChannelServer:
         self._listener = Listener((host, 0), family="AF_INET6" if ":" in host else "AF_INET", authkey=self.secret)
         self.address: tuple[str, int] = self._listener.address[:2]
         self._connections: list[Connection] = []
-        self._blobs: dict[str, tuple[str, bytes]] = {}  # key -> (SHA-256 hex, bytes)
+        self._blobs: dict[tuple[str, str], bytes] = {}  # (key, SHA-256 hex) -> bytes
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="spark_torch_est-channel", daemon=True)
         self._thread.start()
@@ -82,6 +82,8 @@ class ChannelServer:
         while True:
             try:
                 message = json.loads(connection.recv_bytes(_MAX_MESSAGE))
+                if not isinstance(message, dict):
+                    continue
                 if message.get("type") == "blob":
                     self._receive_blob(connection, message)
                     continue
@@ -107,7 +109,7 @@ class ChannelServer:
             connection.send_bytes(json.dumps({"type": "nack", "key": header["key"]}).encode())
             return
         with self._lock:
-            self._blobs[header["key"]] = (header["sha256"], b"".join(parts))
+            self._blobs[(header["key"], header["sha256"])] = b"".join(parts)
         del parts
         connection.send_bytes(json.dumps({"type": "ack", "key": header["key"]}).encode())
 
@@ -115,8 +117,7 @@ class ChannelServer:
         """Removes and returns the acknowledged blob sent under ``key``, if it is the one
         whose SHA-256 (hex) is ``sha256``."""
         with self._lock:
-            digest, blob = self._blobs.pop(key, ("", None))
-        return blob if digest == sha256 else None
+            return self._blobs.pop((key, sha256), None)
 
     def close(self) -> None:
         """Stops accepting, closes every connection and joins the accept thread."""
@@ -132,6 +133,7 @@ class ChannelServer:
         with self._lock:
             for connection in self._connections:
                 connection.close()
+            self._blobs.clear()
 
 
 def _plain(value: Any) -> Any:
@@ -203,10 +205,11 @@ class ChannelClient:
                 reply = json.loads(self._connection.recv_bytes(_MAX_MESSAGE))
             if reply.get("type") == "ack" and reply.get("key") == key:
                 return header["sha256"]
-            logger.warning("the driver refused the checkpoint sent over the channel: %s", reply)
+            problem = f"the driver refused it ({reply})"
         except (OSError, EOFError, ValueError, TypeError, TimeoutError) as error:
-            logger.warning("could not send the checkpoint over the channel (%s)", error)
-        self.close()
+            problem = str(error) or type(error).__name__
+        self.close()  # first: a log handler that forwards to this channel must not write into it
+        logger.warning("could not send the checkpoint over the channel (%s); returning it as result rows", problem)
         return None
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -10,9 +11,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 import cloudpickle
 import torch
-from pyspark import keyword_only
+from pyspark import inheritable_thread_target, keyword_only
 from pyspark.ml import Estimator
 from pyspark.sql import DataFrame
+from pyspark.sql.utils import is_remote
 
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.creators import CreatorError, Creators
@@ -234,14 +236,19 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     def _checked_frame(self, dataset: DataFrame, start: Checkpoint | None) -> DataFrame:
         """Checks the creators and prepares the training frame side by side: the JVM plans
         the frame (slow in a fresh session) while Python builds the model and optimizer
-        (the first optimizer in a process imports ``torch._dynamo``, ~1.5 s). Neither
-        starts a Spark job; a creator error wins over a column error, as before."""
+        (the first optimizer in a process imports ``torch._dynamo``, ~1.5 s). A creator
+        error wins over a column error. Under Spark Connect the client plans nothing, so
+        both run in turn."""
+        plan = functools.partial(
+            training_frame, dataset, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
+            label_col=self.getLabelCol(), validation_col=self.getValidationIndicatorCol(),
+            num_workers=self.getNumWorkers(),
+        )
+        if is_remote():
+            self._check_creators(start)
+            return plan()
         with ThreadPoolExecutor(1, thread_name_prefix="spark_torch_est-plan") as pool:
-            planned = pool.submit(
-                training_frame, dataset, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
-                label_col=self.getLabelCol(), validation_col=self.getValidationIndicatorCol(),
-                num_workers=self.getNumWorkers(),
-            )
+            planned = pool.submit(inheritable_thread_target(plan))  # the caller's job group, pool, ...
             self._check_creators(start)
             return planned.result()
 

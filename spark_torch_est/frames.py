@@ -7,6 +7,8 @@ expressions touches Spark.
 
 from __future__ import annotations
 
+import re
+
 from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
@@ -18,6 +20,7 @@ __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_colum
            "training_frame"]
 
 ROW_ORDER = "__ste_row_order"
+_RUNS_JOBS = re.compile(r"Broadcast|Subquery")  # plan nodes whose preparation starts Spark jobs
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
 
@@ -153,12 +156,13 @@ def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: lis
 def _partitions(df: DataFrame) -> int | None:
     """The DataFrame's partition count when Spark knows it without running a job, else None.
 
-    A plan with a shuffle is adaptive, and asking for its partitions would run the shuffle,
-    so such DataFrames (and Spark Connect ones, which have no RDD API) get repartitioned.
+    A plan with a shuffle is adaptive, and asking for its partitions would run the shuffle;
+    preparing a plan with a broadcast or a subquery (adaptive execution off) runs them. Such
+    DataFrames (and Spark Connect ones, which have no RDD API) get repartitioned.
     """
     try:
         plan = df._jdf.queryExecution().executedPlan()
-        if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec":
+        if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec" or _RUNS_JOBS.search(plan.toString()):
             return None
         return df.rdd.getNumPartitions()
     except Exception:  # Spark Connect: no JVM handles

@@ -247,6 +247,8 @@ def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> byte
     if not rows:  # Spark ran no task at all: it proved the input empty
         raise InvalidInputError("the training DataFrame has no rows (Spark ran no training task)")
     if rows[0][0] != DELIVERED:
+        if channel is not None:
+            logger.warning("the checkpoint came back as result rows, not over the channel (see rank 0's log)")
         return b"".join(chunk for _, chunk in rows)
     blob = channel.take_blob(job_id, rows[0][1].decode()) if channel is not None else None
     if blob is None:

@@ -134,6 +134,21 @@ def test_a_bad_creator_and_a_missing_column_report_the_creator(spark, linear_df)
     assert spark_jobs_started(spark) == jobs and est.checkpoint is None
 
 
+def test_no_job_before_validation_on_a_broadcast_join_without_adaptive_execution(spark, linear_df):
+    """Asking such a plan for its partitions would run the broadcast; the frame is repartitioned instead."""
+    keys = spark.range(2).withColumnRenamed("id", "key")
+    joined = linear_df.withColumn("key", F.lit(1).cast("long")).join(F.broadcast(keys), "key")
+    est = TorchEstimator(model=lambda c: 1 / 0, optimizer=sgd, loss=torch.nn.MSELoss(), showProgress=False)
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        jobs = spark_jobs_started(spark)
+        with pytest.raises(InvalidInputError, match="model creator raised"):
+            est.fit(joined)
+        assert spark_jobs_started(spark) == jobs
+    finally:
+        spark.conf.unset("spark.sql.adaptive.enabled")
+
+
 def test_a_loss_that_raises_on_shapes(spark, linear_df):
     est = TorchEstimator(model=linear_model, optimizer=sgd, loss=lambda out, y: out @ y, maxEpochs=1,
                          showProgress=False)
