@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import cloudpickle
 import torch
-from pyspark import inheritable_thread_target, keyword_only
+from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.sql import DataFrame
 from pyspark.sql.utils import is_remote
@@ -247,8 +247,15 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         if is_remote():
             self._check_creators(start)
             return plan()
+        context = dataset.sparkSession.sparkContext._jsc.sc()
+        properties = context.getLocalProperties().clone()  # the caller's job group, pool, ...
+
+        def plan_here() -> DataFrame:
+            context.setLocalProperties(properties)  # as pyspark's inheritable_thread_target does
+            return plan()
+
         with ThreadPoolExecutor(1, thread_name_prefix="spark_torch_est-plan") as pool:
-            planned = pool.submit(inheritable_thread_target(plan))  # the caller's job group, pool, ...
+            planned = pool.submit(plan_here)
             self._check_creators(start)
             return planned.result()
 
