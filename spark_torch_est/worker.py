@@ -105,6 +105,7 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
     forwarder = LogForwarder(channel, rank) if channel is not None else None
     if forwarder is not None:
         logging.getLogger().addHandler(forwarder)
+    gc.freeze()  # everything older than the trainer: the teardown's collection skips it
     try:
         failure, blob = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
         _teardown(clean=failure is None)
@@ -112,6 +113,7 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
         if delivered is not None:
             return delivered
     finally:
+        gc.unfreeze()
         if forwarder is not None:
             logging.getLogger().removeHandler(forwarder)
         if channel is not None:
@@ -269,7 +271,13 @@ def _report(store: dist.Store | None, failure: Failure) -> None:
 
 
 def _teardown(clean: bool) -> None:
-    """Destroys the process group in the order that cannot hang a reused Python worker."""
+    """Destroys the process group in the order that cannot hang a reused Python worker.
+
+    DDP holds reference cycles, so only a garbage collection frees it (and its Reducer's
+    hold on the process group) before ``destroy_process_group``. The caller froze the
+    objects that predate training (``gc.freeze``): the collection scans the training's
+    own objects only, milliseconds instead of ~0.2 s with torch loaded.
+    """
     if not dist.is_initialized():
         return
     if clean:
