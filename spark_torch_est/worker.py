@@ -15,8 +15,9 @@ import os
 import sys
 import threading
 import traceback
+import weakref
 from datetime import timedelta
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import cloudpickle
 import pyarrow as pa
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 RESULT_SCHEMA = "seq long, data binary"
 DELIVERED = -1
 _ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
+#: DDP models something still referenced at teardown: never freed (see _teardown).
+_KEPT_ALIVE: list[object] = []
 #: Modules the loop imports lazily and slowly in a fresh process (see _import_in_background).
 _SLOW_LAZY_IMPORTS = ("torch._dynamo",)
 _SYSTEM_STAGES = {"rendezvous", "collective", "backward", "checkpoint", "teardown"}
@@ -105,10 +108,10 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
     forwarder = LogForwarder(channel, rank) if channel is not None else None
     if forwarder is not None:
         logging.getLogger().addHandler(forwarder)
-    gc.freeze()  # everything older than the trainer: the teardown's collection skips it
     try:
-        failure, blob = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
-        _teardown(clean=failure is None)
+        gc.freeze()  # everything older than the trainer: the teardown's collection skips it
+        failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
+        _teardown(clean=failure is None, ddp=ddp)
         delivered = channel.send_blob(spec.job_id, blob) if blob is not None and channel is not None else None
         if delivered is not None:
             return delivered
@@ -160,23 +163,38 @@ def _open_channel(spec: TaskSpec, rank: int) -> ChannelClient | None:
 
 
 def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
-           reporter: ProgressReporter) -> tuple[Failure | None, bytes | None]:
+           reporter: ProgressReporter) -> tuple[Failure | None, bytes | None, list[weakref.ref]]:
     """Runs the loop; returns plain data only, so no exception or frame keeps the DDP
-    model alive into the teardown."""
+    model alive into the teardown, and weak references to the DDP model and its Reducer
+    for the teardown to check."""
     from spark_torch_est.loop import Trainer
 
     trainer = None
     try:
         creators: Creators = cloudpickle.loads(spec.payload)
         trainer = Trainer(creators, spec, shard, rank, spec.world_size, device, reporter)
-        return None, trainer.run()
+        blob = trainer.run()
+        return None, blob, _ddp_refs(trainer)
     except BaseException as error:  # noqa: B036 - turned into plain data for the driver
         stage = trainer.stage if trainer is not None else "setup"
         hook = trainer.hooks.current_hook if trainer is not None else None
         failure = _describe(error, rank, stage, hook)
         logger.error("rank %d failed at %s: %s", rank, stage, failure.message)
         error.__traceback__ = None
-        return failure, None
+        return failure, None, _ddp_refs(trainer)
+
+
+def _ddp_refs(trainer: object) -> list[weakref.ref]:
+    """Weak references to the trainer's DDP wrapper and its Reducer (none without DDP)."""
+    ddp = getattr(trainer, "ddp_model", None)
+    if ddp is None or ddp is getattr(trainer, "model", None):
+        return []
+    refs = [weakref.ref(ddp)]
+    try:
+        refs.append(weakref.ref(ddp.reducer))
+    except (AttributeError, TypeError):  # no Reducer, or not weakly referenceable
+        pass
+    return refs
 
 
 def _describe(error: BaseException, rank: int, stage: str, hook: str | None) -> Failure:
@@ -270,13 +288,20 @@ def _report(store: dist.Store | None, failure: Failure) -> None:
         logger.warning("rank %d: could not report the failure to the driver's store", failure.rank)
 
 
-def _teardown(clean: bool) -> None:
+def _teardown(clean: bool, ddp: Sequence[weakref.ref] = ()) -> None:
     """Destroys the process group in the order that cannot hang a reused Python worker.
 
     DDP holds reference cycles, so only a garbage collection frees it (and its Reducer's
     hold on the process group) before ``destroy_process_group``. The caller froze the
-    objects that predate training (``gc.freeze``): the collection scans the training's
-    own objects only, milliseconds instead of ~0.2 s with torch loaded.
+    objects that predate training (``gc.freeze``), so the collection scans the training's
+    own objects only: milliseconds instead of ~0.2 s with torch loaded. Should an older
+    object still reach the DDP model, the full collection runs; should anything still hold
+    it after that (a hook's global, say), it is kept for the life of the worker: freed
+    after ``destroy_process_group`` it would hang the worker's next task.
+
+    Args:
+        clean: The ranks finished together (meet at a barrier first).
+        ddp: Weak references to the DDP model and its Reducer (see :func:`_ddp_refs`).
     """
     if not dist.is_initialized():
         return
@@ -286,5 +311,13 @@ def _teardown(clean: bool) -> None:
         except (RuntimeError, dist.DistError):
             clean = False
     gc.collect()
+    if any(ref() is not None for ref in ddp):
+        gc.unfreeze()
+        gc.collect()
+        alive = [obj for obj in (ref() for ref in ddp) if obj is not None]
+        if alive:
+            logger.warning("the DDP model is still referenced after training (by a hook or a global?); this worker "
+                           "keeps it rather than free it after its process group is gone")
+            _KEPT_ALIVE.extend(alive)
     dist.destroy_process_group()
     logger.debug("process group destroyed (pid %d, clean=%s)", os.getpid(), clean)
