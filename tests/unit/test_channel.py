@@ -1,3 +1,5 @@
+import hashlib
+import json
 import time
 from multiprocessing.connection import AuthenticationError
 
@@ -13,16 +15,21 @@ def _wait_for(condition, seconds=5.0):
     return condition()
 
 
-def test_messages_from_an_authenticated_rank_arrive():
+@pytest.fixture
+def rank_channel():
+    """A driver's server, an authenticated rank's client, and the messages received."""
     received = []
     server = ChannelServer("127.0.0.1", received.append)
-    try:
-        client = ChannelClient(server.address, server.secret)
-        client.send({"type": "progress", "global_step": 1})
-        assert _wait_for(lambda: received == [{"type": "progress", "global_step": 1}])
-        client.close()
-    finally:
-        server.close()
+    client = ChannelClient(server.address, server.secret)
+    yield server, client, received
+    client.close()
+    server.close()
+
+
+def test_messages_from_an_authenticated_rank_arrive(rank_channel):
+    _, client, received = rank_channel
+    client.send({"type": "progress", "global_step": 1})
+    assert _wait_for(lambda: received == [{"type": "progress", "global_step": 1}])
 
 
 def test_a_connection_without_the_secret_is_refused_and_reads_nothing():
@@ -90,32 +97,31 @@ def test_the_driver_finds_the_failure_a_rank_reported_through_its_prefix_store()
         driver.close()
 
 
-def test_a_checkpoint_crosses_the_channel_in_parts_and_is_acknowledged():
-    received = []
-    server = ChannelServer("127.0.0.1", received.append)
-    try:
-        client = ChannelClient(server.address, server.secret)
-        blob = bytes(range(256)) * (40 * 4096 + 7)  # ~42 MB: three parts, the last one short
-        client.send({"type": "progress", "global_step": 3})
-        digest = client.send_blob("job-1", blob)
-        client.send({"type": "epoch", "entry": {"epoch": 1}})  # the channel stays usable
-        assert digest is not None
-        assert server.take_blob("job-1", "0" * 64) is None, "a blob is handed out only under its own digest"
-        client.send_blob("job-2", blob)
-        assert server.take_blob("job-2", digest) == blob
-        assert server.take_blob("job-2", digest) is None, "taken once"
-        assert _wait_for(lambda: len(received) == 2) and received[1]["type"] == "epoch"
-        client.close()
-    finally:
-        server.close()
+def test_a_checkpoint_crosses_the_channel_in_parts_and_is_acknowledged(rank_channel):
+    server, client, received = rank_channel
+    blob = bytes(range(256)) * (40 * 4096 + 7)  # ~42 MB: three parts, the last one short
+    client.send({"type": "progress", "global_step": 3})
+    digest = client.send_blob("job-1", blob)
+    client.send({"type": "epoch", "entry": {"epoch": 1}})  # the channel stays usable
+    assert digest == hashlib.sha256(blob).hexdigest()
+    assert server.take_blob("job-1", "0" * 64) is None, "a blob is handed out only under its own digest"
+    assert server.take_blob("job-1", digest) == blob
+    assert server.take_blob("job-1", digest) is None, "taken once"
+    assert _wait_for(lambda: len(received) == 2) and received[1]["type"] == "epoch"
 
 
-def test_a_checkpoint_the_driver_does_not_acknowledge_is_not_delivered():
-    server = ChannelServer("127.0.0.1", lambda message: None)
-    try:
-        client = ChannelClient(server.address, server.secret)
-        server._receive_blob = lambda connection, header: None  # reads nothing, answers nothing
-        assert client.send_blob("job-1", b"x" * 1000, ack_timeout=0.5) is None
-        assert client.send_blob("job-1", b"x") is None, "the channel is closed after a failed send"
-    finally:
-        server.close()
+def test_a_damaged_checkpoint_is_refused_and_not_kept(rank_channel):
+    server, client, _ = rank_channel
+    connection = client._connection  # a rank whose bytes do not match the digest it announced
+    connection.send_bytes(json.dumps({"type": "blob", "key": "job-1", "size": 3, "sha256": "0" * 64}).encode())
+    connection.send_bytes(b"abc")
+    assert json.loads(connection.recv_bytes()) == {"type": "nack", "key": "job-1"}
+    assert server.take_blob("job-1", "0" * 64) is None
+    assert server.take_blob("job-1", hashlib.sha256(b"abc").hexdigest()) is None
+
+
+def test_a_checkpoint_the_driver_does_not_acknowledge_is_not_delivered(rank_channel):
+    server, client, _ = rank_channel
+    server._receive_blob = lambda connection, header: None  # reads nothing, answers nothing
+    assert client.send_blob("job-1", b"x" * 1000, ack_timeout=0.5) is None
+    assert client.send_blob("job-1", b"x") is None, "the channel is closed after a failed send"
