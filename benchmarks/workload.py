@@ -99,8 +99,8 @@ def make_optimizer(model: nn.Module, config: dict) -> torch.optim.Optimizer:
     return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=config["lr"])
 
 
-def build(workload: Workload, model_creator=make_model) -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(workload: Workload) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The seeded model and its optimizer, as every contender builds them."""
     torch.manual_seed(workload.seed)
-    model = model_creator(workload.config)
+    model = make_model(workload.config)
     return model, make_optimizer(model, workload.config)

@@ -211,7 +211,8 @@ class Trainer:
             self.control.stop_epoch = False
             if self.progress.batch_in_epoch == 0:
                 self._call("before_train_epoch")
-                self._agree_on_flags()
+                if self.hooks.has("before_train_epoch"):  # else the flags are as last combined
+                    self._agree_on_flags()
             if self._train_epoch():
                 self._end_epoch()
 

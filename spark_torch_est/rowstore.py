@@ -16,10 +16,10 @@ import tempfile
 import numpy as np
 import torch
 
-__all__ = ["RowStore", "SpilledRows", "local_dir"]
+__all__ = ["RowStore", "SpilledRows"]
 
 
-def local_dir() -> str:
+def _local_dir() -> str:
     """Spark's first local directory in this Python worker, else the temp directory."""
     return os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
 
@@ -73,13 +73,13 @@ class RowStore:
     """Columns of one partition; the spillable ones share a memory budget.
 
     Args:
-        budget_bytes: Bytes of spillable rows kept in RAM before they go to files (None: never).
-        directory: Where spill files go (default: Spark's local directory).
+        budget_bytes: Bytes of spillable rows kept in RAM before they go to files (None:
+            never); the files go to Spark's local directory.
     """
 
-    def __init__(self, budget_bytes: int | None, directory: str | None = None) -> None:
+    def __init__(self, budget_bytes: int | None) -> None:
         self.budget_bytes = budget_bytes
-        self.directory = directory or local_dir()
+        self.directory = _local_dir()
         self.parts: dict[str, list[np.ndarray]] = {}
         self.files: dict[str, tuple[object, int]] = {}  # name -> (file, rows)
         self.spillable: set[str] = set()
