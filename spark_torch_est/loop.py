@@ -213,6 +213,8 @@ class Trainer:
                 self._call("before_train_epoch")
                 if self.hooks.has("before_train_epoch"):  # else the flags are as last combined
                     self._agree_on_flags()
+                if self.control.stop_training:  # asked before the epoch's first step: none of it runs
+                    break
             if self._train_epoch():
                 self._end_epoch()
 

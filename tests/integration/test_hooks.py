@@ -87,6 +87,21 @@ def test_a_stop_request_from_one_rank_stops_every_rank_at_the_same_step(spark, l
     assert (est.progress.epoch, est.progress.batch_in_epoch) == (0, 7)
 
 
+class StopAtEpochStartFromRank1(Hook):
+    def before_train_epoch(self, rank, epoch, control):
+        if rank == 1 and epoch == 1:
+            control.stop_training = True
+
+
+def test_a_stop_request_at_an_epoch_start_from_one_rank_stops_every_rank(spark, linear_df):
+    est = _estimator([StopAtEpochStartFromRank1()])
+    started = time.monotonic()
+    est.fit(linear_df)  # rank 0 alone would train epoch 2 and wait for rank 1 in its all-reduce
+    assert time.monotonic() - started < 60
+    assert (est.progress.epoch, est.progress.batch_in_epoch) == (1, 0)
+    assert len(est.history) == 1
+
+
 class ZeroLoss(Hook):
     def __init__(self, directory):
         self.directory = directory
