@@ -2,7 +2,7 @@
 ``init_process_group`` and its teardown. Pickled by value (see :mod:`benchmarks.remote`).
 
 The callers read their shard before the rendezvous, as ``spark_torch_est`` does, and
-tear down in the order that cannot hang (FIELD_NOTES.md): no DDP module outlives
+tear down in the order that cannot hang (docs/reliability.md): no DDP module outlives
 :func:`train_rank`, then :func:`finish_rank`.
 """
 

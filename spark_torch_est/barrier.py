@@ -1,4 +1,4 @@
-"""The little of Spark's barrier API that a rank needs, behind an interface tests can fake."""
+"""[executor] The little of Spark's barrier API that a rank needs, behind an interface tests can fake."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hooks most training runs want: early stopping, gradient clipping, per-step LR
+"""[both] Hooks most training runs want: early stopping, gradient clipping, per-step LR
 scheduling, throughput, and changing optimizer settings between fits."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The driver's view of a running fit: a small authenticated message channel.
+"""[both] The driver's view of a running fit: a small authenticated message channel.
 
-The driver listens on its own host with a fresh secret per fit; ranks connect with
+The driver listens on its own host with the job's secret; ranks connect with
 ``multiprocessing.connection``'s HMAC challenge (a connection without the secret is
 refused before any message is read) and send JSON messages: rank 0 its progress and
 epoch metrics, every rank its warning and error log lines. Losing the channel never
@@ -18,13 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import secrets
+import os
 import socket
 import struct
 import threading
 import time
-from multiprocessing.connection import (AuthenticationError, Connection, Listener, answer_challenge,
-                                        deliver_challenge)
+from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from typing import Any, Callable
 
 __all__ = ["ChannelServer", "ChannelClient", "LogForwarder", "ProgressReporter"]
@@ -33,29 +32,41 @@ logger = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1 << 20
 _PART_BYTES = 16 << 20
+_MAX_PENDING = 32
 
 
 class ChannelServer:
     """Accepts authenticated rank connections and hands each message to ``on_message``.
 
+    Every connection gets its own thread, whose HMAC handshake must finish within
+    ``handshake_timeout`` seconds: a connection that never speaks only holds its own
+    thread for that long, never the accept loop, and at most ``_MAX_PENDING`` handshakes
+    run at once.
+
     Args:
         host: The address to bind (the driver host; never all interfaces).
+        secret: The job's key the ranks must prove they hold.
         on_message: Called from reader threads with each decoded message.
+        handshake_timeout: Seconds a new connection has to authenticate (default 5).
 
     Attributes:
         address: ``(host, port)`` to give the ranks.
-        secret: The per-fit key the ranks must prove they hold.
-        rejected: How many connections failed authentication.
+        rejected: How many connections failed or did not finish authentication.
     """
 
-    def __init__(self, host: str, on_message: Callable[[dict], None]) -> None:
-        self.secret = secrets.token_bytes(32)
+    def __init__(self, host: str, secret: bytes, on_message: Callable[[dict], None],
+                 handshake_timeout: float = 5.0) -> None:
+        self.secret = secret
         self.on_message = on_message
+        self.handshake_timeout = handshake_timeout
         self.rejected = 0
         self._closed = threading.Event()
-        self._listener = Listener((host, 0), family="AF_INET6" if ":" in host else "AF_INET", authkey=self.secret)
-        self.address: tuple[str, int] = self._listener.address[:2]
+        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind((host, 0))
+        self._socket.listen(64)
+        self.address: tuple[str, int] = self._socket.getsockname()[:2]
         self._connections: list[Connection] = []
+        self._pending = 0
         self._blobs: dict[tuple[str, str], bytes] = {}  # (key, SHA-256 hex) -> bytes
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="spark_torch_est-channel", daemon=True)
@@ -64,19 +75,48 @@ class ChannelServer:
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
-                connection = self._listener.accept()
-            except AuthenticationError:
-                self.rejected += 1
-                logger.warning("refused a connection to the progress channel that lacked the fit's secret")
-                continue
-            except (OSError, EOFError):
+                sock, _ = self._socket.accept()
+            except OSError:
                 continue
             if self._closed.is_set():
-                connection.close()
+                sock.close()
                 break
             with self._lock:
-                self._connections.append(connection)
-            threading.Thread(target=self._read, args=(connection,), daemon=True).start()
+                crowded = self._pending >= _MAX_PENDING
+                self._pending += not crowded
+            if crowded:
+                self._refuse(sock, "too many connections are authenticating at once")
+                continue
+            threading.Thread(target=self._serve, args=(sock,), name="spark_torch_est-channel-reader",
+                             daemon=True).start()
+
+    def _refuse(self, sock: socket.socket | Connection, why: str) -> None:
+        sock.close()
+        with self._lock:
+            self.rejected += 1
+        logger.warning("refused a connection to the driver's channel: %s", why)
+
+    def _serve(self, sock: socket.socket) -> None:
+        """Authenticates one connection within the deadline, then reads its messages."""
+        _limit_waits(sock, self.handshake_timeout)
+        connection = Connection(sock.detach())
+        try:
+            deliver_challenge(connection, self.secret)
+            answer_challenge(connection, self.secret)
+            with socket.socket(fileno=os.dup(connection.fileno())) as same:
+                _limit_waits(same, 0)  # authenticated: from now on wait as long as the fit runs
+        except (AuthenticationError, OSError, EOFError, ValueError) as error:
+            self._refuse(connection, f"it did not prove it holds the job's secret ({type(error).__name__})")
+            return
+        finally:
+            with self._lock:
+                self._pending -= 1
+        with self._lock:
+            if self._closed.is_set():
+                connection.close()
+                return
+            self._connections.append(connection)
+        self._read(connection)
 
     def _read(self, connection: Connection) -> None:
         while True:
@@ -129,11 +169,20 @@ class ChannelServer:
         except OSError:
             pass
         self._thread.join(5)
-        self._listener.close()
+        self._socket.close()
         with self._lock:
             for connection in self._connections:
                 connection.close()
             self._blobs.clear()
+
+
+def _limit_waits(sock: socket.socket, seconds: float) -> None:
+    """Makes ``sock`` blocking (as ``Connection`` needs) with reads and writes that give up
+    after ``seconds`` (0: never)."""
+    sock.setblocking(True)
+    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
 
 
 def _plain(value: Any) -> Any:
@@ -158,10 +207,7 @@ class ChannelClient:
 
     def __init__(self, address: tuple[str, int], secret: bytes, connect_timeout: float = 5.0) -> None:
         sock = socket.create_connection(tuple(address), timeout=connect_timeout)
-        sock.setblocking(True)  # Connection needs a blocking descriptor; bound its waits instead:
-        limit = struct.pack("ll", int(connect_timeout), 0)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        _limit_waits(sock, connect_timeout)
         self._connection = Connection(sock.detach())
         answer_challenge(self._connection, secret)
         deliver_challenge(self._connection, secret)

@@ -1,19 +1,27 @@
-"""The checkpoint: everything a later fit needs to continue a run exactly.
+"""[both] The checkpoint: everything a later fit needs to continue a run exactly.
 
-A checkpoint is one dict of tensors and plain data, written with ``torch.save`` and read
-with ``torch.load(weights_only=True)``, so loading one never runs code::
+:class:`Checkpoint` owns its format: the loop builds one with :meth:`Checkpoint.build`
+and reads it back through typed properties; nobody else touches the dict. It is written
+with ``torch.save`` and read with ``torch.load(weights_only=True)``, so loading one never
+runs code::
 
-    format_version  int
-    meta            {"run_id": str, "param_shapes": {name: [dims]}, "output_shape": [dims],
-                     "label_kind": str, "num_features": int, "max_epochs": int, "world_size": int}
+    format_version  int (2)
+    run_id          str: the run this state belongs to (kept across its fits)
     progress        Progress.to_dict()
     history         [{"epoch": 1, "train_loss": ..., ...}, ...]
-    partial_epoch   {"loss_sum": float, "count": int} of an epoch stopped mid-way
+    partial_epoch   {"loss_sum": float, "count": float} of an epoch stopped mid-way
+    epoch_rows      training rows of the epoch in progress, all ranks together
+    world_size      ranks of the fit that wrote it
+    outputs         {"shape": [dims per row], "label_kind": "int" | "float"}
+    inputs          {"num_features": int}
     model           model.state_dict() (CPU tensors)
     optimizer       optimizer.state_dict()
     scheduler       scheduler.state_dict() or None
-    rng             one {"torch", "python", "numpy"} entry per rank
+    rng             one float64 tensor per rank (see :mod:`spark_torch_est.rng`)
     hooks           {hook name: hook.state_dict()} from rank 0
+
+A checkpoint keeps the bytes it was read from, so handing it on (to the next fit, to a
+file) never serializes it again.
 """
 
 from __future__ import annotations
@@ -28,64 +36,134 @@ from spark_torch_est.progress import Progress
 
 __all__ = ["Checkpoint", "FORMAT_VERSION", "check_compatible", "iter_chunks"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 CHUNK_BYTES = 8 << 20
-_REQUIRED = ("format_version", "meta", "progress", "history", "model", "optimizer", "rng", "hooks")
+_REQUIRED = ("format_version", "run_id", "progress", "history", "partial_epoch", "epoch_rows", "world_size",
+             "outputs", "inputs", "model", "optimizer", "scheduler", "rng", "hooks")
 
 
 class Checkpoint:
     """A training state, loaded with ``weights_only=True``.
 
+    Build one with :meth:`build` or :meth:`from_bytes`, not from a dict.
+
     Args:
         state: The checkpoint dict described in this module's docstring.
+        blob: The bytes ``state`` was read from, if any.
 
     Raises:
         IncompatibleCheckpointError: The dict lacks a required entry or has another format.
     """
 
-    def __init__(self, state: Mapping[str, Any]) -> None:
-        missing = [k for k in _REQUIRED if k not in state]
-        if missing:
-            raise IncompatibleCheckpointError(
-                f"not a spark_torch_est checkpoint: missing {', '.join(missing)}"
-            )
-        if state["format_version"] != FORMAT_VERSION:
+    def __init__(self, state: Mapping[str, Any], blob: bytes | None = None) -> None:
+        if "format_version" in state and state["format_version"] != FORMAT_VERSION:
             raise IncompatibleCheckpointError(
                 f"checkpoint format_version {state['format_version']!r} is not supported "
-                f"(this version reads {FORMAT_VERSION})"
+                f"(this version reads {FORMAT_VERSION}); it was written by another version of spark_torch_est"
             )
-        self.state = dict(state)
+        missing = [k for k in _REQUIRED if k not in state]
+        if missing:
+            raise IncompatibleCheckpointError(f"not a spark_torch_est checkpoint: missing {', '.join(missing)}")
+        self._state = dict(state)
+        self._blob = blob
+
+    @classmethod
+    def build(cls, *, run_id: str, progress: Progress, history: list[dict], partial_loss: tuple[float, float],
+              epoch_rows: int, world_size: int, output_shape: list[int], label_kind: str, num_features: int,
+              model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
+              rng: list[torch.Tensor], hooks: dict[str, dict]) -> Checkpoint:
+        """A checkpoint of the state a rank trained (tensors already on the CPU)."""
+        return cls({
+            "format_version": FORMAT_VERSION, "run_id": run_id, "progress": progress.to_dict(),
+            "history": history, "partial_epoch": {"loss_sum": float(partial_loss[0]), "count": float(partial_loss[1])},
+            "epoch_rows": int(epoch_rows), "world_size": int(world_size),
+            "outputs": {"shape": list(output_shape), "label_kind": label_kind},
+            "inputs": {"num_features": int(num_features)},
+            "model": dict(model), "optimizer": optimizer, "scheduler": scheduler, "rng": list(rng), "hooks": hooks,
+        })
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def run_id(self) -> str:
+        """The run this state belongs to."""
+        return self._state["run_id"]
 
     @property
     def progress(self) -> Progress:
         """Where the run stands."""
-        return Progress.from_dict(self.state["progress"])
+        return Progress.from_dict(self._state["progress"])
 
     @property
     def history(self) -> list[dict]:
         """Per-epoch metrics up to this checkpoint."""
-        return [dict(entry) for entry in self.state["history"]]
+        return [dict(entry) for entry in self._state["history"]]
 
     @property
-    def meta(self) -> dict:
-        """Shapes and settings recorded when the checkpoint was made."""
-        return self.state["meta"]
+    def partial_loss(self) -> tuple[float, float]:
+        """``(weighted loss sum, weight)`` of the epoch in progress, all ranks together."""
+        partial = self._state["partial_epoch"]
+        return float(partial["loss_sum"]), float(partial["count"])
+
+    @property
+    def epoch_rows(self) -> int:
+        """Training rows (all ranks) of the epoch in progress when the state was saved."""
+        return int(self._state["epoch_rows"])
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the fit that saved the state."""
+        return int(self._state["world_size"])
+
+    @property
+    def output_shape(self) -> list[int]:
+        """The model's output shape per row."""
+        return list(self._state["outputs"]["shape"])
+
+    @property
+    def label_kind(self) -> str:
+        """``"int"`` (class indices) or ``"float"`` labels."""
+        return self._state["outputs"]["label_kind"]
+
+    @property
+    def num_features(self) -> int:
+        """Values per feature row the model was trained on."""
+        return int(self._state["inputs"]["num_features"])
 
     @property
     def model_state(self) -> dict[str, torch.Tensor]:
         """The model's ``state_dict``."""
-        return self.state["model"]
+        return self._state["model"]
+
+    @property
+    def optimizer_state(self) -> dict:
+        """The optimizer's ``state_dict``."""
+        return self._state["optimizer"]
+
+    @property
+    def scheduler_state(self) -> dict | None:
+        """The LR scheduler's ``state_dict``, or None without a scheduler."""
+        return self._state["scheduler"]
+
+    @property
+    def rng_states(self) -> list[torch.Tensor]:
+        """One RNG state tensor per rank (see :mod:`spark_torch_est.rng`)."""
+        return list(self._state["rng"])
 
     @property
     def hook_states(self) -> dict[str, dict]:
         """``{hook name: state}`` saved from rank 0."""
-        return self.state["hooks"]
+        return self._state["hooks"]
+
+    # ---------------------------------------------------------------------- bytes
 
     def to_bytes(self) -> bytes:
-        """Serializes with ``torch.save``."""
-        buffer = io.BytesIO()
-        torch.save(self.state, buffer)
-        return buffer.getvalue()
+        """The serialized checkpoint (the bytes it was read from, when it was read)."""
+        if self._blob is None:
+            buffer = io.BytesIO()
+            torch.save(self._state, buffer)
+            self._blob = buffer.getvalue()
+        return self._blob
 
     @classmethod
     def from_bytes(cls, blob: bytes | bytearray | memoryview) -> Checkpoint:
@@ -101,10 +179,8 @@ class Checkpoint:
                 f"cannot read checkpoint ({type(error).__name__}: {str(error)[:300]})"
             ) from None
         if not isinstance(state, Mapping):
-            raise IncompatibleCheckpointError(
-                f"not a spark_torch_est checkpoint: it holds a {type(state).__name__}"
-            )
-        return cls(state)
+            raise IncompatibleCheckpointError(f"not a spark_torch_est checkpoint: it holds a {type(state).__name__}")
+        return cls(state, bytes(blob))
 
     def save(self, path: str) -> None:
         """Writes to a local path or fsspec URL, atomically where the filesystem can rename."""
@@ -114,10 +190,19 @@ class Checkpoint:
 
     @classmethod
     def load(cls, path: str) -> Checkpoint:
-        """Reads a checkpoint from a local path or fsspec URL."""
+        """Reads a checkpoint from a local path or fsspec URL.
+
+        Raises:
+            IncompatibleCheckpointError: No readable checkpoint at ``path``.
+        """
         from spark_torch_est.storage import read_bytes
 
-        return cls.from_bytes(read_bytes(path))
+        try:
+            blob = read_bytes(path)
+        except (OSError, ValueError) as error:  # missing file, bad URL, unknown protocol
+            raise IncompatibleCheckpointError(f"cannot read a checkpoint from {path!r}: "
+                                              f"{type(error).__name__}: {error}") from None
+        return cls.from_bytes(blob)
 
     def __repr__(self) -> str:
         return f"Checkpoint({self.progress})"
@@ -143,9 +228,7 @@ def check_compatible(expected: Mapping[str, torch.Tensor], saved: Mapping[str, A
                                  ("shape differs (checkpoint -> model)", reshaped))
             if items
         ]
-        raise IncompatibleCheckpointError(
-            "the checkpoint does not fit the model; " + "; ".join(parts)
-        )
+        raise IncompatibleCheckpointError("the checkpoint does not fit the model; " + "; ".join(parts))
 
 
 def iter_chunks(blob: bytes, size: int = CHUNK_BYTES) -> Iterator[memoryview]:

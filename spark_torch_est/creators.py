@@ -1,4 +1,4 @@
-"""The user's creators and hooks, and the one way both sides build objects from them."""
+"""[both] The user's creators and hooks, and the one way both sides build objects from them."""
 
 from __future__ import annotations
 

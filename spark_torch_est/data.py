@@ -1,14 +1,15 @@
-"""Arrow record batches to contiguous tensors, and the per-epoch batch order of one rank.
+"""[executor] Arrow record batches to contiguous tensors, and which rows each step takes.
 
 The driver reduces every feature layout (a VectorUDT, an ``array<numeric>`` column or a
 list of numeric columns) to one ``array<float>`` column named :data:`FEATURES`, the label
 to float, long or ``array<float>`` in :data:`LABEL`, and the validation flag to a boolean
 :data:`IS_VALIDATION`, all in the JVM. Here each Arrow batch becomes numpy views with no
-per-row Python, and one copy concatenates them.
+per-row Python, and one copy concatenates them. Messages name the user's columns.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -16,20 +17,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from spark_torch_est.errors import InputDataError
+from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
 from spark_torch_est.rowstore import RowStore, SpilledRows
+from spark_torch_est.spec import Columns
 
-__all__ = [
-    "FEATURES", "LABEL", "IS_VALIDATION", "InputDataError", "Shard",
-    "list_column_to_matrix", "column_to_numpy", "read_shard", "shape_labels", "epoch_order", "batch_positions",
-]
-
-FEATURES = "__ste_features"
-LABEL = "__ste_label"
-IS_VALIDATION = "__ste_is_validation"
-
-
-class InputDataError(ValueError):
-    """The rows of a partition cannot be turned into tensors (nulls, ragged arrays)."""
+__all__ = ["Shard", "EpochPlan", "list_column_to_matrix", "column_to_numpy", "read_shard", "shape_labels",
+           "epoch_order"]
 
 
 def list_column_to_matrix(array: pa.Array, name: str) -> np.ndarray:
@@ -94,7 +88,7 @@ class Shard:
     val_labels: torch.Tensor
 
 
-def read_shard(batches: Iterable[pa.RecordBatch], label_name: str = "labelCol",
+def read_shard(batches: Iterable[pa.RecordBatch], columns: Columns = Columns(),
                memory_budget: int | None = None) -> Shard:
     """Collects a partition's record batches into a :class:`Shard`; feature rows past
     ``memory_budget`` bytes go to local files (see :mod:`spark_torch_est.rowstore`).
@@ -106,8 +100,8 @@ def read_shard(batches: Iterable[pa.RecordBatch], label_name: str = "labelCol",
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        features = list_column_to_matrix(batch.column(FEATURES), "features")
-        labels = column_to_numpy(batch.column(LABEL), label_name)
+        features = list_column_to_matrix(batch.column(FEATURES), columns.features)
+        labels = column_to_numpy(batch.column(LABEL), columns.label)
         if labels.dtype.kind == "f":
             labels = labels.astype(np.float32, copy=False)
         if IS_VALIDATION in batch.schema.names:
@@ -150,14 +144,38 @@ def epoch_order(num_rows: int, seed: int, epoch: int, rank: int) -> torch.Tensor
     return torch.randperm(num_rows, generator=generator)
 
 
-def batch_positions(order: torch.Tensor, step: int, batch_size: int) -> torch.Tensor:
-    """Rows of batch ``step`` of an epoch.
+class EpochPlan:
+    """Which rows every rank takes at each step of (the rest of) an epoch.
 
-    A rank with fewer rows than the longest rank keeps going round its own order, so all
-    ranks take the same number of steps; a rank's last own batch may be partial.
+    All ranks take the same number of steps. Step ``k`` takes rows ``offset + k *
+    batch_size`` onwards of each rank's order; a rank with fewer rows than the longest
+    keeps going round its own order, so its last own batch may be partial.
+
+    Args:
+        rows: Training rows of every rank.
+        batch_size: Rows per rank per step.
+        offset: Rows of its order each rank already trained on in this epoch.
+
+    >>> plan = EpochPlan([5, 4], batch_size=2, offset=2)
+    >>> plan.steps, [plan.samples(k) for k in range(plan.steps)]
+    (2, [4, 3])
     """
-    num_rows = len(order)
-    start = step * batch_size
-    if start < num_rows:
-        return order[start:start + batch_size]
-    return order[torch.arange(start, start + batch_size) % num_rows]
+
+    def __init__(self, rows: list[int], batch_size: int, offset: int = 0) -> None:
+        self.rows = list(rows)
+        self.batch_size = batch_size
+        self.offset = offset
+        self.steps = max(math.ceil((max(self.rows) - offset) / batch_size), 0)
+
+    def positions(self, order: torch.Tensor, step: int) -> torch.Tensor:
+        """The positions of this rank's rows for ``step`` (counted from the plan's start)."""
+        num_rows = len(order)
+        start = self.offset + step * self.batch_size
+        if start < num_rows:
+            return order[start:start + self.batch_size]
+        return order[torch.arange(start, start + self.batch_size) % num_rows]
+
+    def samples(self, step: int) -> int:
+        """Rows all ranks together train on at ``step``."""
+        start = self.offset + step * self.batch_size
+        return sum(min(self.batch_size, n - start) if start < n else self.batch_size for n in self.rows)

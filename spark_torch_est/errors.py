@@ -1,4 +1,4 @@
-"""The exception hierarchy: every error the package raises is a :class:`SparkTorchError`."""
+"""[both] The exception hierarchy: every error the package raises is a :class:`SparkTorchError`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ __all__ = [
     "TrainingCompleteError",
     "TrainingFailedError",
     "IncompatibleCheckpointError",
+    "InputDataError",
 ]
 
 
@@ -17,6 +18,11 @@ class SparkTorchError(Exception):
 
 class InvalidInputError(SparkTorchError, ValueError):
     """A DataFrame, Param or creator is unusable; raised on the driver before any job."""
+
+
+class InputDataError(InvalidInputError):
+    """The rows of a partition cannot be trained on (nulls, ragged arrays, no rows): found
+    by the tasks, which only see the data, and raised on the driver as the fit's error."""
 
 
 class TrainingCompleteError(SparkTorchError):

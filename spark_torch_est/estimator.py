@@ -19,15 +19,16 @@ from pyspark.sql.utils import is_remote
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.creators import CreatorError, Creators
 from spark_torch_est.duration import Duration
-from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
+from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.frames import training_frame
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
 from spark_torch_est.persistence import TorchPersistence
-from spark_torch_est.progress import Progress
-from spark_torch_est.spec import Target, TaskSpec
+from spark_torch_est.progress import Progress, Target
+from spark_torch_est.spec import Columns, TaskSpec
+from spark_torch_est.storage import CheckpointDir
 from spark_torch_est.view import DriverView
 
 __all__ = ["TorchEstimator"]
@@ -73,6 +74,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         memoryBudgetMB: MB of a partition's feature rows a rank keeps in RAM; the rest
             goes to local files read per batch (default 4096; 0 never spills).
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
+        allowNonFinite: Train on when the loss is NaN or infinite (default False: the fit
+            fails at that step with ``TrainingFailedError`` and the run keeps its last state).
     """
 
     @keyword_only
@@ -86,7 +89,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
                  numWorkers: int = 2, seed: int = 0, checkpointDir: str | None = None,
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
-                 memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096) -> None:
+                 memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
+                 allowNonFinite: bool = False) -> None:
         super().__init__()
         self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
         kwargs = dict(self._input_kwargs)
@@ -143,8 +147,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         Args:
             dataset: The training DataFrame.
             params: An optional param map (trains a copy, i.e. a new run, as in pyspark.ml).
-            duration: ``"3ep"`` or ``"500ba"`` more training, capped at ``maxEpochs``;
-                None trains to ``maxEpochs``.
+            duration: ``"3ep"``, ``"500ba"`` or ``"100000sp"`` more training, capped at
+                ``maxEpochs``; None trains to ``maxEpochs``.
             resume_from: A TorchModel, Checkpoint or checkpoint path to continue from
                 instead of this estimator's own run.
 
@@ -164,14 +168,20 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
 
     def _fit_run(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any) -> TorchModel:
         start = _resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
+        progress = start.progress if start is not None else Progress()
         self._check_params()
-        target = self._target(start.progress if start is not None else Progress(), duration)
+        target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
+                              self.getMaxEpochs())
         frame = self._checked_frame(dataset, start)
         spec = self._spec(target, start)
-        spark = dataset.sparkSession
-        view = DriverView(self.getShowProgress(), start.progress if start is not None else Progress(), target)
+        view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
+        launcher = Launcher(dataset.sparkSession, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), view.handle)
         try:
-            blob = Launcher(spark, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), view.handle).run(spec)
+            blob = launcher.run(spec, progress)
+        except (SparkTorchError, KeyboardInterrupt):
+            raise
+        except Exception as error:  # the package promises its own errors only
+            raise TrainingFailedError(f"the fit failed unexpectedly: {type(error).__name__}: {error}") from error
         finally:
             view.close()
         checkpoint = Checkpoint.from_bytes(blob)
@@ -208,20 +218,6 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
 
     # ----------------------------------------------------------------- validation
 
-    def _target(self, progress: Progress, duration: str | Duration | None) -> Target:
-        max_epochs = self.getMaxEpochs()
-        if progress.epoch >= max_epochs:
-            raise TrainingCompleteError(
-                f"the run is complete: {progress.epoch} of maxEpochs={max_epochs} epochs are done. "
-                "Raise maxEpochs (est.setMaxEpochs(n)) to train further, or call est.reset() to start a new run"
-            )
-        if duration is None:
-            return Target(max_epochs=max_epochs, epoch=max_epochs)
-        duration = Duration.parse(duration, what="duration")
-        if duration.unit == "ep":
-            return Target(max_epochs=max_epochs, epoch=min(progress.epoch + duration.value, max_epochs))
-        return Target(max_epochs=max_epochs, epoch=max_epochs, global_step=progress.global_step + duration.value)
-
     def _check_params(self) -> None:
         for name, low in (("batchSize", 1), ("maxEpochs", 1), ("numWorkers", 1), ("maxRetries", 0),
                           ("inferenceBatchSize", 1), ("memoryBudgetMB", 0)):
@@ -231,7 +227,9 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         for name in ("timeout", "slotWaitTimeout"):
             if not self.getOrDefault(name) > 0:
                 raise InvalidInputError(f"{name} must be a positive number of seconds, got {self.getOrDefault(name)}")
-        Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
+        if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
+            raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
+                                    f"got {self.getCheckpointInterval()!r}")
 
     def _checked_frame(self, dataset: DataFrame, start: Checkpoint | None) -> DataFrame:
         """Checks the creators and prepares the training frame side by side: the JVM plans
@@ -283,14 +281,16 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
                 f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
             ) from error
         interval = Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
-        run_id = start.meta.get("run_id") if start is not None else None
+        features = ", ".join(self.getFeatureCols()) if self.getFeatureCols() else self.getFeaturesCol()
         return TaskSpec(
-            job_id="", run_id=run_id or uuid.uuid4().hex, payload=payload, resume=start.to_bytes() if start is not None else None,
-            target=target, world_size=self.getNumWorkers(), batch_size=self.getBatchSize(),
-            seed=self.getSeed(), store_host=None, store_port=None, timeout_s=self.getTimeout(),
-            use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
-            checkpoint_every=(interval.value, interval.unit), label_name=self.getLabelCol(),
+            run_id=start.run_id if start is not None else uuid.uuid4().hex, payload=payload,
+            resume=start.to_bytes() if start is not None else None, target=target,
+            world_size=self.getNumWorkers(), batch_size=self.getBatchSize(), seed=self.getSeed(),
+            timeout_s=self.getTimeout(), use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
+            checkpoint_every=(interval.value, interval.unit),
+            columns=Columns(features=features or "features", label=self.getLabelCol()),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
+            allow_non_finite=self.getAllowNonFinite(),
         )
 
 
@@ -315,12 +315,15 @@ def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:
 
 
 def _resolve_checkpoint(source: Any) -> Checkpoint:
+    """The checkpoint behind ``resume_from``: a Checkpoint, a TorchModel's, a checkpoint
+    file, or the newest one a checkpointDir's ``latest`` pointer names."""
     if isinstance(source, Checkpoint):
         return source
     if isinstance(source, TorchModel):
         return source.checkpoint
     if isinstance(source, str):
-        return Checkpoint.load(source)
+        latest = CheckpointDir(source).latest()
+        return Checkpoint.load(latest.url if latest is not None else source)
     raise InvalidInputError(
         f"resume_from must be a TorchModel, a Checkpoint or a checkpoint path, got {type(source).__name__}"
     )

@@ -1,34 +1,74 @@
-"""A rank's failure as plain data, carried to the driver inside Spark's error text.
+"""[both] Failures: what went wrong on a rank, how it reaches the driver, and the one
+policy that decides whether a failed job is relaunched.
 
-A failing task raises :class:`RankFailure`, whose message embeds the failure as JSON
-between markers, so the driver recovers rank, stage, hook and traceback from whatever
-exception type Spark, Py4J or Spark Connect wraps it in. The driver turns it into the
-matching :mod:`spark_torch_est.errors` class.
+A rank classifies its error **by cause** (:func:`describe`): a communication error or a
+dead peer is a system failure in whatever stage it surfaced (a peer killed while the
+survivor is in ``forward`` shows up there, as a gloo error of DDP's buffer broadcast); an
+error in user code (creators, loss, hooks, shapes) is deterministic and not retried.
+
+The rank then reports a :class:`Failure` twice: sealed in the driver's rendezvous store
+and sealed inside its exception text, which Spark, Py4J or Spark Connect wrap. Both places
+are reachable by others (the store has no authentication), so every report carries an
+HMAC made with the job's secret; the driver drops reports that do not verify, and parses
+the rest defensively (:meth:`Failure.unseal`). :func:`explain_job_failure` turns what is
+left, or Spark's own error text, into the fit's error, and :class:`FailurePolicy` decides
+to relaunch, reroute or raise, and logs why.
 """
 
 from __future__ import annotations
 
+import enum
+import hashlib
+import hmac
 import json
+import logging
 import re
+import traceback
 from dataclasses import asdict, dataclass
 
 from spark_torch_est.errors import (
     IncompatibleCheckpointError,
+    InputDataError,
     InvalidInputError,
     SparkTorchError,
     TrainingFailedError,
 )
 
-__all__ = ["Failure", "RankFailure", "USER", "INPUT", "CHECKPOINT", "SYSTEM", "UNREACHABLE"]
+__all__ = [
+    "USER", "INPUT", "CHECKPOINT", "SYSTEM", "UNREACHABLE", "Failure", "RankFailure", "StoreUnreachableError",
+    "PeerAuthenticationError", "describe", "is_communication_error", "explain_job_failure", "Decision",
+    "FailurePolicy",
+]
 
-USER = "user"                # a hook, creator, loss or model raised: not retried
-INPUT = "input"              # the rows cannot be trained on (nulls, empty partition)
-CHECKPOINT = "checkpoint"    # the checkpoint does not fit the model
-SYSTEM = "system"            # a collective, the network or a peer failed: retryable
-UNREACHABLE = "unreachable"  # the driver's rendezvous store could not be reached
+logger = logging.getLogger(__name__)
+
+USER = "user"                # user code raised (hook, creator, loss, model, shapes): deterministic, not retried
+INPUT = "input"              # the rows cannot be trained on (nulls, ragged arrays, no rows): not retried
+CHECKPOINT = "checkpoint"    # the checkpoint does not fit the model: not retried
+SYSTEM = "system"            # a peer, the network, a collective or the process failed: retried
+UNREACHABLE = "unreachable"  # the driver's rendezvous store could not be reached: rerouted
+KINDS = (USER, INPUT, CHECKPOINT, SYSTEM, UNREACHABLE)
 
 _BEGIN, _END = "<<spark_torch_est-failure ", " spark_torch_est-failure>>"
-_FOUND = re.compile(re.escape(_BEGIN) + r"(\{.*?\})" + re.escape(_END), re.DOTALL)
+_SEALED = re.compile(re.escape(_BEGIN) + r"([0-9a-f]{64}) (\{.*?\})" + re.escape(_END), re.DOTALL)
+#: Text of errors raised by the transports and collectives (gloo, NCCL, the TCPStore):
+#: the same communication failures surface as plain RuntimeErrors in any stage.
+_COMMUNICATION = re.compile(
+    r"gloo/transport|\[gloo\]|\bgloo\b.*(?:error|closed|timed? ?out)|NCCL|Connection (?:closed|reset|refused)"
+    r"|Broken pipe|Timed out waiting|Socket Timeout|DistNetworkError|DistStoreError|connection to the store",
+    re.IGNORECASE,
+)
+_MAX_MESSAGE = 4000
+_MAX_TRACEBACK = 20000
+
+
+class StoreUnreachableError(TrainingFailedError):
+    """Executors could not reach the driver's rendezvous store (the launcher then
+    rendezvouses through Spark's ``allGather`` instead)."""
+
+
+class PeerAuthenticationError(RuntimeError):
+    """A member of the process group could not prove it holds the job's secret."""
 
 
 @dataclass(frozen=True)
@@ -51,44 +91,189 @@ class Failure:
     hook: str | None = None
     traceback: str = ""
 
-    def to_json(self) -> str:
-        """Plain JSON, also used for the driver's store."""
-        return json.dumps(asdict(self))
+    def seal(self, secret: bytes) -> str:
+        """The failure as one line that survives Spark's error wrapping, with an HMAC
+        of the job's secret (also what the store holds)."""
+        body = json.dumps(asdict(self))
+        return f"{_BEGIN}{_tag(secret, body)} {body}{_END}"
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Failure:
-        """Inverse of :meth:`to_json`."""
-        return cls(**json.loads(text))
+    def unseal(cls, text: str | bytes, secret: bytes) -> Failure | None:
+        """The first failure in ``text`` whose HMAC verifies and whose fields are well
+        formed; None if there is none. Reports that fail either check are logged and
+        ignored: whoever can reach the store can write one."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        for tag, body in _SEALED.findall(text):
+            if not hmac.compare_digest(tag, _tag(secret, body)):
+                logger.warning("ignored a failure report that does not carry this job's secret")
+                continue
+            try:
+                return cls._parse(body)
+            except ValueError as error:
+                logger.warning("ignored a malformed failure report (%s)", error)
+        return None
 
     @classmethod
-    def find(cls, text: str) -> Failure | None:
-        """Finds the first embedded failure in an error text, or None."""
-        match = _FOUND.search(text)
-        return cls.from_json(match.group(1)) if match else None
-
-    def marker(self) -> str:
-        """The failure embedded in a line that survives Spark's error wrapping."""
-        return f"{_BEGIN}{self.to_json()}{_END}"
+    def _parse(cls, body: str) -> Failure:
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        text = {name: data.get(name) for name in ("kind", "message", "stage")}
+        text["traceback"] = data.get("traceback", "")
+        if text["kind"] not in KINDS or not all(isinstance(v, str) for v in text.values()):
+            raise ValueError("bad kind or text fields")
+        rank, hook = data.get("rank"), data.get("hook")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0 or not (hook is None or isinstance(hook, str)):
+            raise ValueError("bad rank or hook")
+        return cls(kind=text["kind"], message=text["message"][:_MAX_MESSAGE], rank=rank, stage=text["stage"][:200],
+                   hook=hook[:200] if hook else None, traceback=text["traceback"][-_MAX_TRACEBACK:])
 
     def to_error(self) -> SparkTorchError:
         """The driver-side exception for this failure."""
         where = f" on rank {self.rank} at {self.stage}"
         if self.kind == INPUT:
-            return InvalidInputError(f"{self.message}{where}")
+            return InputDataError(f"{self.message}{where}")
         if self.kind == CHECKPOINT:
             return IncompatibleCheckpointError(f"{self.message}{where}")
         origin = f"hook {self.hook!r} raised" if self.hook else "training failed"
-        return TrainingFailedError(
-            f"{origin}: {self.message}",
-            rank=self.rank, stage=self.stage, hook=self.hook,
-            remote_traceback=self.traceback or None,
-            retryable=self.kind in (SYSTEM, UNREACHABLE),
+        error_type = StoreUnreachableError if self.kind == UNREACHABLE else TrainingFailedError
+        return error_type(
+            f"{origin}: {self.message}", rank=self.rank, stage=self.stage, hook=self.hook,
+            remote_traceback=self.traceback or None, retryable=self.kind == SYSTEM,
         )
 
 
-class RankFailure(RuntimeError):
-    """Raised by a training task so that Spark fails the barrier job with a findable marker."""
+def _tag(secret: bytes, body: str) -> str:
+    return hmac.new(secret, body.encode(), hashlib.sha256).hexdigest()
 
-    def __init__(self, failure: Failure) -> None:
-        super().__init__(f"rank {failure.rank} failed at {failure.stage}: {failure.message}\n{failure.marker()}")
+
+class RankFailure(RuntimeError):
+    """Raised by a training task so that Spark fails the barrier job with a sealed report."""
+
+    def __init__(self, failure: Failure, secret: bytes) -> None:
+        super().__init__(f"rank {failure.rank} failed at {failure.stage}: {failure.message}\n{failure.seal(secret)}")
         self.failure = failure
+
+
+# ------------------------------------------------------------------------- on a rank
+
+
+def is_communication_error(error: BaseException) -> bool:
+    """Whether ``error`` comes from the network, a peer or a collective rather than from
+    the code or data being trained (which would fail the same way again)."""
+    import torch.distributed as dist
+
+    if isinstance(error, (dist.DistError, PeerAuthenticationError, ConnectionError, TimeoutError)):
+        return True
+    return isinstance(error, RuntimeError) and bool(_COMMUNICATION.search(str(error)))
+
+
+def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> Failure:
+    """Classifies a rank's error by its cause and records where it happened."""
+    if isinstance(error, InputDataError):
+        kind = INPUT
+    elif isinstance(error, IncompatibleCheckpointError):
+        kind = CHECKPOINT
+    elif isinstance(error, StoreUnreachableError):
+        kind = UNREACHABLE
+    elif is_communication_error(error) or isinstance(error, KeyboardInterrupt):  # KeyboardInterrupt: task killed
+        kind = SYSTEM
+    else:
+        kind = USER
+    message = f"{type(error).__name__}: {error}"
+    if isinstance(error, ModuleNotFoundError) and stage == "setup":
+        message += (f"; a creator or hook refers to module {error.name!r}, which the executors cannot import: "
+                    "ship it (--py-files), define it in __main__ or a notebook, or call "
+                    f"cloudpickle.register_pickle_by_value on it")
+    elif isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        message += "; lower batchSize, memoryBudgetMB or the model's size, or give the tasks more memory"
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return Failure(kind=kind, message=message, rank=rank, stage=stage, hook=hook, traceback=text)
+
+
+# ---------------------------------------------------------------------- on the driver
+
+_RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+_BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|support).*?(?=\n\s+at |\Z)", re.DOTALL)
+
+
+def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> SparkTorchError:
+    """Maps a failed job to the most specific error: a rank's own report (a user error
+    before the "connection closed" its peers saw), else what Spark's error text shows.
+
+    Args:
+        text: The exception text of the failed job.
+        reported: Verified failures the ranks left in the driver's store.
+        secret: The job's secret, to verify a report inside ``text``.
+    """
+    found = Failure.unseal(text, secret)
+    candidates = reported + ([found] if found is not None else [])
+    if candidates:
+        return next((f for f in candidates if f.kind != SYSTEM), candidates[0]).to_error()
+    too_large = _RESULT_TOO_LARGE.search(text)
+    if too_large:
+        return TrainingFailedError(
+            f"the checkpoint is bigger than spark.driver.maxResultSize ({too_large.group(1)}); raise it, "
+            "e.g. --conf spark.driver.maxResultSize=4g"
+        )
+    missing = _MISSING_MODULE.search(text)
+    if missing:
+        return TrainingFailedError(
+            f"the executors' Python cannot import {missing.group(1)!r}: point PYSPARK_PYTHON at an environment "
+            "with torch and spark_torch_est, or ship the package (--py-files / --archives)",
+            remote_traceback=text[-4000:],
+        )
+    unsupported = _BARRIER_UNSUPPORTED.search(text)
+    if unsupported:  # e.g. dynamic allocation, or more slots than the cluster has
+        return InvalidInputError(f"Spark cannot run the barrier job: {unsupported.group(0).strip()}")
+    return TrainingFailedError(f"the training job failed: {_first_line(text)}",
+                               remote_traceback=text[-4000:], retryable=True)
+
+
+def _first_line(text: str) -> str:
+    """The most telling line of a Spark error: the first exception that is not the
+    generic "Job aborted" wrapper."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "Exception" in line]
+    specific = [line for line in errors if "Job aborted" not in line]
+    return (specific or errors or lines or ["(no message)"])[0][:500]
+
+
+class Decision(enum.Enum):
+    """What the launcher does after a failed job."""
+
+    RELAUNCH = "relaunch"  # again, from the newest checkpoint of the run
+    REROUTE = "reroute"    # again, rendezvousing through Spark's allGather instead of the driver's store
+    RAISE = "raise"        # fail the fit with the error
+
+
+class FailurePolicy:
+    """Decides what to do after each failed job of one fit, and logs why.
+
+    Args:
+        max_retries: Relaunches allowed after retryable failures (``maxRetries``).
+    """
+
+    def __init__(self, max_retries: int) -> None:
+        self.max_retries = max_retries
+        self.relaunches = 0
+
+    def decide(self, error: SparkTorchError) -> Decision:
+        """RELAUNCH after a system failure while relaunches are left, REROUTE when the
+        executors could not reach the driver's store, RAISE otherwise."""
+        if isinstance(error, StoreUnreachableError):
+            logger.warning("executors cannot reach the driver's rendezvous store; rendezvousing through Spark's "
+                           "allGather instead (%s)", error.message)
+            return Decision.REROUTE
+        if not getattr(error, "retryable", False):
+            logger.info("not relaunching: the failure is not one a relaunch can fix (%s)", type(error).__name__)
+            return Decision.RAISE
+        if self.relaunches >= self.max_retries:
+            logger.warning("not relaunching: maxRetries=%d relaunches used (%s)", self.max_retries, error.message)
+            return Decision.RAISE
+        self.relaunches += 1
+        logger.warning("relaunching training (%d of %d) after a system failure: %s", self.relaunches,
+                       self.max_retries, error.message)
+        return Decision.RELAUNCH

@@ -13,8 +13,8 @@ from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
 
-from spark_torch_est.data import FEATURES, IS_VALIDATION, LABEL
 from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
 
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
            "training_frame"]
@@ -154,16 +154,38 @@ def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: lis
 
 
 def _partitions(df: DataFrame) -> int | None:
-    """The DataFrame's partition count when Spark knows it without running a job, else None.
+    """The DataFrame's partition count when a barrier stage can read it as it is and
+    Spark knows the count without running a job; else None (then it is repartitioned).
 
-    A plan with a shuffle is adaptive, and asking for its partitions would run the shuffle;
-    preparing a plan with a broadcast or a subquery (adaptive execution off) runs them. Such
-    DataFrames (and Spark Connect ones, which have no RDD API) get repartitioned.
+    A plan with a shuffle is adaptive, and asking for its partitions would run the
+    shuffle; preparing a plan with a broadcast or a subquery (adaptive execution off) runs
+    them. A barrier stage refuses RDD chains whose RDDs differ in partition count
+    (``coalesce``, ``union``, partition pruning). Spark Connect DataFrames have no JVM
+    handles here and are always repartitioned.
     """
     try:
-        plan = df._jdf.queryExecution().executedPlan()
+        execution = df._jdf.queryExecution()
+        plan = execution.executedPlan()
         if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec" or _RUNS_JOBS.search(plan.toString()):
             return None
-        return df.rdd.getNumPartitions()
+        rdd = execution.toRdd()
+        return rdd.getNumPartitions() if _barrier_safe(rdd) else None
     except Exception:  # Spark Connect: no JVM handles
         return None
+
+
+def _barrier_safe(rdd, limit: int = 500) -> bool:
+    """Whether every RDD a barrier stage would run on top of ``rdd`` (its ancestors up to
+    the shuffles) has the same number of partitions, as Spark's barrier check demands."""
+    count, stack, seen = rdd.getNumPartitions(), [rdd], 0
+    while stack:
+        current = stack.pop()
+        seen += 1
+        if seen > limit or current.getNumPartitions() != count:
+            return False
+        dependencies = current.dependencies()
+        for i in range(dependencies.size()):
+            dependency = dependencies.apply(i)
+            if dependency.getClass().getName() != "org.apache.spark.ShuffleDependency":
+                stack.append(dependency.rdd())
+    return True

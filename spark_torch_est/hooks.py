@@ -1,4 +1,4 @@
-"""Hooks: user code called at every stage of the training loop, on every rank.
+"""[both] Hooks: user code called at every stage of the training loop, on every rank.
 
 A hook method names only the keyword arguments it wants; :class:`HookSet` inspects each
 method once and passes exactly those names. The order of stages in one fit is::
@@ -70,7 +70,9 @@ STAGES: tuple[str, ...] = tuple(s for s in STAGE_ARGUMENTS if s != "train_step")
 @dataclass
 class Control:
     """Requests hooks make to the loop. Any rank may set a flag; the loop combines the
-    flags of all ranks after each step, so every rank stops at the same step.
+    flags of all ranks where a request can have been made (after each step when a
+    per-step stage takes ``control``, after ``before_run``, ``before_train_epoch`` and
+    each epoch otherwise), so every rank stops at the same step.
 
     Attributes:
         stop_training: End the fit after the current step (the run can be resumed).

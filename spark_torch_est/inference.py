@@ -17,13 +17,16 @@ import pyarrow as pa
 import torch
 
 from spark_torch_est.creators import Creators
-from spark_torch_est.data import FEATURES, LABEL, column_to_numpy, list_column_to_matrix, shape_labels
+from spark_torch_est.data import column_to_numpy, list_column_to_matrix, shape_labels
+from spark_torch_est.metrics import MetricAccumulator
+from spark_torch_est.protocol import FEATURES, LABEL
 
 __all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model"]
 
 _CACHE: OrderedDict[str, torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 2
-EVALUATION_SCHEMA = "count long, loss_sum double, metric_sums array<double>, metric_states array<binary>"
+#: One row per partition: :meth:`MetricAccumulator.totals` and ``states``.
+EVALUATION_SCHEMA = "totals array<double>, metric_states array<binary>"
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iter
             features = _features(batch, spec)
             parts = [out.float().cpu() for _, out in _forward(model, features, spec.batch_size)]
             outputs = torch.cat(parts).reshape(len(features), -1).numpy() if parts else np.zeros((0, 1), np.float32)
-            kept = batch.drop_columns([FEATURES]) if spec.features_col == FEATURES else batch
+            kept = batch.drop_columns([FEATURES]) if FEATURES in batch.schema.names else batch
             for name, column in _columns(spec, outputs):
                 kept = kept.append_column(name, column)
             yield kept
@@ -112,17 +115,13 @@ def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iter
 
 
 def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """Returns the ``mapInArrow`` function that sums the loss and metrics of a partition."""
+    """Returns the ``mapInArrow`` function that accumulates the loss and metrics of a partition."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         model = load_model(spec)
         creators: Creators = cloudpickle.loads(spec.creators)
-        loss_fn, names = creators.build_loss(), sorted(creators.metrics)
         device = _device(model)
-        for name in names:
-            if hasattr(creators.metrics[name], "to"):
-                creators.metrics[name] = creators.metrics[name].to(device)
-        count, loss_sum, sums = 0, 0.0, np.zeros(len(names))
+        accumulator = MetricAccumulator(creators.build_loss(), creators.metrics, device)
         for batch in batches:
             features = _features(batch, spec)
             labels = torch.from_numpy(np.array(column_to_numpy(batch.column(LABEL), spec.label_name)))
@@ -130,21 +129,10 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
                 labels = labels.float()
             for start, outputs in _forward(model, features, spec.batch_size):
                 target = shape_labels(labels[start:start + len(outputs)], list(outputs.shape[1:]), spec.label_name)
-                target = target.to(outputs.device)
-                count += len(outputs)
-                loss_sum += float(loss_fn(outputs, target)) * len(outputs)
-                for i, name in enumerate(names):
-                    metric = creators.metrics[name]
-                    if hasattr(metric, "update"):
-                        metric.update(outputs, target)
-                    else:
-                        sums[i] += float(metric(outputs, target)) * len(outputs)
-        states = [cloudpickle.dumps(creators.metrics[n]) if hasattr(creators.metrics[n], "update") else b""
-                  for n in names]
+                accumulator.update(outputs, target.to(outputs.device))
         yield pa.RecordBatch.from_pydict(
-            {"count": [count], "loss_sum": [loss_sum], "metric_sums": [sums.tolist()], "metric_states": [states]},
-            schema=pa.schema([("count", pa.int64()), ("loss_sum", pa.float64()),
-                              ("metric_sums", pa.list_(pa.float64())), ("metric_states", pa.list_(pa.binary()))]),
+            {"totals": [accumulator.totals().tolist()], "metric_states": [accumulator.states()]},
+            schema=pa.schema([("totals", pa.list_(pa.float64())), ("metric_states", pa.list_(pa.binary()))]),
         )
 
     return task

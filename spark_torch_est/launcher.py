@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import secrets
 import socket
 import threading
 import time
@@ -18,18 +19,18 @@ from pyspark.sql import DataFrame, SparkSession
 from spark_torch_est.channel import ChannelServer
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.failure import SYSTEM, UNREACHABLE, Failure
-from spark_torch_est.spec import TaskSpec
+from spark_torch_est.failure import Decision, Failure, FailurePolicy, explain_job_failure
+from spark_torch_est.progress import Progress
+from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA, failure_key
+from spark_torch_est.spec import Launch, TaskSpec
 from spark_torch_est.storage import CheckpointDir
-from spark_torch_est.worker import DELIVERED, RESULT_SCHEMA, failure_key, train_task
+from spark_torch_est.worker import train_task
 
-__all__ = ["Launcher", "explain_job_failure", "task_slots", "wait_for_slots"]
+__all__ = ["Launcher", "task_slots", "wait_for_slots"]
 
 logger = logging.getLogger(__name__)
 
-_RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
-_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
-_BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|support)[^\n]*")
+_LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
 
 
 def task_slots(spark: SparkSession) -> int | None:
@@ -52,20 +53,20 @@ def wait_for_slots(spark: SparkSession, needed: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     slots = task_slots(spark)
     while slots is not None and slots < needed:
-        if time.monotonic() >= deadline:
-            conf = spark.sparkContext.getConf()
+        conf = spark.sparkContext.getConf()
+        master = conf.get("spark.master", "?")
+        local = bool(_LOCAL_MASTER.match(master))  # local mode never gains slots: do not wait
+        if local or time.monotonic() >= deadline:
+            waited = "local mode cannot add slots" if local else f"waited {timeout_s:.0f}s, see slotWaitTimeout"
             raise InvalidInputError(
                 f"numWorkers={needed} needs {needed} task slots at once, but the cluster offers {slots} "
-                f"(master={conf.get('spark.master', '?')}, spark.task.cpus={conf.get('spark.task.cpus', '1')}, "
-                f"waited {timeout_s:.0f}s, see slotWaitTimeout); lower numWorkers or add executor cores"
+                f"(master={master}, spark.task.cpus={conf.get('spark.task.cpus', '1')}, {waited}); "
+                "lower numWorkers or add executor cores"
+                + (f" (e.g. master local[{needed}])" if local else "")
             )
         logger.info("waiting for task slots: %d of %d available", slots, needed)
         time.sleep(0.5)  # polling the scheduler, not synchronizing
         slots = task_slots(spark)
-
-
-class _StoreUnreachable(TrainingFailedError):
-    """Executors could not reach the driver's store; the launcher falls back to allGather."""
 
 
 class _DriverStore:
@@ -84,11 +85,13 @@ class _DriverStore:
                                    wait_for_workers=False, master_listen_fd=self._socket.fileno())
         self._socket.detach()  # the store owns the descriptor now and closes it
 
-    def failures(self, job_id: str, world_size: int) -> list[Failure]:
-        """Failures the ranks of ``job_id`` reported, in rank order (they write through a
-        ``PrefixStore(job_id)``, which joins prefix and key with ``/``)."""
-        keys = [f"{job_id}/{failure_key(rank)}" for rank in range(world_size)]
-        return [Failure.from_json(self.store.get(k)) for k in keys if self.store.check([k])]
+    def failures(self, launch: Launch, world_size: int) -> list[Failure]:
+        """Failures the ranks of a job reported, in rank order, that carry the job's
+        secret (they write through a ``PrefixStore(job_id)``, which joins prefix and key
+        with ``/``; anyone who reaches the store can write there too)."""
+        keys = [f"{launch.job_id}/{failure_key(rank)}" for rank in range(world_size)]
+        found = [Failure.unseal(self.store.get(k), launch.secret) for k in keys if self.store.check([k])]
+        return [failure for failure in found if failure is not None]
 
     def close(self) -> None:
         del self.store
@@ -102,8 +105,8 @@ def _driver_host(spark: SparkSession) -> str | None:
 
 
 class Launcher:
-    """Runs barrier training jobs for one fit, relaunching from checkpoints on failures
-    a relaunch can fix.
+    """Runs the barrier training jobs of one fit, relaunching from checkpoints after
+    failures a relaunch can fix (see :class:`failure.FailurePolicy`).
 
     Args:
         spark: The session of the training DataFrame.
@@ -123,48 +126,48 @@ class Launcher:
         self.slot_wait_s = slot_wait_s
         self.on_message = on_message or (lambda message: None)
 
-    def run(self, spec: TaskSpec) -> bytes:
+    def run(self, spec: TaskSpec, start: Progress) -> bytes:
         """Trains; returns rank 0's checkpoint bytes.
 
+        Args:
+            spec: The fit.
+            start: The progress ``spec.resume`` holds (``Progress()`` for a new run).
+
         Raises:
-            SparkTorchError: The job failed for good (see :mod:`spark_torch_est.failure`).
+            SparkTorchError: The job failed for good.
             KeyboardInterrupt: The fit was interrupted; the job was cancelled first.
         """
-        retries = 0
+        policy = FailurePolicy(self.max_retries)
         while True:
-            spec = dataclasses.replace(spec, job_id=f"ste-{uuid.uuid4().hex[:12]}")
+            launch = Launch(job_id=f"ste-{uuid.uuid4().hex[:12]}", secret=secrets.token_bytes(32))
             wait_for_slots(self.spark, spec.world_size, self.slot_wait_s)
             try:
-                return self._launch(spec)
-            except _StoreUnreachable:
-                logger.warning("executors cannot reach the driver's store; using Spark's allGather")
-                continue
-            except TrainingFailedError as error:
-                if not error.retryable or retries >= self.max_retries:
+                return self._launch(spec, launch)
+            except SparkTorchError as error:
+                decision = policy.decide(error)
+                if decision is Decision.RAISE:
                     raise
-                retries += 1
-                spec = self._relaunch_spec(spec)
-                resumed = Checkpoint.from_bytes(spec.resume).progress if spec.resume else "the start"
-                logger.warning("relaunching training (%d of %d) from %s after: %s", retries, self.max_retries,
-                               resumed, error.message)
+                if decision is Decision.REROUTE:
+                    self._store_unreachable.add(_driver_host(self.spark) or "")
+                    continue
+                spec, start = self._relaunch_spec(spec, start)
 
-    def _relaunch_spec(self, spec: TaskSpec) -> TaskSpec:
+    def _relaunch_spec(self, spec: TaskSpec, start: Progress) -> tuple[TaskSpec, Progress]:
         """The same target, resumed from the newest checkpoint of this run in checkpointDir
-        when it is newer than the one this fit started from."""
-        if spec.checkpoint_dir is None:
-            return spec
-        newest = CheckpointDir(spec.checkpoint_dir).latest()
-        if newest is None:
-            return spec
-        candidate = Checkpoint.from_bytes(newest)
-        started = Checkpoint.from_bytes(spec.resume).progress.global_step if spec.resume else -1
-        if candidate.meta.get("run_id") == spec.run_id and candidate.progress.global_step > started:
-            return dataclasses.replace(spec, resume=newest)
-        return spec
+        when it is newer than ``start`` (found by name; only that one is read)."""
+        newest = CheckpointDir(spec.checkpoint_dir, run_id=spec.run_id).newest() if spec.checkpoint_dir else None
+        if newest is not None and newest.global_step > start.global_step:
+            blob = newest.read()
+            checkpoint = Checkpoint.from_bytes(blob)
+            if checkpoint.run_id == spec.run_id:
+                spec, start = dataclasses.replace(spec, resume=blob), checkpoint.progress
+        logger.warning("the relaunch resumes from %s", start if spec.resume is not None else "the start of the run")
+        return spec, start
 
     @contextmanager
-    def _driver_services(self) -> Iterator[tuple[_DriverStore | None, ChannelServer | None]]:
-        """The rendezvous store and the progress channel, both bound to the driver host."""
+    def _driver_services(self, launch: Launch) -> Iterator[tuple[Launch, _DriverStore | None, ChannelServer | None]]:
+        """The rendezvous store and the message channel, both bound to the driver host;
+        yields the launch with their addresses."""
         host = _driver_host(self.spark)
         store = channel = None
         if host is not None and host not in self._store_unreachable:
@@ -174,40 +177,36 @@ class Launcher:
                 logger.warning("cannot open a rendezvous store on %s (%s); using Spark's allGather", host, error)
         if host is not None:
             try:
-                channel = ChannelServer(host, self.on_message)
+                channel = ChannelServer(host, launch.secret, self.on_message)
             except OSError as error:
-                logger.warning("cannot open the progress channel on %s (%s); no live progress", host, error)
+                logger.warning("cannot open the driver's channel on %s (%s); no live progress", host, error)
+        launch = dataclasses.replace(launch, store_address=(store.host, store.port) if store is not None else None,
+                                     channel_address=channel.address if channel is not None else None)
         try:
-            yield store, channel
+            yield launch, store, channel
         finally:
             if channel is not None:
                 channel.close()
             if store is not None:
                 store.close()
 
-    def _launch(self, spec: TaskSpec) -> bytes:
-        with self._driver_services() as (store, channel):
-            spec = dataclasses.replace(
-                spec,
-                store_host=store.host if store is not None else None,
-                store_port=store.port if store is not None else None,
-                progress_address=channel.address if channel is not None else None,
-                progress_secret=channel.secret if channel is not None else None,
-            )
+    def _launch(self, spec: TaskSpec, launch: Launch) -> bytes:
+        with self._driver_services(launch) as (launch, store, channel):
             started = time.perf_counter()
             try:
-                table = self._collect(spec)
+                table = self._collect(spec, launch)
             except SparkTorchError:
                 raise
             except Exception as error:
-                raise self._explain(error, spec, store) from None
-            logger.info("training job %s finished in %.1fs", spec.job_id, time.perf_counter() - started)
-            return _checkpoint_bytes(table, channel, spec.job_id)
+                reported = store.failures(launch, spec.world_size) if store is not None else []
+                raise explain_job_failure(str(error), reported, launch.secret) from None
+            logger.info("training job %s finished in %.1fs", launch.job_id, time.perf_counter() - started)
+            return _checkpoint_bytes(table, channel, launch.job_id)
 
-    def _collect(self, spec: TaskSpec):
+    def _collect(self, spec: TaskSpec, launch: Launch):
         """Runs the job in a thread so the driver can tick and turn Ctrl-C into a cancel."""
-        job = self.frame.mapInArrow(train_task(spec), RESULT_SCHEMA, barrier=True)
-        group = f"spark_torch_est-{spec.job_id}"
+        job = self.frame.mapInArrow(train_task(spec, launch), RESULT_SCHEMA, barrier=True)
+        group = f"spark_torch_est-{launch.job_id}"
         control = _JobControl(self.spark, group)
         outcome: dict = {}
 
@@ -232,13 +231,6 @@ class Launcher:
             raise outcome["error"]
         return outcome["table"]
 
-    def _explain(self, error: Exception, spec: TaskSpec, store: _DriverStore | None) -> SparkTorchError:
-        reported = store.failures(spec.job_id, spec.world_size) if store is not None else []
-        explained = explain_job_failure(str(error), reported)
-        if isinstance(explained, _StoreUnreachable):
-            self._store_unreachable.add(spec.store_host or "")
-        return explained
-
 
 def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> bytes:
     """Rank 0's checkpoint: from the channel when its one result row says it was delivered
@@ -255,50 +247,6 @@ def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> byte
         raise TrainingFailedError("rank 0 reported its checkpoint delivered over the channel, but the driver "
                                   "does not hold it", retryable=True)
     return blob
-
-
-def explain_job_failure(text: str, reported: list[Failure]) -> SparkTorchError:
-    """Maps a failed job to the most specific error: a rank's own report (a user error
-    before the "connection closed" its peers saw), else what Spark's error text shows.
-
-    Args:
-        text: The exception text of the failed job.
-        reported: Failures the ranks left in the driver's store.
-    """
-    found = Failure.find(text)
-    candidates = reported + ([found] if found is not None else [])
-    if candidates:
-        root = next((f for f in candidates if f.kind != SYSTEM), candidates[0])
-        if root.kind == UNREACHABLE:
-            return _StoreUnreachable(root.message)
-        return root.to_error()
-    too_large = _RESULT_TOO_LARGE.search(text)
-    if too_large:
-        return TrainingFailedError(
-            f"the checkpoint is bigger than spark.driver.maxResultSize ({too_large.group(1)}); raise it, "
-            "e.g. --conf spark.driver.maxResultSize=4g"
-        )
-    missing = _MISSING_MODULE.search(text)
-    if missing:
-        return TrainingFailedError(
-            f"the executors' Python cannot import {missing.group(1)!r}: point PYSPARK_PYTHON at an environment "
-            "with torch and spark_torch_est, or ship the package (--py-files / --archives)",
-            remote_traceback=text[-4000:],
-        )
-    unsupported = _BARRIER_UNSUPPORTED.search(text)
-    if unsupported:  # e.g. dynamic allocation, or more slots than the cluster has
-        return InvalidInputError(f"Spark cannot run the barrier job: {unsupported.group(0)}")
-    return TrainingFailedError(f"the training job failed: {_first_line(text)}",
-                               remote_traceback=text[-4000:], retryable=True)
-
-
-def _first_line(text: str) -> str:
-    """The most telling line of a Spark error: the first exception that is not the
-    generic "Job aborted" wrapper."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if "Error" in line or "Exception" in line]
-    specific = [line for line in errors if "Job aborted" not in line]
-    return (specific or errors or lines or ["(no message)"])[0][:500]
 
 
 class _JobControl:

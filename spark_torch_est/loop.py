@@ -1,33 +1,46 @@
-"""The training loop of one rank: resume, DDP, equal steps, hooks, validation, checkpoint."""
+"""[executor] The training loop of one rank: resume, DDP, equal steps, hooks, validation,
+checkpoint.
+
+Hook arguments come from one place per scope: the run's objects are fixed in
+``_setup``; epoch, ``global_step`` and ``state`` are read from ``self.progress`` (advanced
+right after each optimizer step) whenever a stage is called; a step's batch, outputs and
+loss live in that step's own dict. So every stage sees the loop as it is.
+"""
 
 from __future__ import annotations
 
 import inspect
-import io
 import logging
 import math
-import random
 import time
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_torch_est import rng
 from spark_torch_est.balance import rebalance, transfer_plan
 from spark_torch_est.channel import ProgressReporter
-from spark_torch_est.checkpoint import FORMAT_VERSION, Checkpoint, check_compatible
+from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.creators import Creators
-from spark_torch_est.data import InputDataError, Shard, batch_positions, epoch_order, shape_labels
+from spark_torch_est.data import EpochPlan, Shard, epoch_order, shape_labels
+from spark_torch_est.errors import InputDataError
 from spark_torch_est.hooks import Control, HookSet
+from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import TaskSpec
 from spark_torch_est.storage import CheckpointDir
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "NonFiniteLossError"]
 
 logger = logging.getLogger(__name__)
+
+_ONE_ROW_BATCH_NORM = "Expected more than 1 value per channel when training"
+
+
+class NonFiniteLossError(ArithmeticError):
+    """The loss became NaN or infinite (see the ``allowNonFinite`` Param)."""
 
 
 class Trainer:
@@ -35,7 +48,7 @@ class Trainer:
 
     Args:
         creators: The user's creators and hooks, unpickled on this rank.
-        spec: The job description.
+        spec: The fit's description.
         shard: This rank's rows.
         rank: This rank.
         world_size: Number of ranks.
@@ -59,8 +72,10 @@ class Trainer:
         self.stage = "setup"
         self.hooks = HookSet(creators.hooks)
         self.control = Control()
-        self.context: dict[str, Any] = {"rank": rank, "world_size": world_size, "control": self.control,
-                                        "device": device, "config": dict(creators.config)}
+        self.progress = Progress()
+        self._last_batch_idx = 0
+        self._run_args: dict[str, Any] = {"rank": rank, "world_size": world_size, "control": self.control,
+                                          "device": device, "config": dict(creators.config)}
         self._sync_flags = world_size > 1 and bool(self.hooks)
         self._sync_step_flags = world_size > 1 and self.hooks.controls_steps
 
@@ -71,15 +86,17 @@ class Trainer:
         resume = Checkpoint.from_bytes(self.spec.resume) if self.spec.resume is not None else None
         try:
             self._setup(resume)
-            self._call("before_run")
-            self._restore_rng(resume)
+            self._call("before_run", self._last_batch_idx)
+            if resume is not None:
+                rng.restore(resume.rng_states[self.rank % len(resume.rng_states)], self.device)
+            else:
+                rng.seed_all(self.spec.seed, self.rank)
             self._agree_on_flags()
             self._train()
-            self._call("after_run", metrics=self.history[-1] if self.history else {})
+            self._call("after_run", self._last_batch_idx, metrics=self.history[-1] if self.history else {})
         except BaseException as error:
             self._on_exception(error)
             raise
-        self.stage = "checkpoint"
         return self._checkpoint_bytes()
 
     # ----------------------------------------------------------------------- setup
@@ -106,46 +123,39 @@ class Trainer:
         self.optimizer = creators.build_optimizer(model)
         self.scheduler = creators.build_scheduler(self.optimizer)
         self.loss_fn = creators.build_loss()
-        self.metrics = {name: metric.to(self.device) if hasattr(metric, "to") else metric
-                        for name, metric in creators.metrics.items()}
+        self.validation = MetricAccumulator(self.loss_fn, creators.metrics, self.device)
         self.progress = resume.progress if resume is not None else Progress()
         self.history: list[dict] = resume.history if resume is not None else []
-        partial = resume.state.get("partial_epoch", {}) if resume is not None else {}
         carried = self.rank == 0 and self.progress.batch_in_epoch > 0
-        self.loss_sum = torch.tensor(float(partial.get("loss_sum", 0.0)) if carried else 0.0, dtype=torch.float64)
-        self.loss_count = int(partial.get("count", 0)) if carried else 0
+        self.loss_sum, self.loss_count = resume.partial_loss if carried else (0.0, 0.0)
         if resume is not None:
-            self.optimizer.load_state_dict(resume.state["optimizer"])
-            if self.scheduler is not None and resume.state.get("scheduler") is not None:
-                self.scheduler.load_state_dict(resume.state["scheduler"])
+            self.optimizer.load_state_dict(resume.optimizer_state)
+            if self.scheduler is not None and resume.scheduler_state is not None:
+                self.scheduler.load_state_dict(resume.scheduler_state)
             self.hooks.load_state_dict(resume.hook_states)
-        self.context.update({
-            "model": model, "ddp_model": self.ddp_model, "optimizer": self.optimizer,
-            "scheduler": self.scheduler, "loss_fn": self.loss_fn, "epoch": self.progress.epoch, "batch_idx": 0,
-            "global_step": self.progress.global_step, "state": self.progress,
-        })
+        self._offset = self._resume_offset(resume)
+        self._last_batch_idx = max(self.progress.batch_in_epoch - 1, 0)
+        self._run_args.update(model=model, ddp_model=self.ddp_model, optimizer=self.optimizer,
+                              scheduler=self.scheduler, loss_fn=self.loss_fn)
 
     def _shape_labels(self, model: nn.Module) -> list[int]:
         """Runs the model on two rows (eval mode, no RNG drawn) to learn its output shape,
         and shapes the labels to match."""
         shard = self.shard
-        if len(shard.features) == 0:
-            return []
         was_training = model.training
         model.eval()
         with torch.no_grad():
             output_shape = list(model(shard.features[:2].to(self.device)).shape[1:])
         model.train(was_training)
-        shard.labels = shape_labels(shard.labels, output_shape, self.spec.label_name)
-        shard.val_labels = shape_labels(shard.val_labels, output_shape, self.spec.label_name)
+        shard.labels = shape_labels(shard.labels, output_shape, self.spec.columns.label)
+        shard.val_labels = shape_labels(shard.val_labels, output_shape, self.spec.columns.label)
         return output_shape
 
     def _agree_on_rows(self) -> None:
-        """Shares every rank's row counts, evens them out (see :mod:`balance`), and fixes
-        the steps per epoch that all ranks take."""
+        """Shares every rank's row counts and shapes, evens the rows out (see
+        :mod:`balance`), and fixes the steps per epoch that all ranks take."""
         self.stage = "collective"
-        shard = self.shard
-        labels = shard.labels
+        shard, labels = self.shard, self.shard.labels
         info = torch.zeros(5, self.world_size, dtype=torch.int64)
         info[:, self.rank] = torch.tensor([
             len(shard.features), len(shard.val_features),
@@ -156,10 +166,17 @@ class Trainer:
         info = self._all_reduce(info, dist.ReduceOp.SUM)
         self.train_rows = [int(n) for n in info[0]]
         self.val_rows = int(info[1].sum())
+        widths = sorted({int(w) for w in info[2] if w})
+        if len(widths) > 1:
+            raise InputDataError(
+                f"featuresCol {self.spec.columns.features!r} holds rows of {widths[0]} values in some partitions "
+                f"and of {widths[-1]} in others (by rank: {[int(w) for w in info[2]]}); every row needs the same "
+                "number of features"
+            )
         plan = transfer_plan(self.train_rows)
         if plan:
             shard.features, shard.labels = rebalance(
-                shard.features, shard.labels, plan, self.rank, feature_shape=(int(info[2].max()),),
+                shard.features, shard.labels, plan, self.rank, feature_shape=(widths[0],),
                 label_shape=(int(info[3].max()),) if int(info[3].max()) else (),
                 label_dtype=torch.int64 if int(info[4].max()) else torch.float32, device=self.device,
             )
@@ -174,43 +191,38 @@ class Trainer:
                 "give the DataFrame at least numWorkers training rows, or lower numWorkers"
             )
         self.stage = "setup"
-        size = self.spec.batch_size
-        self.steps_per_epoch = max(math.ceil(n / size) for n in self.train_rows)
-        self.step_samples = [
-            sum(len(batch_positions(torch.empty(n), step, size)) for n in self.train_rows)
-            for step in range(self.steps_per_epoch)
-        ]
+        self.steps_per_epoch = EpochPlan(self.train_rows, self.spec.batch_size).steps
 
-    def _restore_rng(self, resume: Checkpoint | None) -> None:
-        states = resume.state["rng"] if resume is not None else []
-        if states:
-            state = states[self.rank % len(states)]
-            torch.set_rng_state(state["torch"])
-            random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-            np.random.set_state((state["numpy"][0], np.asarray(state["numpy"][1], dtype=np.uint32),
-                                 *state["numpy"][2:]))
-            if torch.cuda.is_available() and "cuda" in state:
-                torch.cuda.set_rng_state(state["cuda"], self.device)
-            return
-        stream = np.random.SeedSequence([self.spec.seed, 1 << 20, self.rank]).generate_state(1)[0]
-        torch.manual_seed(int(stream))
-        random.seed(int(stream))
-        np.random.seed(int(stream))
+    def _resume_offset(self, resume: Checkpoint | None) -> int:
+        """Rows of its order each rank already trained on in the current epoch.
+
+        The position is kept in samples, so a changed ``batchSize`` continues the epoch
+        exactly where it stopped. With other data or another ``numWorkers`` the rows and
+        orders differ: the epoch then continues from the same fraction of its rows.
+        """
+        progress = self.progress
+        if resume is None or progress.sample_in_epoch == 0:
+            return 0
+        rows = sum(self.train_rows)
+        if resume.epoch_rows == rows and resume.world_size == self.world_size:
+            return progress.sample_in_epoch // self.world_size
+        fraction = progress.sample_in_epoch / max(resume.epoch_rows, 1)
+        offset = min(int(fraction * max(self.train_rows)), max(self.train_rows) - 1)
+        if self.rank == 0:
+            logger.warning(
+                "the epoch in progress began with %d training rows on %d workers and continues with %d rows on %d: "
+                "it goes on from the same fraction (%.1f%%) of each worker's rows", resume.epoch_rows,
+                resume.world_size, rows, self.world_size, 100 * fraction)
+        return offset
 
     # ------------------------------------------------------------------- training
 
-    def _finished(self) -> bool:
-        target, progress = self.spec.target, self.progress
-        if self.control.stop_training or progress.epoch >= min(target.epoch, target.max_epochs):
-            return True
-        return target.global_step is not None and progress.global_step >= target.global_step
-
     def _train(self) -> None:
         self.model.train()
-        while not self._finished():
+        while not (self.control.stop_training or self.spec.target.reached(self.progress)):
             self.control.stop_epoch = False
             if self.progress.batch_in_epoch == 0:
-                self._call("before_train_epoch")
+                self._call("before_train_epoch", 0)
                 if self.hooks.has("before_train_epoch"):  # else the flags are as last combined
                     self._agree_on_flags()
                 if self.control.stop_training:  # asked before the epoch's first step: none of it runs
@@ -221,86 +233,108 @@ class Trainer:
     def _train_epoch(self) -> bool:
         """Runs batches until the epoch ends (True) or the fit must stop mid-epoch (False)."""
         spec, shard = self.spec, self.shard
-        epoch = self.progress.epoch
-        order = epoch_order(len(shard.features), spec.seed, epoch, self.rank)
-        for step in range(self.progress.batch_in_epoch, self.steps_per_epoch):
-            if spec.target.global_step is not None and self.progress.global_step >= spec.target.global_step:
+        plan = EpochPlan(self.train_rows, spec.batch_size, self._offset)
+        order = epoch_order(len(shard.features), spec.seed, self.progress.epoch, self.rank)
+        for step in range(plan.steps):
+            if spec.target.reached(self.progress):
                 return False
-            rows = batch_positions(order, step, spec.batch_size)
-            self._train_step(step, shard.features[rows], shard.labels[rows])
+            rows = plan.positions(order, step)
+            self._train_step(shard.features[rows], shard.labels[rows], plan.samples(step))
             self._maybe_write_checkpoint("ba")
             if self._sync_step_flags:
                 self._agree_on_flags()
             if self.control.stop_training:
-                return self.progress.batch_in_epoch >= self.steps_per_epoch
+                return step == plan.steps - 1
             if self.control.stop_epoch:
                 return True
         return True
 
-    def _train_step(self, step: int, inputs: torch.Tensor, labels: torch.Tensor) -> None:
-        context = self.context
+    def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor, samples: int) -> None:
+        batch_idx = self._last_batch_idx = self.progress.batch_in_epoch
         inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-        context.update(batch_idx=step, batch=(inputs, labels), inputs=inputs, labels=labels)
-        replaced = self._call("before_train_iter")
+        step = {"batch": (inputs, labels), "inputs": inputs, "labels": labels}
+        replaced = self._call("before_train_iter", batch_idx, **step)
         if replaced is not None:
             inputs, labels = replaced
-            context.update(batch=(inputs, labels), inputs=inputs, labels=labels)
+            step = {"batch": (inputs, labels), "inputs": inputs, "labels": labels}
         if self.hooks.train_step is not None:
             self.stage = "train_step"
-            result = self.hooks.run_train_step(dict(context, model=self.ddp_model))
+            result = self.hooks.run_train_step(self._arguments(batch_idx, step, model=self.ddp_model))
             loss, outputs = result if isinstance(result, tuple) else (result, None)
-            context.update(outputs=outputs, loss=loss)
+            self.progress = self.progress.to_next_batch(samples)
         else:
-            loss = self._default_step(inputs, labels)
-        self.loss_sum += loss.detach().double().cpu() * len(inputs)
-        self.loss_count += len(inputs)
-        self.progress = Progress(
-            epoch=self.progress.epoch, batch_in_epoch=step + 1,
-            global_step=self.progress.global_step + 1,
-            samples=self.progress.samples + self.step_samples[step],
-        )
-        context.update(global_step=self.progress.global_step, state=self.progress)
-        self._call("after_train_iter")
+            loss, outputs = self._default_step(batch_idx, step, samples)
+        step.update(outputs=outputs, loss=loss)
+        self._account(batch_idx, step)
+        self._call("after_train_iter", batch_idx, **step)
         self.reporter.step(self.progress, loss.detach(), self.steps_per_epoch)
 
-    def _default_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        context = self.context
+    def _default_step(self, batch_idx: int, step: dict[str, Any], samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.stage = "forward"
         self.optimizer.zero_grad(set_to_none=True)
-        outputs = self.ddp_model(inputs)
+        outputs = self._forward(step["inputs"])
         self.stage = "loss"
-        loss = self.loss_fn(outputs, labels)
-        context.update(outputs=outputs, loss=loss)
-        replaced = self._call("before_backward")
+        loss = _scalar_loss(self.loss_fn(outputs, step["labels"]))
+        step.update(outputs=outputs, loss=loss)
+        replaced = self._call("before_backward", batch_idx, **step)
         if replaced is not None:
             # A constant loss still runs backward through the model, so DDP's gradient
             # all-reduce happens on every rank and the step simply has zero gradients.
-            loss = replaced if replaced.requires_grad else replaced + 0.0 * outputs.sum()
-            context["loss"] = loss
+            loss = step["loss"] = replaced if replaced.requires_grad else replaced + 0.0 * outputs.sum()
         self.stage = "backward"
         loss.backward()
-        self._call("after_backward")
-        self._call("before_optimizer_step")
+        self._call("after_backward", batch_idx, **step)
+        self._call("before_optimizer_step", batch_idx, **step)
         self.stage = "optimizer_step"
         self.optimizer.step()
-        context["global_step"] = self.progress.global_step + 1  # the step is done from here on
-        self._call("after_optimizer_step")
-        return loss
+        self.progress = self.progress.to_next_batch(samples)  # the step is done from here on
+        self._call("after_optimizer_step", batch_idx, **step)
+        return loss, outputs
+
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.ddp_model(inputs)
+        except ValueError as error:
+            if _ONE_ROW_BATCH_NORM not in str(error) or len(inputs) != 1:
+                raise
+            raise ValueError(
+                f"{error}: a batch of this epoch has a single row (batchSize={self.spec.batch_size}, training rows "
+                f"per worker {self.train_rows}), and BatchNorm cannot train on one row. Choose a batchSize that "
+                "leaves more than one row in the last batch of each worker"
+            ) from None
+
+    def _account(self, batch_idx: int, step: dict[str, Any]) -> None:
+        """Adds the step's loss to the epoch's mean; a NaN or infinite loss fails the fit
+        (unless ``allowNonFinite``), before it can reach a checkpoint."""
+        value = float(_scalar_loss(step["loss"]).detach())
+        if not math.isfinite(value) and not self.spec.allow_non_finite:
+            columns = self.spec.columns
+            bad = [name for name, tensor in ((f"featuresCol {columns.features!r}", step["inputs"]),
+                                             (f"labelCol {columns.label!r}", step["labels"]))
+                   if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+            raise NonFiniteLossError(
+                f"non-finite loss ({value}) at epoch {self.progress.epoch + 1}, batch {batch_idx} (global step "
+                f"{self.progress.global_step}) on rank {self.rank}: "
+                + (f"the batch's {' and '.join(bad)} hold NaN or infinite values" if bad else
+                   "the model diverged (lower the learning rate, clip gradients)")
+                + "; set allowNonFinite=True to train on regardless"
+            )
+        rows = len(step["inputs"])
+        self.loss_sum += value * rows
+        self.loss_count += rows
 
     def _end_epoch(self) -> None:
         self.stage = "collective"
-        totals = self._all_reduce(torch.tensor([float(self.loss_sum), float(self.loss_count)], dtype=torch.float64),
+        totals = self._all_reduce(torch.tensor([self.loss_sum, self.loss_count], dtype=torch.float64),
                                   dist.ReduceOp.SUM)
         entry: dict[str, Any] = {"epoch": self.progress.epoch + 1, "train_loss": float(totals[0] / totals[1])}
-        self.loss_sum.zero_()
-        self.loss_count = 0
+        self.loss_sum, self.loss_count = 0.0, 0.0
         if self.val_rows:
             entry.update(self._validate())
-        self.progress = Progress(epoch=self.progress.epoch + 1, batch_in_epoch=0,
-                                 global_step=self.progress.global_step, samples=self.progress.samples)
+        self.progress = self.progress.to_next_epoch()
+        self._offset = 0
         self.history.append(entry)
-        self.context.update(epoch=self.progress.epoch, state=self.progress)
-        self._call("after_train_epoch", metrics=entry)  # hooks may add values to the history entry
+        self._call("after_train_epoch", self._last_batch_idx, metrics=entry)  # hooks may add to the entry
         self.reporter.epoch(entry)
         if self.scheduler is not None and self.control.step_scheduler_per_epoch:
             self.stage = "scheduler_step"
@@ -314,55 +348,43 @@ class Trainer:
 
     def _validate(self) -> dict[str, float]:
         """Loss and metrics over every rank's validation rows, weighted by rows."""
-        self._call("before_val_epoch")
+        self._call("before_val_epoch", self._last_batch_idx)
         self.stage = "validation"
-        model, shard, size = self.model, self.shard, self.spec.batch_size
-        names = sorted(self.metrics)
-        sums = torch.zeros(1 + len(names), dtype=torch.float64)
-        for metric in self.metrics.values():
-            if hasattr(metric, "reset"):
-                metric.reset()
+        model, shard, size, validation = self.model, self.shard, self.spec.batch_size, self.validation
+        validation.reset()
         model.eval()
         with torch.no_grad():
             for start in range(0, len(shard.val_features), size):
                 inputs = shard.val_features[start:start + size].to(self.device)
                 labels = shard.val_labels[start:start + size].to(self.device)
-                self.context.update(batch_idx=start // size, batch=(inputs, labels), inputs=inputs, labels=labels)
-                self._call("before_val_iter")
+                step = {"batch": (inputs, labels), "inputs": inputs, "labels": labels}
+                self._call("before_val_iter", start // size, **step)
+                self.stage = "validation"
                 outputs = model(inputs)
-                loss = self.loss_fn(outputs, labels)
-                self.context.update(outputs=outputs, loss=loss)
-                self._call("after_val_iter")
-                sums[0] += float(loss) * len(inputs)
-                for i, name in enumerate(names, start=1):
-                    sums[i] += self._batch_metric(self.metrics[name], outputs, labels) * len(inputs)
+                step.update(outputs=outputs, loss=validation.update(outputs, labels))
+                self._call("after_val_iter", start // size, **step)
+                self.stage = "validation"
         model.train()
         self.stage = "collective"
-        sums = self._all_reduce(sums, dist.ReduceOp.SUM)
-        values = {"val_loss": float(sums[0]) / self.val_rows}
-        for i, name in enumerate(names, start=1):
-            metric = self.metrics[name]
-            values[f"val_{name}"] = float(metric.compute()) if _is_stateful(metric) else float(sums[i]) / self.val_rows
-        self._call("after_val_epoch", metrics=values)  # hooks may add values to the history entry
+        results = validation.results(self._all_reduce(validation.totals(), dist.ReduceOp.SUM))
+        values = {f"val_{name}": value for name, value in results.items()}
+        self._call("after_val_epoch", self._last_batch_idx, metrics=values)  # hooks may add to the entry
         return values
-
-    @staticmethod
-    def _batch_metric(metric: Any, outputs: torch.Tensor, labels: torch.Tensor) -> float:
-        if _is_stateful(metric):
-            metric.update(outputs, labels)
-            return 0.0
-        return float(metric(outputs, labels))
 
     # -------------------------------------------------------------- hooks, flags
 
-    def _call(self, stage: str, **extra: Any) -> Any:
+    def _arguments(self, batch_idx: int, step: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+        """Every argument on offer now: the run's objects, the progress as it is, the
+        step's batch and results, and the stage's extras."""
+        progress = self.progress
+        return {**self._run_args, "epoch": progress.epoch, "global_step": progress.global_step, "state": progress,
+                "batch_idx": batch_idx, **(step or {}), **extra}
+
+    def _call(self, stage: str, batch_idx: int, **extra: Any) -> Any:
         if not self.hooks.has(stage):
             return None
         self.stage = stage
-        context = self.context
-        if extra:
-            context = dict(context, **extra)
-        return self.hooks.call(stage, context)
+        return self.hooks.call(stage, self._arguments(batch_idx, None, **extra))
 
     def _agree_on_flags(self) -> None:
         """Combines stop requests of all ranks so every rank stops at the same step."""
@@ -378,7 +400,7 @@ class Trainer:
             return
         failed_stage, failed_hook = self.stage, self.hooks.current_hook
         try:
-            self.hooks.call("on_exception", dict(self.context, exception=error, stage=failed_stage))
+            self.hooks.call("on_exception", self._arguments(self._last_batch_idx, exception=error, stage=failed_stage))
         except Exception:  # the original error is the one to report
             logger.exception("rank %d: an on_exception hook raised", self.rank)
         self.stage, self.hooks.current_hook = failed_stage, failed_hook
@@ -392,12 +414,25 @@ class Trainer:
         dist.all_reduce(on_device, op=op)
         return on_device.cpu()
 
-    def _gather(self, value: Any) -> list[Any]:
+    def _gather_rng_states(self) -> list[torch.Tensor]:
+        """Every rank's RNG state, gathered as tensors and checked (nothing is unpickled)."""
+        state = rng.capture(self.device)
         if self.world_size == 1:
-            return [value]
-        values: list[Any] = [None] * self.world_size
-        dist.all_gather_object(values, value)
-        return values
+            return [state]
+        lengths = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(lengths, torch.tensor([len(state)], device=self.device))
+        longest = int(max(int(n) for n in lengths))
+        padded = torch.zeros(longest, dtype=torch.float64, device=self.device)
+        padded[:len(state)] = state.to(self.device)
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(gathered, padded)
+        states = [g[:int(n)].cpu() for g, n in zip(gathered, lengths)]
+        for peer, peer_state in enumerate(states):
+            try:
+                rng.check(peer_state)
+            except ValueError as error:
+                raise ValueError(f"rank {peer} sent a malformed RNG state: {error}") from None
+        return states
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -418,50 +453,35 @@ class Trainer:
     def _checkpoint_bytes(self) -> bytes | None:
         """Collective: gathers every rank's RNG state; rank 0 returns the serialized checkpoint."""
         self.stage = "checkpoint"
-        rng = self._gather(self._rng_state())
-        partial = self._all_reduce(torch.tensor([float(self.loss_sum), float(self.loss_count)], dtype=torch.float64),
+        states = self._gather_rng_states()
+        partial = self._all_reduce(torch.tensor([self.loss_sum, self.loss_count], dtype=torch.float64),
                                    dist.ReduceOp.SUM)
         if self.rank != 0:
             return None
-        state = {
-            "format_version": FORMAT_VERSION,
-            "meta": {
-                "run_id": self.spec.run_id,
-                "param_shapes": {k: list(v.shape) for k, v in self.model.state_dict().items()},
-                "output_shape": self.output_shape,
-                "label_kind": "int" if not self.shard.labels.is_floating_point() else "float",
-                "num_features": int(self.shard.features.shape[1]),
-                "max_epochs": self.spec.target.max_epochs,
-                "world_size": self.world_size,
-            },
-            "progress": self.progress.to_dict(),
-            "history": self.history,
-            "partial_epoch": {"loss_sum": float(partial[0]), "count": int(partial[1])},
-            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "optimizer": _to_cpu(self.optimizer.state_dict()),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": rng,
-            "hooks": self.hooks.state_dict(),
-        }
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        return buffer.getvalue()
-
-    def _rng_state(self) -> dict[str, Any]:
-        python = random.getstate()
-        numpy_state = np.random.get_state()
-        state = {
-            "torch": torch.get_rng_state(),
-            "python": [python[0], list(python[1]), python[2]],
-            "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]],
-        }
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        return state
+        return Checkpoint.build(
+            run_id=self.spec.run_id, progress=self.progress, history=self.history,
+            partial_loss=(float(partial[0]), float(partial[1])), epoch_rows=sum(self.train_rows),
+            world_size=self.world_size, output_shape=self.output_shape,
+            label_kind="float" if self.shard.labels.is_floating_point() else "int",
+            num_features=int(self.shard.features.shape[1]),
+            model={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            optimizer=_to_cpu(self.optimizer.state_dict()),
+            scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
+            rng=states, hooks=self.hooks.state_dict(),
+        ).to_bytes()
 
 
-def _is_stateful(metric: Any) -> bool:
-    return hasattr(metric, "update") and hasattr(metric, "compute")
+def _scalar_loss(loss: Any) -> torch.Tensor:
+    """The loss as given, if it is a one-value tensor.
+
+    Raises:
+        TypeError: It is not (a Python number, a per-row tensor, ...).
+    """
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError(f"the loss must be a tensor holding one value, got {shape}; reduce it (e.g. .mean()) "
+                        "and return a tensor, not a Python number")
+    return loss
 
 
 def _to_cpu(value: Any) -> Any:

@@ -15,12 +15,13 @@ from pyspark.sql import types as T
 
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
-from spark_torch_est.data import FEATURES, LABEL
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.frames import feature_column, features_kind, label_column
 from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
+from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.params import MODEL_DEFAULTS, ModelParams
 from spark_torch_est.persistence import TorchPersistence
+from spark_torch_est.protocol import FEATURES, LABEL
 
 __all__ = ["TorchModel"]
 
@@ -69,11 +70,11 @@ class TorchModel(Model, ModelParams, TorchPersistence):
                            batch_size=self.getInferenceBatchSize(), **fields)
 
     def _output_kind(self) -> str:
-        meta = self._checkpoint.meta
+        checkpoint = self._checkpoint
         width = 1
-        for dim in meta["output_shape"]:
+        for dim in checkpoint.output_shape:
             width *= dim
-        if meta["label_kind"] == "int" and width > 1:
+        if checkpoint.label_kind == "int" and width > 1:
             return "class"
         return "scalar" if width == 1 else "vector"
 
@@ -118,34 +119,27 @@ class TorchModel(Model, ModelParams, TorchPersistence):
                                label_column(dataset, self.getLabelCol()).alias(LABEL))
         spec = self._scoring_spec(label_name=self.getLabelCol())
         rows = frame.mapInArrow(evaluate_task(spec), EVALUATION_SCHEMA).collect()
-        count = sum(r["count"] for r in rows)
-        if count == 0:
+        totals = torch.tensor([r["totals"] for r in rows], dtype=torch.float64).sum(dim=0)
+        if not rows or totals[0] == 0:
             raise InvalidInputError("evaluate() got a DataFrame without rows")
-        result = {"loss": sum(r["loss_sum"] for r in rows) / count}
-        for i, name in enumerate(sorted(self._creators.metrics)):
-            states = [bytes(r["metric_states"][i]) for r in rows if r["count"] and r["metric_states"][i]]
-            if states:
-                result[name] = _merged(name, states)
-            else:
-                result[name] = sum(r["metric_sums"][i] for r in rows) / count
-        return result
+        accumulator = MetricAccumulator(self._creators.build_loss(), self._creators.metrics, torch.device("cpu"))
+        for i, name in enumerate(accumulator.names):
+            for row in rows:
+                if row["totals"][0] and row["metric_states"][i]:
+                    try:
+                        accumulator.merge(name, bytes(row["metric_states"][i]))
+                    except TypeError as error:
+                        raise InvalidInputError(str(error)) from None
+        return accumulator.results(totals)
 
     # ---------------------------------------------------------------- persistence
 
     def _persisted_files(self) -> dict[str, bytes]:
-        """Creators and hooks cloudpickled, and the checkpoint (see persistence.py)."""
+        """The creators (model, loss, metrics and config, cloudpickled; a model keeps no
+        optimizer or hooks) and the checkpoint (see persistence.py)."""
         return {"creators.pkl": cloudpickle.dumps(self._creators), "checkpoint.pt": self._checkpoint.to_bytes()}
 
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchModel:
         return cls(creators=cloudpickle.loads(read("creators.pkl")),
                    checkpoint=Checkpoint.from_bytes(read("checkpoint.pt")))
-
-
-def _merged(name: str, states: list[bytes]) -> float:
-    metric = cloudpickle.loads(states[0])
-    if len(states) > 1 and not hasattr(metric, "merge_state"):
-        raise InvalidInputError(f"metric {name!r} has no merge_state(), so partitions cannot be combined")
-    for other in states[1:]:
-        metric.merge_state(cloudpickle.loads(other))
-    return float(metric.compute())

@@ -51,6 +51,7 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "slotWaitTimeout": 60.0,
     "showProgress": True,
     "memoryBudgetMB": 4096.0,
+    "allowNonFinite": False,
 }
 
 
@@ -148,6 +149,10 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                   "MB of a partition's rows a rank keeps in RAM; beyond that they spill to "
                                   "local files read per batch (0: never spill)",
                                   typeConverter=TypeConverters.toFloat)
+    allowNonFinite: Param = Param(Params._dummy(), "allowNonFinite",
+                                  "train on when the loss is NaN or infinite (default False: the fit fails at "
+                                  "that step and the run keeps its last good state)",
+                                  typeConverter=TypeConverters.toBoolean)
     showProgress: Param = Param(Params._dummy(), "showProgress",
                                 "show a progress bar (a terminal) or log lines on the driver",
                                 typeConverter=TypeConverters.toBoolean)
@@ -170,5 +175,6 @@ def _accessors(name: str, doc: str) -> None:
 
 
 for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
-              "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB"):
+              "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
+              "allowNonFinite"):
     _accessors(_name, getattr(EstimatorParams, _name).doc)

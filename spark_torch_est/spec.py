@@ -1,55 +1,51 @@
-"""The plain, frozen description of one training job that the driver sends to every task."""
+"""[both] The plain, frozen descriptions a barrier task receives: what to train
+(:class:`TaskSpec`, made by the estimator once per fit) and how to reach the driver and its
+peers (:class:`Launch`, made by the launcher once per job)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TaskSpec", "Target"]
+from spark_torch_est.progress import Target
+
+__all__ = ["TaskSpec", "Launch", "Columns"]
 
 
 @dataclass(frozen=True)
-class Target:
-    """Where this fit stops, as absolute counters, so a relaunched job does the same work.
+class Columns:
+    """The user's names for the columns behind the training frame, for messages.
 
     Attributes:
-        max_epochs: The run's ``maxEpochs``; no fit trains past it.
-        epoch: Stop once this many epochs are complete (at most ``max_epochs``).
-        global_step: Stop once this many optimizer steps are done, or None.
+        features: The features column (or the featureCols joined by commas).
+        label: The label column.
     """
 
-    max_epochs: int
-    epoch: int
-    global_step: int | None = None
+    features: str = "features"
+    label: str = "label"
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """Everything a barrier task needs; picklable, holds no Spark or torch objects.
+    """What one fit trains; picklable, holds no Spark or torch objects.
 
     Attributes:
-        job_id: Unique per launch; prefixes rendezvous keys.
-        run_id: Unique per run (kept across fits); marks its periodic checkpoints.
+        run_id: Unique per run (kept across its fits); marks its checkpoints.
         payload: cloudpickled ``Creators``.
         resume: Checkpoint bytes to continue from, or None for a fresh run.
         target: Where to stop.
         world_size: Number of ranks (barrier tasks).
         batch_size: Rows per rank per step.
         seed: Base seed for initialization, shuffles and RNG streams.
-        store_host: Host of the driver's rendezvous store, or None to rendezvous through
-            Spark's ``allGather``.
-        store_port: Port of that store.
         timeout_s: Timeout for rendezvous and for every collective.
         use_gpu: True/False, or None to use a GPU when Spark assigned the task one.
         checkpoint_dir: URL for periodic checkpoints, or None.
         checkpoint_every: ``(count, unit)`` from ``checkpointInterval``, e.g. ``(1, "ep")``.
-        label_name: The user's label column, for messages.
-        progress_address: ``(host, port)`` of the driver's progress channel, or None.
-        progress_secret: The channel's per-fit secret.
+        columns: The user's column names, for messages.
         memory_budget: Bytes of a partition's rows held in RAM before they spill to
             local files read per batch (None: never spill).
+        allow_non_finite: Train on when the loss is NaN or infinite (``allowNonFinite``).
     """
 
-    job_id: str
     run_id: str
     payload: bytes
     resume: bytes | None
@@ -57,13 +53,30 @@ class TaskSpec:
     world_size: int
     batch_size: int
     seed: int
-    store_host: str | None
-    store_port: int | None
     timeout_s: float
     use_gpu: bool | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: tuple[int, str] | None = None
-    label_name: str = "label"
-    progress_address: tuple[str, int] | None = None
-    progress_secret: bytes | None = None
+    columns: Columns = Columns()
     memory_budget: int | None = None
+    allow_non_finite: bool = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the tasks of one job meet: the job's id and secret, and the driver's services.
+
+    Attributes:
+        job_id: Unique per job; prefixes rendezvous keys.
+        secret: The job's key: authenticates the ranks to each other, their channel to
+            the driver and their failure reports.
+        store_address: ``(host, port)`` of the driver's rendezvous store, or None to
+            rendezvous through Spark's ``allGather``.
+        channel_address: ``(host, port)`` of the driver's message channel (progress,
+            logs, the checkpoint), or None.
+    """
+
+    job_id: str
+    secret: bytes
+    store_address: tuple[str, int] | None = None
+    channel_address: tuple[str, int] | None = None

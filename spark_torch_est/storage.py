@@ -1,4 +1,4 @@
-"""Checkpoint files on any fsspec filesystem: atomic writes, a ``latest`` pointer, pruning.
+"""[both] Checkpoint files on any fsspec filesystem: atomic writes, a ``latest`` pointer, pruning.
 
 A checkpoint directory looks like::
 
@@ -6,17 +6,27 @@ A checkpoint directory looks like::
     ckpt-3f9c0a1b2d4e-ep000003-ba000000000060.pt
     latest                      # the file name of the newest complete checkpoint
 
-Each run prunes only its own files, so runs may share a directory.
+Each run prunes only its own files (and the temporary files a killed writer left), so
+runs may share a directory. Progress is read from the names: finding the newest
+checkpoint of a run reads no checkpoint. A ``latest`` pointer is only followed to a
+checkpoint name in the same directory.
 """
 
 from __future__ import annotations
 
+import logging
 import posixpath
+import re
 import uuid
+from dataclasses import dataclass
 
 import fsspec
 
-__all__ = ["write_atomic", "read_bytes", "CheckpointDir"]
+__all__ = ["write_atomic", "read_bytes", "CheckpointDir", "CheckpointFile"]
+
+logger = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^ckpt-(?P<run>[0-9a-f]{12})-ep(?P<epoch>\d{6,})-ba(?P<step>\d{12,})\.pt$")
 
 
 def _fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -43,49 +53,86 @@ def read_bytes(url: str) -> bytes:
         return handle.read()
 
 
+@dataclass(frozen=True)
+class CheckpointFile:
+    """One checkpoint in a directory, described by its name.
+
+    Attributes:
+        url: Where it is.
+        epoch: Completed epochs at the checkpoint.
+        global_step: Optimizer steps at the checkpoint.
+    """
+
+    url: str
+    epoch: int
+    global_step: int
+
+    def read(self) -> bytes:
+        """The checkpoint's bytes."""
+        return read_bytes(self.url)
+
+
 class CheckpointDir:
     """Periodic checkpoints of one run in a directory.
 
     Args:
         url: A local path or fsspec URL (``hdfs://``, ``s3://``, ``dbfs:/``, ...).
-        keep: How many of the newest checkpoints of the run to keep.
-        run_id: The run's id (its first 12 characters name the files).
+        run_id: The run's id (its first 12 characters name the files); "" reads only
+            the ``latest`` pointer.
+        keep: How many of the newest checkpoints of the run to keep (default 3).
     """
 
     POINTER = "latest"
 
-    def __init__(self, url: str, keep: int = 3, run_id: str = "") -> None:
+    def __init__(self, url: str, run_id: str = "", keep: int = 3) -> None:
         self.url = url.rstrip("/")
-        self.keep = keep
         self.run = run_id[:12]
+        self.keep = keep
         self.fs, self.path = _fs(self.url)
 
     def write(self, data: bytes, epoch: int, global_step: int) -> str:
-        """Writes one checkpoint, then points ``latest`` at it and prunes old ones."""
-        name = f"ckpt-{self.run}-ep{epoch:06d}-ba{global_step:012d}.pt" if self.run else \
-            f"ckpt-ep{epoch:06d}-ba{global_step:012d}.pt"
+        """Writes one checkpoint, points ``latest`` at it, and prunes the run's older
+        checkpoints and leftover temporary files."""
+        name = f"ckpt-{self.run}-ep{epoch:06d}-ba{global_step:012d}.pt"
         write_atomic(f"{self.url}/{name}", data)
         write_atomic(f"{self.url}/{self.POINTER}", name.encode())
-        for old in self._names()[:-self.keep]:
-            self.fs.rm(f"{self.path}/{old}")
+        names = self._names()
+        stale = [n for n in names if n.startswith(f"ckpt-{self.run}-") and ".pt.tmp-" in n]
+        mine = sorted(n for n in names if self._parse(n) is not None and self._parse(n)[0] == self.run)
+        for old in stale + mine[:-self.keep]:
+            try:
+                self.fs.rm(f"{self.path}/{old}")
+            except FileNotFoundError:  # removed meanwhile
+                pass
         return f"{self.url}/{name}"
 
-    def latest(self) -> bytes | None:
-        """Returns the newest complete checkpoint's bytes, or None when there is none."""
+    def newest(self) -> CheckpointFile | None:
+        """The run's checkpoint with the most optimizer steps, or None (read from names)."""
+        files = [CheckpointFile(f"{self.url}/{n}", parsed[1], parsed[2])
+                 for n in self._names() if (parsed := self._parse(n)) is not None and parsed[0] == self.run]
+        return max(files, key=lambda f: f.global_step, default=None)
+
+    def latest(self) -> CheckpointFile | None:
+        """The checkpoint the ``latest`` pointer names, or None when there is none. A
+        pointer to anything but a checkpoint name in this directory is refused (logged)."""
         pointer = f"{self.path}/{self.POINTER}"
         if not self.fs.exists(pointer):
             return None
         with self.fs.open(pointer, "rb") as handle:
-            name = handle.read().decode().strip()
-        try:
-            with self.fs.open(f"{self.path}/{name}", "rb") as handle:
-                return handle.read()
-        except FileNotFoundError:  # pruned by another run sharing the directory
+            name = handle.read(200).decode("utf-8", "replace").strip()
+        parsed = self._parse(name)
+        if parsed is None:
+            logger.warning("ignored %s/%s: it names %r, not a checkpoint file in that directory", self.url,
+                           self.POINTER, name)
             return None
+        return CheckpointFile(f"{self.url}/{name}", parsed[1], parsed[2])
+
+    @staticmethod
+    def _parse(name: str) -> tuple[str, int, int] | None:
+        match = _NAME.match(name)
+        return (match["run"], int(match["epoch"]), int(match["step"])) if match else None
 
     def _names(self) -> list[str]:
         if not self.fs.exists(self.path):
             return []
-        names = [posixpath.basename(p) for p in self.fs.ls(self.path, detail=False)]
-        mine = f"ckpt-{self.run}-" if self.run else "ckpt-ep"
-        return sorted(n for n in names if n.startswith(mine) and n.endswith(".pt"))
+        return [posixpath.basename(p) for p in self.fs.ls(self.path, detail=False)]

@@ -8,8 +8,7 @@ import sys
 import threading
 import time
 
-from spark_torch_est.progress import Progress
-from spark_torch_est.spec import Target
+from spark_torch_est.progress import Progress, Target
 
 __all__ = ["DriverView"]
 
@@ -29,12 +28,14 @@ class DriverView:
         show: False logs progress at DEBUG only (the ``showProgress`` Param).
         start: Progress when the fit started.
         target: Where the fit stops.
+        samples_per_step: Rows all ranks train on per step (for sample durations).
     """
 
-    def __init__(self, show: bool, start: Progress, target: Target) -> None:
+    def __init__(self, show: bool, start: Progress, target: Target, samples_per_step: int) -> None:
         self.show = show
         self.start = start
         self.target = target
+        self.samples_per_step = samples_per_step
         self.latest: dict | None = None
         self._lock = threading.Lock()
         self._bar = None
@@ -61,7 +62,7 @@ class DriverView:
                      extra={"progress": message})
         if not self.show:
             return
-        total = self._total_steps(message["steps_per_epoch"])
+        total = self.target.steps_left(self.start, message["steps_per_epoch"], self.samples_per_step)
         done = message["global_step"] - self.start.global_step
         if self._interactive:
             self._update_bar(done, total, message)
@@ -69,13 +70,6 @@ class DriverView:
             self._last_line = time.monotonic()
             logger.info("step %d/%d of this fit, epoch %d, loss %.4g", done, total, message["epoch"] + 1,
                         message["loss"])
-
-    def _total_steps(self, steps_per_epoch: int) -> int:
-        start, target = self.start, self.target
-        by_epoch = (min(target.epoch, target.max_epochs) - start.epoch) * steps_per_epoch - start.batch_in_epoch
-        if target.global_step is None:
-            return by_epoch
-        return min(by_epoch, target.global_step - start.global_step)
 
     def _update_bar(self, done: int, total: int, message: dict) -> None:
         try:

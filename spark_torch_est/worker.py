@@ -1,9 +1,9 @@
-"""Barrier-task entry point: ingest, rendezvous, process group, loop, teardown, result.
+"""[executor] Barrier-task entry point: ingest, rendezvous, process group, loop, teardown, result.
 
 Runs in the Spark task's own Python worker (one rank per task). Imports nothing from the
 driver side. The teardown order matters in a reused Python worker: every object that
 holds the process group (the DDP Reducer above all) must be gone before
-``destroy_process_group``, or the next fit in the session hangs (FIELD_NOTES.md).
+``destroy_process_group``, or the next fit in the session hangs (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import threading
-import traceback
 import weakref
 from datetime import timedelta
 from typing import Callable, Iterator, Sequence
@@ -27,41 +26,33 @@ import torch.distributed as dist
 from spark_torch_est.barrier import Barrier, SparkBarrier
 from spark_torch_est.channel import ChannelClient, LogForwarder, ProgressReporter
 from spark_torch_est.checkpoint import iter_chunks
-from spark_torch_est.creators import CreatorError, Creators
-from spark_torch_est.data import InputDataError, Shard, read_shard
-from spark_torch_est.errors import IncompatibleCheckpointError
-from spark_torch_est.failure import CHECKPOINT, INPUT, SYSTEM, UNREACHABLE, USER, Failure, RankFailure
-from spark_torch_est.spec import TaskSpec
+from spark_torch_est.creators import Creators
+from spark_torch_est.data import Shard, read_shard
+from spark_torch_est.errors import InputDataError
+from spark_torch_est.failure import Failure, RankFailure, describe
+from spark_torch_est.protocol import DELIVERED, failure_key
+from spark_torch_est.rendezvous import authenticate_peers, connect_store
+from spark_torch_est.spec import Launch, TaskSpec
 
-__all__ = ["RESULT_SCHEMA", "DELIVERED", "train_task", "run_rank", "failure_key", "choose_device"]
+__all__ = ["train_task", "run_rank", "choose_device"]
 
 logger = logging.getLogger(__name__)
 
-#: Rows rank 0 returns: the checkpoint split into ordered binary chunks, or one row with
-#: seq DELIVERED and the checkpoint's SHA-256 when the driver already holds it (channel).
-RESULT_SCHEMA = "seq long, data binary"
-DELIVERED = -1
 _ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
 #: DDP models something still referenced at teardown: never freed (see _teardown).
 _KEPT_ALIVE: list[object] = []
 #: Modules the loop imports lazily and slowly in a fresh process (see _import_in_background).
 _SLOW_LAZY_IMPORTS = ("torch._dynamo",)
-_SYSTEM_STAGES = {"rendezvous", "collective", "backward", "checkpoint", "teardown"}
 
 
-def failure_key(rank: int) -> str:
-    """The store key under which a rank reports its failure."""
-    return f"failure/{rank}"
-
-
-def train_task(spec: TaskSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """Returns the ``mapInArrow`` function for ``spec`` (a top-level function, no closure
+def train_task(spec: TaskSpec, launch: Launch) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Returns the ``mapInArrow`` function for one job (a top-level function, no closure
     over driver objects)."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         barrier = SparkBarrier()
         torch.set_num_threads(max(1, barrier.cpus()))
-        result = run_rank(spec, batches, barrier)
+        result = run_rank(spec, launch, batches, barrier)
         if isinstance(result, str):
             yield _result_row(DELIVERED, result.encode())
         elif result is not None:
@@ -76,35 +67,37 @@ def _result_row(seq: int, data: bytes) -> pa.RecordBatch:
                                       schema=_ARROW_RESULT)
 
 
-def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier) -> bytes | str | None:
+def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], barrier: Barrier) -> bytes | str | None:
     """Runs one rank of the job. Rank 0 returns the checkpoint: its SHA-256 (hex) when the
     driver acknowledged it over the channel, else its bytes, for result rows. Other
     ranks return None.
 
     Raises:
-        RankFailure: Anything failed; carries a :class:`Failure` for the driver.
+        RankFailure: Anything failed; carries a sealed :class:`Failure` for the driver.
     """
     rank = barrier.rank
     store = None
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     try:
-        shard = read_shard(batches, spec.label_name, spec.memory_budget)
+        shard = read_shard(batches, spec.columns, spec.memory_budget)
         stage = "rendezvous"
         device = _device(spec, barrier)
-        store = _connect_store(spec, barrier)
+        store = connect_store(launch, barrier, spec.timeout_s)
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
             world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s),
         )
+        authenticate_peers(launch.secret, rank, spec.world_size, device)
     except BaseException as error:  # noqa: B036 - reported, then re-raised as RankFailure
-        failure = _describe(error, rank, stage, None)
+        failure = describe(error, rank, stage, None)
         del error
-        _report(store, failure)
-        raise RankFailure(failure) from None
+        _teardown(clean=False)
+        _report(store, failure, launch.secret)
+        raise RankFailure(failure, launch.secret) from None
     if importing is not None:
         importing.join()  # before the creators are unpickled: one importer at a time from here
-    channel = _open_channel(spec, rank)
+    channel = _open_channel(launch, rank)
     forwarder = LogForwarder(channel, rank) if channel is not None else None
     if forwarder is not None:
         logging.getLogger().addHandler(forwarder)
@@ -112,7 +105,7 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
         gc.freeze()  # everything older than the trainer: the teardown's collection skips it
         failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
         _teardown(clean=failure is None, ddp=ddp)
-        delivered = channel.send_blob(spec.job_id, blob) if blob is not None and channel is not None else None
+        delivered = channel.send_blob(launch.job_id, blob) if blob is not None and channel is not None else None
         if delivered is not None:
             return delivered
     finally:
@@ -122,8 +115,8 @@ def run_rank(spec: TaskSpec, batches: Iterator[pa.RecordBatch], barrier: Barrier
         if channel is not None:
             channel.close()
     if failure is not None:
-        _report(store, failure)
-        raise RankFailure(failure)
+        _report(store, failure, launch.secret)
+        raise RankFailure(failure, launch.secret)
     return blob
 
 
@@ -151,14 +144,14 @@ def _import_in_background(modules: tuple[str, ...]) -> threading.Thread | None:
     return thread
 
 
-def _open_channel(spec: TaskSpec, rank: int) -> ChannelClient | None:
-    """Connects to the driver's progress channel; training goes on without it."""
-    if spec.progress_address is None or spec.progress_secret is None:
+def _open_channel(launch: Launch, rank: int) -> ChannelClient | None:
+    """Connects to the driver's channel; training goes on without it."""
+    if launch.channel_address is None:
         return None
     try:
-        return ChannelClient(spec.progress_address, spec.progress_secret)
+        return ChannelClient(launch.channel_address, launch.secret)
     except Exception as error:  # unreachable driver or refused key: no live view, same result
-        logger.info("rank %d: no progress channel to the driver (%s)", rank, error)
+        logger.info("rank %d: no channel to the driver (%s)", rank, error)
         return None
 
 
@@ -171,14 +164,14 @@ def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
 
     trainer = None
     try:
-        creators: Creators = cloudpickle.loads(spec.payload)
+        creators: Creators = cloudpickle.loads(spec.payload)  # from the driver, inside the Spark task
         trainer = Trainer(creators, spec, shard, rank, spec.world_size, device, reporter)
         blob = trainer.run()
         return None, blob, _ddp_refs(trainer)
     except BaseException as error:  # noqa: B036 - turned into plain data for the driver
         stage = trainer.stage if trainer is not None else "setup"
         hook = trainer.hooks.current_hook if trainer is not None else None
-        failure = _describe(error, rank, stage, hook)
+        failure = describe(error, rank, stage, hook)
         logger.error("rank %d failed at %s: %s", rank, stage, failure.message)
         error.__traceback__ = None
         return failure, None, _ddp_refs(trainer)
@@ -195,32 +188,6 @@ def _ddp_refs(trainer: object) -> list[weakref.ref]:
     except (AttributeError, TypeError):  # no Reducer, or not weakly referenceable
         pass
     return refs
-
-
-def _describe(error: BaseException, rank: int, stage: str, hook: str | None) -> Failure:
-    if isinstance(error, InputDataError):
-        kind = INPUT
-    elif isinstance(error, IncompatibleCheckpointError):
-        kind = CHECKPOINT
-    elif isinstance(error, _Unreachable):
-        kind = UNREACHABLE
-    elif isinstance(error, CreatorError) or hook is not None:
-        kind = USER
-    elif isinstance(error, dist.DistError) or stage in _SYSTEM_STAGES or isinstance(error, KeyboardInterrupt):
-        kind = SYSTEM
-    else:
-        kind = USER
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    message = f"{type(error).__name__}: {error}"
-    if isinstance(error, ModuleNotFoundError) and stage == "setup":
-        message += (f"; a creator or hook refers to module {error.name!r}, which the executors cannot import: "
-                    "ship it (--py-files), define it in __main__ or a notebook, or call "
-                    f"cloudpickle.register_pickle_by_value on it")
-    return Failure(kind=kind, message=message, rank=rank, stage=stage, hook=hook, traceback=text)
-
-
-class _Unreachable(RuntimeError):
-    """The driver's rendezvous store did not answer."""
 
 
 def choose_device(use_gpu: bool | None, gpus: list[str], cuda_devices: int, rank: int) -> torch.device:
@@ -255,35 +222,12 @@ def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:
     return device
 
 
-def _connect_store(spec: TaskSpec, barrier: Barrier) -> dist.Store:
-    """Joins the driver's TCPStore, or, without one, a store rank 0 opens and announces
-    with one ``allGather``."""
-    timeout = timedelta(seconds=spec.timeout_s)
-    if spec.store_host is not None:
-        try:
-            store = dist.TCPStore(spec.store_host, spec.store_port, is_master=False,
-                                  timeout=timedelta(seconds=min(spec.timeout_s, 30.0)))
-        except (RuntimeError, dist.DistError) as error:
-            raise _Unreachable(f"cannot reach the driver's rendezvous store at "
-                               f"{spec.store_host}:{spec.store_port}: {error}") from None
-        store.set_timeout(timeout)
-        return dist.PrefixStore(spec.job_id, store)
-    if barrier.rank == 0:
-        store = dist.TCPStore(barrier.host(), 0, spec.world_size, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
-        barrier.all_gather(f"{barrier.host()}:{store.port}")
-    else:
-        host, port = barrier.all_gather("")[0].rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-    return dist.PrefixStore(spec.job_id, store)
-
-
-def _report(store: dist.Store | None, failure: Failure) -> None:
-    """Leaves the failure in the driver's store, where the driver looks for the root cause."""
+def _report(store: dist.Store | None, failure: Failure, secret: bytes) -> None:
+    """Leaves the sealed failure in the driver's store, where the driver looks for the root cause."""
     if store is None:
         return
     try:
-        store.set(failure_key(failure.rank), failure.to_json())
+        store.set(failure_key(failure.rank), failure.seal(secret))
     except (RuntimeError, dist.DistError):
         logger.warning("rank %d: could not report the failure to the driver's store", failure.rank)
 

@@ -6,10 +6,16 @@ import os
 
 import cloudpickle
 import numpy as np
+import pyarrow as pa
 import torch
 from torch import nn
 
-from spark_torch_est import Hook
+from spark_torch_est import Hook, TorchEstimator
+from spark_torch_est.creators import Creators
+from spark_torch_est.hooks import normalize_hooks
+from spark_torch_est.progress import Target
+from spark_torch_est.protocol import FEATURES, LABEL
+from spark_torch_est.spec import Launch, TaskSpec
 
 
 def linear_model(config: dict) -> nn.Module:
@@ -46,6 +52,41 @@ class DumpWeights(Hook):
 
     def after_run(self, model, rank):
         np.save(os.path.join(self.directory, f"rank{rank}.npy"), flat_weights(model))
+
+
+def estimator(**params) -> TorchEstimator:
+    """The tests' estimator: an MLP on 8 features with Adam and a StepLR schedule, 2 ranks,
+    no progress bar; ``params`` override any argument."""
+    settings = dict(model=mlp, optimizer=adam, scheduler=step_lr, loss=torch.nn.MSELoss(),
+                    config={"dropout": 0.2, "lr": 0.01}, batchSize=128, maxEpochs=4, numWorkers=2, seed=11,
+                    showProgress=False)
+    settings.update(params)
+    return TorchEstimator(**settings)
+
+
+def task_spec(target: Target = Target(epoch=1), *, hooks=None, creators: Creators | None = None,
+              **fields) -> TaskSpec:
+    """A one-rank TaskSpec for the loop run in-process (``LocalBarrier``); ``fields``
+    override TaskSpec fields."""
+    creators = creators or Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), scheduler=step_lr,
+                                    hooks=normalize_hooks(hooks), config={"dropout": 0.3})
+    settings = dict(run_id="0123456789abcdef", payload=cloudpickle.dumps(creators), resume=None, target=target,
+                    world_size=1, batch_size=16, seed=3, timeout_s=30)
+    settings.update(fields)
+    return TaskSpec(**settings)
+
+
+#: A Launch for a lone rank (no store, no channel).
+LOCAL_LAUNCH = Launch(job_id="unit", secret=b"s" * 32)
+
+
+def arrow_batches(rows: int = 200, seed: int = 0, width: int = 8) -> list[pa.RecordBatch]:
+    """Training-frame batches of y = sum(x) + 1, as the tasks receive them."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, width)).astype(np.float32)
+    y = (x.sum(axis=1) + 1.0).astype(np.float32)
+    features = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), width)
+    return [pa.RecordBatch.from_arrays([features, pa.array(y)], [FEATURES, LABEL])]
 
 
 import sys  # noqa: E402

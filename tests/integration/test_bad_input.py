@@ -61,15 +61,36 @@ def test_bad_data(trained, spark, linear_df, case):
         assert spark_jobs_started(spark) == jobs, "the error must come before any Spark job"
 
 
-def test_more_workers_than_slots(trained, linear_df):
-    before = trained.checkpoint
-    trained.setNumWorkers(3)
+def test_more_workers_than_local_mode_has_slots_fails_at_once(trained, linear_df):
+    before, started = trained.checkpoint, time.monotonic()
+    trained.setNumWorkers(3).setSlotWaitTimeout(60.0)
     try:
-        with pytest.raises(InvalidInputError, match="numWorkers=3 needs 3 task slots at once, but the cluster offers 2"):
+        with pytest.raises(InvalidInputError, match=r"numWorkers=3 needs 3 task slots at once, but the cluster offers 2 "
+                                                    r"\(master=local\[2\].*local mode cannot add slots.*local\[3\]"):
             trained.fit(linear_df)
     finally:
-        trained.setNumWorkers(2)
-    assert trained.checkpoint is before
+        trained.setNumWorkers(2).setSlotWaitTimeout(1.0)
+    assert trained.checkpoint is before and time.monotonic() - started < 10
+
+
+def test_data_with_nan_fails_at_its_step_and_keeps_the_run(trained, linear_df):
+    before = trained.checkpoint
+    poisoned = linear_df.withColumn("label", F.when(F.rand(3) < 0.02, F.lit(float("nan"))).otherwise(F.col("label")))
+    with pytest.raises(TrainingFailedError, match=r"non-finite loss \(nan\) at epoch 2, batch \d+.*labelCol 'label' "
+                                                  r"hold NaN.*allowNonFinite=True") as error:
+        trained.fit(poisoned)
+    assert not error.value.retryable and trained.checkpoint is before
+
+
+def test_vectors_of_different_sizes_in_different_partitions_name_the_column(spark):
+    from pyspark.ml.linalg import Vectors
+
+    rows = [(Vectors.dense([1.0] * 8), 1.0)] * 50 + [(Vectors.dense([1.0] * 9), 1.0)] * 50
+    df = spark.createDataFrame(rows, ["vec", "label"])  # local data: the first half in partition 0
+    est = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), featuresCol="vec",
+                         showProgress=False, maxEpochs=1)
+    with pytest.raises(InvalidInputError, match="featuresCol 'vec' holds rows of 8 values in some partitions and of 9"):
+        est.fit(df)
 
 
 @pytest.mark.parametrize("setting, value, message", [

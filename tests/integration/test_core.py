@@ -110,7 +110,7 @@ def test_scalar_label_is_shaped_like_a_single_output(spark, linear_df):
     est.fit(linear_df)
     # a broadcasting (B,) vs (B, 1) MSELoss would settle near the label variance, not near 0
     assert est.history[0]["train_loss"] < 1.0
-    assert est.checkpoint.meta["output_shape"] == [1]
+    assert est.checkpoint.output_shape == [1]
 
 
 def test_multi_output_prediction_is_an_array(spark, linear_df):
@@ -129,3 +129,18 @@ def test_a_partition_over_the_memory_budget_spills_and_trains_identically(spark,
     spilled.fit(linear_df)
     for key, value in in_memory.checkpoint.model_state.items():
         assert torch.equal(value, spilled.checkpoint.model_state[key])
+
+
+@pytest.mark.parametrize("shape", ["coalesce", "union"])
+def test_dataframes_a_barrier_stage_refuses_as_they_are_still_train(spark, linear_df, linear_data, shape):
+    """coalesce() and union() chains with numWorkers partitions are repartitioned, not launched as they are."""
+    x, y, w, b = linear_data
+    rows, schema = [(r.tolist(), float(t)) for r, t in zip(x, y)], "features array<double>, label double"
+    if shape == "coalesce":
+        df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 4), schema).coalesce(2)
+    else:
+        half = len(rows) // 2
+        df = spark.createDataFrame(spark.sparkContext.parallelize(rows[:half], 1), schema).union(
+            spark.createDataFrame(spark.sparkContext.parallelize(rows[half:], 1), schema))
+    assert df.rdd.getNumPartitions() == 2
+    _assert_learned(_estimator(maxEpochs=6).fit(df), w, b)

@@ -1,4 +1,4 @@
-"""Multi-fit semantics (DESIGN.md table) on local[2] with 2 DDP ranks."""
+"""Multi-fit semantics (docs/multi-fit.md) on local[2] with 2 DDP ranks."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_fine_tune_on_new_data_with_a_new_learning_rate(spark, linear_df):
     est.fit(shifted, duration="1ep")
     for key, value in est.checkpoint.model_state.items():
         assert torch.equal(value, before[key])
-    assert est.checkpoint.state["optimizer"]["param_groups"][0]["lr"] == 0.0
+    assert est.checkpoint.optimizer_state["param_groups"][0]["lr"] == 0.0
 
     tune.values = {"lr": 0.05}
     est.fit(shifted)
@@ -145,10 +145,13 @@ def test_periodic_checkpoints_are_written_atomically_with_a_latest_pointer(spark
     est.fit(linear_df)
     per_epoch = est.progress.global_step // 4
     names = sorted(p.name for p in directory.iterdir())
-    run = est.checkpoint.meta["run_id"][:12]
+    run = est.checkpoint.run_id[:12]
     assert names == [f"ckpt-{run}-ep{e:06d}-ba{e * per_epoch:012d}.pt" for e in (2, 3, 4)] + ["latest"]
     latest = Checkpoint.load(str(directory / (directory / "latest").read_text()))
     assert latest.progress == est.progress
+    resumed = _estimator(maxEpochs=5)
+    resumed.fit(linear_df, resume_from=str(directory))  # a directory: where its `latest` points
+    assert resumed.progress.epoch == 5 and resumed.history[:4] == est.history
 
 
 def test_exact_resume_also_when_the_input_is_reshuffled_into_ranks(spark, linear_data):

@@ -45,8 +45,9 @@ def test_a_crashed_rank_is_relaunched_from_the_newest_checkpoint(spark, linear_d
         crashing.fit(linear_df)
 
     assert (tmp_path / "crashed").exists()
-    relaunches = [r.getMessage() for r in caplog.records if "relaunching" in r.getMessage()]
-    assert len(relaunches) == 1 and "epoch=2" in relaunches[0]
+    relaunches = [r.getMessage() for r in caplog.records if "relaunching training" in r.getMessage()]
+    resumed = [r.getMessage() for r in caplog.records if "the relaunch resumes from" in r.getMessage()]
+    assert len(relaunches) == 1 and len(resumed) == 1 and "epoch=2" in resumed[0]
     for key, value in clean.checkpoint.model_state.items():
         assert torch.equal(value, crashing.checkpoint.model_state[key]), key
     assert [e["epoch"] for e in crashing.history] == [1, 2, 3, 4]
@@ -90,6 +91,13 @@ class Records(logging.Handler):
         self.seen.append((time.monotonic(), record))
 
 
+class Steady(Hook):
+    """Makes each step take at least 3 ms, so a fit lasts long enough to report several times."""
+
+    def after_train_iter(self):
+        time.sleep(0.003)
+
+
 def test_progress_streams_to_the_driver_while_the_fit_runs(spark, linear_df):
     handler = Records()
     progress_logger = logging.getLogger("spark_torch_est.progress")
@@ -97,7 +105,7 @@ def test_progress_streams_to_the_driver_while_the_fit_runs(spark, linear_df):
     old_level = progress_logger.level
     progress_logger.setLevel(logging.DEBUG)
     try:
-        est = _estimator(batchSize=8, maxEpochs=3)
+        est = _estimator(batchSize=8, maxEpochs=3, hooks=[Steady()])
         est.fit(linear_df)
         returned = time.monotonic()
     finally:
@@ -122,3 +130,39 @@ def test_worker_warnings_reach_the_driver_with_their_rank(spark, linear_df, capl
     with caplog.at_level(logging.WARNING, logger="spark_torch_est.worker"):
         _estimator(hooks=[WarnOnRank1()], maxEpochs=1).fit(linear_df)
     assert any(r.getMessage() == "[rank 1] user.code: rank one says hello" for r in caplog.records)
+
+
+class ExitBeforeForward(Hook):
+    """Hard-exits rank 1 just before its 3rd forward pass, the first time only: rank 0 is
+    then inside DDP's forward (broadcasting BatchNorm buffers) when its peer is gone."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def before_train_iter(self, rank, global_step):
+        if rank == 1 and global_step == 2 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+
+
+def _batch_norm_mlp(config):
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 1))
+
+
+def test_a_peer_dying_while_the_survivor_is_in_forward_is_relaunched(spark, linear_df, tmp_path, caplog):
+    est = _estimator(model=_batch_norm_mlp, hooks=[ExitBeforeForward(str(tmp_path / "exited"))], maxEpochs=2,
+                     maxRetries=1)
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
+        est.fit(linear_df)
+    assert (tmp_path / "exited").exists() and est.progress.epoch == 2
+    assert any("relaunching training (1 of 1)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_loss_that_is_not_one_value_is_not_relaunched(spark, linear_df, caplog):
+    est = _estimator(loss=lambda outputs, labels: (outputs - labels) ** 2, maxRetries=1)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"), pytest.raises(TrainingFailedError) as error:
+        est.fit(linear_df)
+    assert not error.value.retryable and "holding one value" in str(error.value)
+    assert not any("relaunching training" in r.getMessage() for r in caplog.records)
+    assert any("not one a relaunch can fix" in r.getMessage() for r in caplog.records)

@@ -7,6 +7,8 @@ import pytest
 
 from spark_torch_est.channel import ChannelClient, ChannelServer
 
+SECRET = b"c" * 32
+
 
 def _wait_for(condition, seconds=5.0):
     deadline = time.monotonic() + seconds
@@ -19,7 +21,7 @@ def _wait_for(condition, seconds=5.0):
 def rank_channel():
     """A driver's server, an authenticated rank's client, and the messages received."""
     received = []
-    server = ChannelServer("127.0.0.1", received.append)
+    server = ChannelServer("127.0.0.1", SECRET, received.append)
     client = ChannelClient(server.address, server.secret)
     yield server, client, received
     client.close()
@@ -34,7 +36,7 @@ def test_messages_from_an_authenticated_rank_arrive(rank_channel):
 
 def test_a_connection_without_the_secret_is_refused_and_reads_nothing():
     received = []
-    server = ChannelServer("127.0.0.1", received.append)
+    server = ChannelServer("127.0.0.1", SECRET, received.append)
     try:
         with pytest.raises((AuthenticationError, OSError)):
             ChannelClient(server.address, b"wrong secret").send({"type": "log"})
@@ -48,7 +50,7 @@ def test_a_connection_without_the_secret_is_refused_and_reads_nothing():
 
 
 def test_the_server_binds_only_the_host_it_was_given():
-    server = ChannelServer("127.0.0.1", lambda message: None)
+    server = ChannelServer("127.0.0.1", SECRET, lambda message: None)
     try:
         assert server.address[0] == "127.0.0.1"
     finally:
@@ -56,7 +58,7 @@ def test_the_server_binds_only_the_host_it_was_given():
 
 
 def test_an_unreachable_driver_fails_fast():
-    server = ChannelServer("127.0.0.1", lambda message: None)
+    server = ChannelServer("127.0.0.1", SECRET, lambda message: None)
     address = server.address
     server.close()
     started = time.monotonic()
@@ -70,7 +72,7 @@ def test_numbers_hooks_put_in_metrics_travel_as_floats():
     import torch
 
     received = []
-    server = ChannelServer("127.0.0.1", received.append)
+    server = ChannelServer("127.0.0.1", SECRET, received.append)
     try:
         client = ChannelClient(server.address, server.secret)
         client.send({"type": "epoch", "entry": {"grad_norm": torch.tensor(2.5), "lr": np.float32(0.5)}})
@@ -80,21 +82,24 @@ def test_numbers_hooks_put_in_metrics_travel_as_floats():
         server.close()
 
 
-def test_the_driver_finds_the_failure_a_rank_reported_through_its_prefix_store():
-    import torch.distributed as dist
+def test_a_silent_connection_does_not_lock_the_ranks_out():
+    import socket
 
-    from spark_torch_est.failure import USER, Failure
-    from spark_torch_est.launcher import _DriverStore
-    from spark_torch_est.worker import _report
-
-    driver = _DriverStore("127.0.0.1", timeout_s=10)
+    received = []
+    server = ChannelServer("127.0.0.1", SECRET, received.append, handshake_timeout=2.0)
+    silent = [socket.create_connection(server.address) for _ in range(3)]  # connect, then never speak
     try:
-        client = dist.TCPStore("127.0.0.1", driver.port, is_master=False)
-        failure = Failure(USER, "ValueError: x", 1, "after_train_iter", hook="h")
-        _report(dist.PrefixStore("ste-abc", client), failure)
-        assert driver.failures("ste-abc", 2) == [failure]
+        started = time.monotonic()
+        client = ChannelClient(server.address, server.secret)
+        client.send({"type": "progress", "global_step": 1})
+        assert _wait_for(lambda: received == [{"type": "progress", "global_step": 1}], seconds=1.0)
+        assert time.monotonic() - started < 1.0, "the rank was served while the silent ones waited"
+        assert _wait_for(lambda: server.rejected == 3, seconds=5.0), "the silent ones are dropped at the deadline"
+        client.close()
     finally:
-        driver.close()
+        for sock in silent:
+            sock.close()
+        server.close()
 
 
 def test_a_checkpoint_crosses_the_channel_in_parts_and_is_acknowledged(rank_channel):

@@ -3,8 +3,10 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spark_torch_est.data import (FEATURES, IS_VALIDATION, LABEL, InputDataError, batch_positions,
-                                  epoch_order, list_column_to_matrix, read_shard)
+from spark_torch_est.data import EpochPlan, epoch_order, list_column_to_matrix, read_shard
+from spark_torch_est.errors import InputDataError
+from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
+from spark_torch_est.spec import Columns
 
 
 def _batch(features, labels, flags=None):
@@ -51,7 +53,12 @@ def test_integer_labels_become_int64_class_indices():
 
 def test_null_labels_are_rejected_naming_the_column():
     with pytest.raises(InputDataError, match="'target'"):
-        read_shard(iter([_batch([[1.0], [2.0]], [1.0, None])]), "target")
+        read_shard(iter([_batch([[1.0], [2.0]], [1.0, None])]), Columns(label="target"))
+
+
+def test_ragged_features_name_the_users_column():
+    with pytest.raises(InputDataError, match="column 'data' holds arrays of different lengths"):
+        read_shard(iter([_batch([[1.0, 2.0], [2.0]], [1.0, 2.0])]), Columns(features="data"))
 
 
 def test_epoch_order_depends_on_seed_epoch_and_rank_only():
@@ -62,8 +69,17 @@ def test_epoch_order_depends_on_seed_epoch_and_rank_only():
         assert not torch.equal(a, other)
 
 
-def test_batch_positions_cover_the_rows_then_wrap():
+def test_an_epoch_plan_covers_the_rows_then_wraps():
+    plan = EpochPlan([10, 9], batch_size=4)
     order = torch.arange(10)
-    assert batch_positions(order, 0, 4).tolist() == [0, 1, 2, 3]
-    assert batch_positions(order, 2, 4).tolist() == [8, 9]            # the rank's own last, partial batch
-    assert batch_positions(order, 3, 4).tolist() == [2, 3, 4, 5]      # a shorter rank keeps stepping
+    assert plan.steps == 3
+    assert plan.positions(order, 0).tolist() == [0, 1, 2, 3]
+    assert plan.positions(order, 2).tolist() == [8, 9]                    # the rank's own last, partial batch
+    assert plan.positions(torch.arange(8), 2).tolist() == [0, 1, 2, 3]    # a shorter rank keeps stepping
+    assert [plan.samples(k) for k in range(3)] == [8, 8, 3]
+
+
+def test_an_epoch_plan_from_an_offset_takes_what_is_left():
+    plan = EpochPlan([10, 10], batch_size=3, offset=4)
+    assert plan.steps == 2 and plan.positions(torch.arange(10), 0).tolist() == [4, 5, 6]
+    assert [plan.samples(k) for k in range(2)] == [6, 6]

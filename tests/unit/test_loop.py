@@ -2,37 +2,33 @@
 
 from __future__ import annotations
 
-import cloudpickle
+import math
+
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
 from spark_torch_est import Checkpoint, Hook
-from spark_torch_est.creators import Creators
-from spark_torch_est.data import FEATURES, LABEL
-from spark_torch_est.failure import INPUT, USER, RankFailure
-from spark_torch_est.hooks import normalize_hooks
-from spark_torch_est.spec import Target, TaskSpec
 from spark_torch_est.barrier import LocalBarrier
+from spark_torch_est.creators import Creators
+from spark_torch_est.failure import INPUT, USER, RankFailure
+from spark_torch_est.hooks import STAGES, STAGE_ARGUMENTS
+from spark_torch_est.progress import Target
+from spark_torch_est.protocol import IS_VALIDATION, LABEL
 from spark_torch_est.worker import run_rank
-from tests.helpers import adam, flat_weights, mlp, step_lr
+from tests.helpers import LOCAL_LAUNCH, adam, arrow_batches, flat_weights, mlp, sgd, task_spec
 
 
-def _batches(rows=200, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 8)).astype(np.float32)
-    y = (x.sum(axis=1) + 1.0).astype(np.float32)
-    features = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 8)
-    return [pa.RecordBatch.from_arrays([features, pa.array(y)], [FEATURES, LABEL])]
+def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200, **fields) -> Checkpoint:
+    spec = task_spec(target, hooks=hooks, resume=resume, **fields)
+    return Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter(arrow_batches(rows)), LocalBarrier()))
 
 
-def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200) -> Checkpoint:
-    creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), scheduler=step_lr,
-                        hooks=normalize_hooks(hooks), config={"dropout": 0.3})
-    spec = TaskSpec(job_id="unit/", run_id="r", payload=cloudpickle.dumps(creators), resume=resume, target=target,
-                    world_size=1, batch_size=16, seed=3, store_host=None, store_port=None, timeout_s=30)
-    return Checkpoint.from_bytes(run_rank(spec, iter(_batches(rows)), LocalBarrier()))
+def _failure(spec, batches=None):
+    with pytest.raises(RankFailure) as error:
+        run_rank(spec, LOCAL_LAUNCH, iter(arrow_batches() if batches is None else batches), LocalBarrier())
+    return error.value.failure
 
 
 def _weights(checkpoint: Checkpoint) -> np.ndarray:
@@ -40,21 +36,110 @@ def _weights(checkpoint: Checkpoint) -> np.ndarray:
 
 
 def test_two_plus_two_epochs_equal_four_bitwise():
-    whole = _run(Target(max_epochs=4, epoch=4))
-    half = _run(Target(max_epochs=4, epoch=2))
-    resumed = _run(Target(max_epochs=4, epoch=4), resume=half.to_bytes())
+    whole = _run(Target(epoch=4))
+    half = _run(Target(epoch=2))
+    resumed = _run(Target(epoch=4), resume=half.to_bytes())
     np.testing.assert_array_equal(_weights(whole), _weights(resumed))
     assert resumed.progress == whole.progress
     assert [e["epoch"] for e in resumed.history] == [1, 2, 3, 4]
 
 
 def test_batch_durations_that_end_mid_epoch_resume_exactly():
-    whole = _run(Target(max_epochs=3, epoch=3))          # 13 steps per epoch
-    part = _run(Target(max_epochs=3, epoch=3, global_step=20))
-    assert (part.progress.epoch, part.progress.batch_in_epoch) == (1, 7)
-    resumed = _run(Target(max_epochs=3, epoch=3), resume=part.to_bytes())
+    whole = _run(Target(epoch=3))          # 13 steps per epoch
+    part = _run(Target(epoch=3, global_step=20))
+    assert (part.progress.epoch, part.progress.batch_in_epoch, part.progress.sample_in_epoch) == (1, 7, 7 * 16)
+    resumed = _run(Target(epoch=3), resume=part.to_bytes())
     np.testing.assert_array_equal(_weights(whole), _weights(resumed))
     assert resumed.history[1]["train_loss"] == pytest.approx(whole.history[1]["train_loss"], rel=1e-9)
+
+
+def test_a_sample_duration_stops_after_the_step_that_reaches_it():
+    checkpoint = _run(Target(epoch=3, samples=100))
+    assert (checkpoint.progress.global_step, checkpoint.progress.samples) == (7, 112)
+
+
+class SeenRows(Hook):
+    """Records the labels (unique per row here) every step trains on."""
+
+    def __init__(self):
+        self.labels = []
+
+    def after_train_iter(self, labels):
+        self.labels.extend(labels.reshape(-1).tolist())
+
+    def state_dict(self):
+        return {"labels": list(self.labels)}
+
+    def load_state_dict(self, state):
+        self.labels = list(state["labels"])
+
+
+def test_a_new_batch_size_continues_the_epoch_where_it_stopped_with_every_row_once():
+    seen = SeenRows()
+    part = _run(Target(epoch=1, global_step=5), hooks={"seen": seen}, batch_size=16)  # 80 of 200 rows
+    rest = _run(Target(epoch=1), resume=part.to_bytes(), hooks={"seen": SeenRows()}, batch_size=64)
+    labels = rest.hook_states["seen"]["labels"]
+    expected = sorted(float(v) for v in arrow_batches()[0].column(1).to_pylist())
+    assert sorted(labels) == pytest.approx(expected)  # every row exactly once in the epoch
+    assert rest.progress.global_step == 5 + 2 and rest.progress.samples == 200  # 120 rows left: 64 + 56
+    assert rest.progress.epoch == 1 and len(rest.history) == 1
+
+
+class EveryArgument(Hook):
+    """Records, for every stage, the values of the arguments the loop offers."""
+
+    def __init__(self):
+        self.calls = []
+
+    def state_dict(self):
+        return {"calls": self.calls}
+
+
+def _record(stage):
+    def method(self, **kwargs):
+        state = kwargs["state"]
+        self.calls.append({
+            "stage": stage, "epoch": kwargs["epoch"], "batch_idx": kwargs["batch_idx"],
+            "global_step": kwargs["global_step"], "state": [state.epoch, state.batch_in_epoch, state.global_step],
+            "has_batch": "batch" in kwargs, "has_loss": kwargs.get("loss") is not None,
+        })
+    return method
+
+
+for _stage in STAGES:
+    if _stage != "on_exception":
+        setattr(EveryArgument, _stage, _record(_stage))
+
+
+def test_every_stage_gets_the_arguments_of_what_the_loop_did():
+    creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"every": EveryArgument()})
+    rows, batch = 40, 16  # 3 steps per epoch, the last of 8 rows
+    spec = task_spec(Target(epoch=2), creators=creators, batch_size=batch)
+    validation = arrow_batches(rows)[0].append_column(IS_VALIDATION, pa.array([i % 4 == 0 for i in range(rows)]))
+    calls = Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter([validation]), LocalBarrier())) \
+        .hook_states["every"]["calls"]
+    for call in calls:  # `state` always tells the same progress as the other arguments
+        assert call["state"][0] == call["epoch"] and call["state"][2] == call["global_step"], call
+    steps_per_epoch = 2  # 30 training rows, 16 per batch
+    by_stage = {}
+    for call in calls:
+        by_stage.setdefault(call["stage"], []).append(call)
+    assert [c["global_step"] for c in by_stage["before_optimizer_step"]] == [0, 1, 2, 3]
+    assert [c["global_step"] for c in by_stage["after_optimizer_step"]] == [1, 2, 3, 4]
+    assert [c["global_step"] for c in by_stage["after_train_iter"]] == [1, 2, 3, 4]
+    assert [c["batch_idx"] for c in by_stage["after_train_iter"]] == [0, 1, 0, 1]
+    assert [c["batch_idx"] for c in by_stage["before_train_epoch"]] == [0, 0]
+    assert [c["batch_idx"] for c in by_stage["after_train_epoch"]] == [steps_per_epoch - 1] * 2  # never a val batch
+    assert [c["epoch"] for c in by_stage["after_train_epoch"]] == [1, 2]  # completed epochs
+    assert [c["batch_idx"] for c in by_stage["after_val_iter"]] == [0, 0]  # 10 validation rows: one batch
+    assert all(c["has_batch"] and c["has_loss"] for c in by_stage["after_train_iter"] + by_stage["after_val_iter"])
+    assert not any(c["has_batch"] for c in by_stage["before_run"] + by_stage["after_run"])
+    assert by_stage["after_run"][0]["global_step"] == 4
+    for stage in STAGES:
+        if stage != "on_exception":
+            assert stage in by_stage, stage
+            names = set(STAGE_ARGUMENTS[stage])
+            assert {"epoch", "batch_idx", "global_step", "state"} <= names
 
 
 def test_hook_exception_names_hook_stage_and_rank():
@@ -63,21 +148,48 @@ def test_hook_exception_names_hook_stage_and_rank():
             if global_step == 3:
                 raise ValueError("boom at 3")
 
-    with pytest.raises(RankFailure) as error:
-        _run(Target(max_epochs=1, epoch=1), hooks={"boom": Boom()})
-    failure = error.value.failure
+    failure = _failure(task_spec(hooks={"boom": Boom()}))
     assert (failure.kind, failure.hook, failure.stage, failure.rank) == (USER, "boom", "after_train_iter", 0)
     assert "boom at 3" in failure.message and "ValueError" in failure.traceback
 
 
 def test_an_empty_partition_is_an_input_error():
-    creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss())
-    spec = TaskSpec(job_id="unit/", run_id="r", payload=cloudpickle.dumps(creators), resume=None,
-                    target=Target(1, 1), world_size=1, batch_size=4, seed=0, store_host=None,
-                    store_port=None, timeout_s=30)
-    with pytest.raises(RankFailure) as error:
-        run_rank(spec, iter([]), LocalBarrier())
-    assert error.value.failure.kind == INPUT and "no training rows" in error.value.failure.message
+    failure = _failure(task_spec(), batches=[])
+    assert failure.kind == INPUT and "no training rows" in failure.message
+
+
+@pytest.mark.parametrize("loss, words", [
+    (lambda out, y: (out - y) ** 2, "tensor of shape [16, 1]"),
+    (lambda out, y: 0.5, "float"),
+])
+def test_a_loss_that_is_not_one_value_is_a_user_error_with_the_fix(loss, words):
+    creators = Creators(model=mlp, optimizer=adam, loss=loss)
+    failure = _failure(task_spec(creators=creators))
+    assert failure.kind == USER and words in failure.message and ".mean()" in failure.message
+
+
+def test_a_non_finite_loss_fails_at_its_step_unless_allowed():
+    batch = arrow_batches(64)[0]
+    labels = batch.column(1).to_numpy().copy()
+    labels[40] = math.nan
+    batches = [batch.set_column(1, LABEL, pa.array(labels))]
+    creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss())
+    spec = task_spec(Target(epoch=1), creators=creators, batch_size=16, seed=0)
+    failure = _failure(spec, batches)
+    assert failure.kind == USER and "non-finite loss (nan)" in failure.message
+    assert "epoch 1" in failure.message and "labelCol 'label'" in failure.message
+    assert "allowNonFinite=True" in failure.message
+    allowed = run_rank(task_spec(Target(epoch=1), creators=creators, batch_size=16, allow_non_finite=True),
+                       LOCAL_LAUNCH, iter(batches), LocalBarrier())
+    assert math.isnan(Checkpoint.from_bytes(allowed).history[0]["train_loss"])
+
+
+def test_batch_norm_on_a_one_row_batch_says_how_to_fix_it():
+    creators = Creators(model=lambda c: torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4),
+                                                            torch.nn.Linear(4, 1)),
+                        optimizer=sgd, loss=torch.nn.MSELoss())
+    failure = _failure(task_spec(creators=creators, batch_size=16), arrow_batches(33))  # 16 + 16 + 1
+    assert failure.kind == USER and "single row" in failure.message and "batchSize" in failure.message
 
 
 def test_flat_weights_helper_sees_every_parameter():
@@ -91,93 +203,16 @@ def test_a_creator_from_a_module_executors_cannot_import_gets_a_hint(tmp_path, m
     (tmp_path / "driver_only_module.py").write_text("import torch\ndef make(config):\n    return torch.nn.Linear(8, 1)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("driver_only_module")
-    payload = cloudpickle.dumps(Creators(model=module.make, optimizer=adam, loss=torch.nn.MSELoss()))
+    creators = Creators(model=module.make, optimizer=adam, loss=torch.nn.MSELoss())
+    spec = task_spec(creators=creators)
     del sys.modules["driver_only_module"]
     sys.path.remove(str(tmp_path))  # now this process is an executor without the module
-    spec = TaskSpec(job_id="unit/", run_id="r", payload=payload, resume=None, target=Target(1, 1), world_size=1,
-                    batch_size=4, seed=0, store_host=None, store_port=None, timeout_s=30)
-    with pytest.raises(RankFailure) as error:
-        run_rank(spec, iter(_batches()), LocalBarrier())
-    failure = error.value.failure
+    failure = _failure(spec)
     assert failure.kind == USER and failure.stage == "setup"
     assert "'driver_only_module'" in failure.message and "register_pickle_by_value" in failure.message
 
 
 def test_a_model_that_does_not_fit_the_features_is_a_user_error_at_setup():
     creators = Creators(model=lambda c: torch.nn.Linear(10, 1), optimizer=adam, loss=torch.nn.MSELoss())
-    spec = TaskSpec(job_id="unit", run_id="r", payload=cloudpickle.dumps(creators), resume=None, target=Target(1, 1),
-                    world_size=1, batch_size=4, seed=0, store_host=None, store_port=None, timeout_s=30)
-    with pytest.raises(RankFailure) as error:
-        run_rank(spec, iter(_batches()), LocalBarrier())
-    failure = error.value.failure
+    failure = _failure(task_spec(creators=creators))
     assert (failure.kind, failure.stage) == (USER, "setup") and "mat1 and mat2" in failure.message
-
-
-def test_slow_imports_run_in_the_background_only_when_missing():
-    import sys
-
-    from spark_torch_est.worker import _import_in_background
-
-    assert _import_in_background(("torch", "pyarrow")) is None  # a reused worker starts no thread
-    sys.modules.pop("colorsys", None)
-    thread = _import_in_background(("no_such_module_ste", "colorsys"))  # a failure is only logged
-    thread.join(30)
-    assert not thread.is_alive() and "colorsys" in sys.modules
-
-
-class _Held:
-    """Stands in for a DDP model: weakly referenceable, owned by whatever holds it."""
-
-
-@pytest.fixture
-def lone_process_group():
-    """A real one-rank gloo group for ``_teardown`` to destroy; undone if a test fails."""
-    import gc
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    gc.unfreeze()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def test_teardown_frees_a_model_that_only_old_garbage_still_reaches(lone_process_group, caplog):
-    import gc
-    import weakref
-
-    import torch.distributed as dist
-
-    from spark_torch_est import worker
-
-    old = _Held()
-    old.cycle = old  # cyclic garbage-to-be that predates training: frozen below
-    gc.freeze()
-    model = _Held()
-    old.model = model  # training hands the old object a reference, then both are dropped
-    ref = weakref.ref(model)
-    del old, model
-    gc.collect()
-    assert ref() is not None, "a frozen object keeps it out of the quick collection"
-    kept = len(worker._KEPT_ALIVE)
-    worker._teardown(clean=True, ddp=[ref])
-    assert ref() is None, "freed before the process group, after the full collection"
-    assert not dist.is_initialized() and len(worker._KEPT_ALIVE) == kept
-    assert "still referenced" not in caplog.text
-
-
-def test_teardown_keeps_a_model_a_global_still_holds_instead_of_freeing_it_later(lone_process_group, caplog):
-    import weakref
-
-    import torch.distributed as dist
-
-    from spark_torch_est import worker
-
-    holder = [_Held()]  # a hook's global, say
-    ref = weakref.ref(holder[0])
-    worker._teardown(clean=True, ddp=[ref])
-    holder.clear()
-    assert ref() is not None and ref() in worker._KEPT_ALIVE
-    assert not dist.is_initialized() and "still referenced after training" in caplog.text
-    worker._KEPT_ALIVE.remove(ref())

@@ -1,4 +1,4 @@
-"""Partitions past the memory budget spill to memory-mapped files with the same rows."""
+"""Partitions past the memory budget spill to local files read back per batch, with the same rows."""
 
 from __future__ import annotations
 

@@ -1,0 +1,127 @@
+"""Failures: classified by cause on the rank, sealed on the way, explained and decided on the driver."""
+
+import json
+import logging
+
+import pytest
+import torch.distributed as dist
+
+from spark_torch_est.errors import IncompatibleCheckpointError, InputDataError, InvalidInputError, TrainingFailedError
+from spark_torch_est.failure import (_BEGIN, _END, CHECKPOINT, INPUT, SYSTEM, USER, Decision, Failure, FailurePolicy,
+                                     PeerAuthenticationError, StoreUnreachableError, _tag, describe,
+                                     explain_job_failure)
+
+SECRET = b"k" * 32
+CRASH = ("org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "
+         "barrier ResultStage. Most recent failure reason: Stage failed because barrier task ResultTask(1, 1) "
+         "finished unsuccessfully.\norg.apache.spark.SparkException: Python worker exited unexpectedly (crashed)")
+
+
+def _raised(error: BaseException) -> BaseException:
+    try:
+        raise error
+    except BaseException as caught:  # noqa: B036 - a real traceback for describe()
+        return caught
+
+
+@pytest.mark.parametrize("error, stage, hook, kind", [
+    # a dead peer is a system failure in any stage, e.g. DDP's buffer broadcast in forward
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5"),
+     "forward", None, SYSTEM),
+    (RuntimeError("Connection reset by peer"), "after_train_iter", "h", SYSTEM),
+    (dist.DistNetworkError("store gone"), "setup", None, SYSTEM),
+    (PeerAuthenticationError("impostor"), "rendezvous", None, SYSTEM),
+    (KeyboardInterrupt(), "forward", None, SYSTEM),
+    # deterministic errors in user code are not retried, whatever the stage
+    (RuntimeError("grad can be implicitly created only for scalar outputs"), "backward", None, USER),
+    (TypeError("the loss must be a tensor holding one value"), "loss", None, USER),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), "forward", None, USER),
+    (ValueError("bad"), "collective", None, USER),
+    (InputDataError("nulls"), "ingest", None, INPUT),
+    (IncompatibleCheckpointError("shapes"), "setup", None, CHECKPOINT),
+])
+def test_failures_are_classified_by_cause_not_stage(error, stage, hook, kind):
+    assert describe(_raised(error), 0, stage, hook).kind == kind
+
+
+def test_a_sealed_report_survives_wrapping_and_maps_to_the_right_error():
+    failure = describe(_raised(ValueError("boom")), 1, "after_train_iter", "bad")
+    wrapped = f"py4j.Py4JJavaError: An error occurred\n  {failure.seal(SECRET)}\n\tat org.apache..."
+    assert Failure.unseal(wrapped, SECRET) == failure
+    error = Failure.unseal(wrapped, SECRET).to_error()
+    assert isinstance(error, TrainingFailedError)
+    assert (error.rank, error.stage, error.hook, error.retryable) == (1, "after_train_iter", "bad", False)
+    assert "Traceback" in str(error)
+    assert isinstance(Failure(INPUT, "x", 0, "ingest").to_error(), InputDataError)
+    assert Failure(SYSTEM, "x", 0, "collective").to_error().retryable
+
+
+def test_a_forged_report_is_ignored(caplog):
+    forged = Failure(USER, "attacker's text", 1, "after_train_iter")
+    with caplog.at_level(logging.WARNING):
+        assert Failure.unseal(forged.seal(b"guessed" * 5), SECRET) is None
+    assert "does not carry this job's secret" in caplog.text
+
+
+def _sealed_body(body) -> str:
+    text = json.dumps(body)
+    return f"{_BEGIN}{_tag(SECRET, text)} {text}{_END}"
+
+
+def test_an_extra_field_is_dropped():
+    body = {"kind": USER, "message": "m", "rank": 0, "stage": "s", "unexpected": 1}
+    assert Failure.unseal(_sealed_body(body), SECRET) == Failure(USER, "m", 0, "s")
+
+
+@pytest.mark.parametrize("body", [
+    [1, 2], {"kind": "root", "message": "m", "rank": 0, "stage": "s"}, {"kind": USER, "message": 5, "rank": 0,
+                                                                      "stage": "s"},
+    {"kind": USER, "message": "m", "rank": -1, "stage": "s"}, {"kind": USER, "message": "m", "rank": True,
+                                                               "stage": "s"},
+])
+def test_a_malformed_report_with_a_valid_seal_is_ignored_not_raised(body):
+    assert Failure.unseal(_sealed_body(body), SECRET) is None
+
+
+def test_a_crashed_worker_is_retryable():
+    error = explain_job_failure(CRASH, [], SECRET)
+    assert isinstance(error, TrainingFailedError) and error.retryable
+    assert "Python worker exited unexpectedly" in error.message
+
+
+def test_a_user_error_on_one_rank_beats_the_peer_that_lost_its_connection():
+    peer = Failure(SYSTEM, "RuntimeError: Connection closed by peer", 0, "backward")
+    user = Failure(USER, "ValueError: bad", 1, "after_train_iter", hook="h")
+    error = explain_job_failure(CRASH, [peer, user], SECRET)
+    assert (error.rank, error.hook, error.retryable) == (1, "h", False)
+
+
+def test_result_size_missing_modules_and_unsupported_barrier_jobs():
+    too_large = explain_job_failure("Total size of serialized results of 1 tasks (50.0 MiB) is bigger than "
+                                    "spark.driver.maxResultSize (1024.0 KiB)", [], SECRET)
+    assert "spark.driver.maxResultSize (1024.0 KiB)" in too_large.message and not too_large.retryable
+    missing = explain_job_failure("ModuleNotFoundError: No module named 'torch'", [], SECRET)
+    assert "'torch'" in missing.message and "PYSPARK_PYTHON" in missing.message and not missing.retryable
+    unsupported = explain_job_failure(
+        "org.apache.spark.SparkException: [SPARK-24820][SPARK-24821]: Barrier execution mode does not allow the "
+        "following pattern of RDD chain within a barrier stage:\n1. Ancestor RDDs that have different number of "
+        "partitions from the resulting RDD (e.g. union()/coalesce()/first()/take()/PartitionPruningRDD).\n"
+        "2. An RDD that depends on multiple barrier RDDs (e.g. barrierRdd1.zip(barrierRdd2)).\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.check(DAGScheduler.scala:1)", [], SECRET)
+    assert isinstance(unsupported, InvalidInputError)
+    assert "union()/coalesce()" in str(unsupported) and "barrierRdd1.zip" in str(unsupported)
+    assert "DAGScheduler.scala" not in str(unsupported)
+
+
+def test_the_policy_relaunches_system_failures_while_retries_last_and_logs_why(caplog):
+    policy = FailurePolicy(max_retries=1)
+    system = TrainingFailedError("peer died", retryable=True)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.failure"):
+        assert policy.decide(system) is Decision.RELAUNCH
+        assert policy.decide(system) is Decision.RAISE
+        assert policy.decide(TrainingFailedError("hook raised")) is Decision.RAISE
+        assert policy.decide(StoreUnreachableError("no route", retryable=True)) is Decision.REROUTE
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("relaunching training (1 of 1)" in m for m in messages)
+    assert any("maxRetries=1 relaunches used" in m for m in messages)
+    assert any("not one a relaunch can fix" in m for m in messages)

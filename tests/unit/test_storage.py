@@ -1,0 +1,51 @@
+"""Checkpoint directories: atomic writes, pruning, leftovers of killed writers, pointers."""
+
+import logging
+
+from spark_torch_est.storage import CheckpointDir
+
+RUN = "3f9c0a1b2d4e5f60"
+
+
+def test_a_directory_keeps_the_newest_and_points_at_it(tmp_path):
+    directory = CheckpointDir(str(tmp_path), run_id=RUN, keep=2)
+    for step in range(1, 5):
+        directory.write(f"ckpt{step}".encode(), epoch=step, global_step=step * 10)
+    assert len(list(tmp_path.glob("ckpt-*.pt"))) == 2 and not list(tmp_path.glob("*.tmp-*"))
+    newest = directory.newest()
+    assert (newest.epoch, newest.global_step, newest.read()) == (4, 40, b"ckpt4")
+    assert directory.latest() == newest
+
+
+def test_progress_comes_from_names_and_runs_sharing_a_directory_stay_apart(tmp_path):
+    mine, other = CheckpointDir(str(tmp_path), run_id=RUN), CheckpointDir(str(tmp_path), run_id="aaaaaaaaaaaa")
+    mine.write(b"x", epoch=2, global_step=20)
+    other.write(b"y", epoch=9, global_step=90)
+    (tmp_path / f"ckpt-{RUN[:12]}-ep000003-ba000000000030.pt").write_bytes(b"not even a checkpoint")
+    assert mine.newest().global_step == 30  # read from the name alone
+    assert other.newest().global_step == 90
+
+
+def test_leftovers_of_a_killed_writer_are_removed_at_the_next_write(tmp_path):
+    leftover = tmp_path / f"ckpt-{RUN[:12]}-ep000001-ba000000000010.pt.tmp-deadbeef"
+    foreign = tmp_path / "ckpt-aaaaaaaaaaaa-ep000001-ba000000000010.pt.tmp-deadbeef"
+    leftover.write_bytes(b"half")
+    foreign.write_bytes(b"another run may still be writing this")
+    CheckpointDir(str(tmp_path), run_id=RUN).write(b"x", epoch=1, global_step=12)
+    assert not leftover.exists() and foreign.exists()
+
+
+def test_a_pointer_that_leaves_the_directory_is_refused(tmp_path, caplog):
+    (tmp_path / "outside.pt").write_bytes(b"secret")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "latest").write_text("../outside.pt")
+    with caplog.at_level(logging.WARNING):
+        assert CheckpointDir(str(tmp_path / "dir")).latest() is None
+    assert "not a checkpoint file in that directory" in caplog.text
+    (tmp_path / "dir" / "latest").write_text("/etc/passwd")
+    assert CheckpointDir(str(tmp_path / "dir")).latest() is None
+
+
+def test_an_empty_or_missing_directory_has_no_checkpoint(tmp_path):
+    assert CheckpointDir(str(tmp_path / "none"), run_id=RUN).newest() is None
+    assert CheckpointDir(str(tmp_path / "none")).latest() is None

@@ -1,0 +1,36 @@
+"""What the driver shows from the ranks' messages."""
+
+import logging
+
+from spark_torch_est import Progress
+from spark_torch_est.progress import Target
+from spark_torch_est.view import DriverView
+
+
+def _progress(step, epoch=0, batch=1):
+    return {"type": "progress", "epoch": epoch, "batch_in_epoch": batch, "global_step": step, "samples": step * 8,
+            "sample_in_epoch": batch * 8, "steps_per_epoch": 10, "loss": 0.25, "time": 0.0}
+
+
+def test_progress_lines_count_the_steps_of_this_fit(caplog):
+    view = DriverView(True, Progress(epoch=1, global_step=10), Target(epoch=3), samples_per_step=8)
+    view._interactive = False  # log lines, as outside a terminal
+    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.progress"):
+        view.handle(_progress(14, epoch=1, batch=4))
+    view.close()
+    lines = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert lines[0].getMessage() == "step 4/20 of this fit, epoch 2, loss 0.25"
+    debug = [r for r in caplog.records if hasattr(r, "progress")]
+    assert debug[0].progress["global_step"] == 14
+
+
+def test_epochs_and_rank_logs_reach_their_loggers(caplog):
+    view = DriverView(False, Progress(), Target(epoch=1), samples_per_step=8)
+    with caplog.at_level(logging.INFO):
+        view.handle({"type": "epoch", "entry": {"epoch": 1, "train_loss": 0.5, "val_mae": 0.125}})
+        view.handle({"type": "log", "rank": 1, "level": logging.WARNING, "logger": "user", "message": "hello"})
+        view.handle(_progress(1))  # showProgress=False: DEBUG only
+    messages = [(r.name, r.getMessage()) for r in caplog.records]
+    assert ("spark_torch_est.progress", "epoch 1: train_loss=0.5, val_mae=0.125") in messages
+    assert ("spark_torch_est.worker", "[rank 1] user: hello") in messages
+    assert not any("of this fit" in m for _, m in messages)

@@ -1,0 +1,96 @@
+"""The barrier task's entry: background imports, devices, and the teardown that cannot hang."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spark_torch_est.errors import InputDataError
+from spark_torch_est.worker import choose_device
+
+
+@pytest.mark.parametrize("use_gpu, gpus, cuda, rank, expected", [
+    (None, [], 0, 0, "cpu"),                 # auto on a CPU executor
+    (None, ["0"], 0, 1, "cpu"),              # Spark has GPU resources, torch has no CUDA build
+    (False, ["1"], 2, 0, "cpu"),             # switched off
+    (None, ["1"], 2, 0, "cuda:1"),           # the GPU Spark assigned this task
+    (True, ["3"], 4, 1, "cuda:3"),
+    (True, [], 2, 3, "cuda:1"),              # no task resources: one GPU per rank, round robin
+])
+def test_each_rank_takes_the_gpu_spark_assigned(use_gpu, gpus, cuda, rank, expected):
+    assert choose_device(use_gpu, gpus, cuda, rank) == torch.device(expected)
+
+
+def test_use_gpu_without_cuda_is_a_clear_error():
+    with pytest.raises(InputDataError, match="useGpu=True but torch sees no CUDA device.*\\['0'\\]"):
+        choose_device(True, ["0"], 0, 0)
+
+
+def test_slow_imports_run_in_the_background_only_when_missing():
+    import sys
+
+    from spark_torch_est.worker import _import_in_background
+
+    assert _import_in_background(("torch", "pyarrow")) is None  # a reused worker starts no thread
+    sys.modules.pop("colorsys", None)
+    thread = _import_in_background(("no_such_module_ste", "colorsys"))  # a failure is only logged
+    thread.join(30)
+    assert not thread.is_alive() and "colorsys" in sys.modules
+
+
+class _Held:
+    """Stands in for a DDP model: weakly referenceable, owned by whatever holds it."""
+
+
+@pytest.fixture
+def lone_process_group():
+    """A real one-rank gloo group for ``_teardown`` to destroy; undone if a test fails."""
+    import gc
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    gc.unfreeze()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_teardown_frees_a_model_that_only_old_garbage_still_reaches(lone_process_group, caplog):
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from spark_torch_est import worker
+
+    old = _Held()
+    old.cycle = old  # cyclic garbage-to-be that predates training: frozen below
+    gc.freeze()
+    model = _Held()
+    old.model = model  # training hands the old object a reference, then both are dropped
+    ref = weakref.ref(model)
+    del old, model
+    gc.collect()
+    assert ref() is not None, "a frozen object keeps it out of the quick collection"
+    kept = len(worker._KEPT_ALIVE)
+    worker._teardown(clean=True, ddp=[ref])
+    assert ref() is None, "freed before the process group, after the full collection"
+    assert not dist.is_initialized() and len(worker._KEPT_ALIVE) == kept
+    assert "still referenced" not in caplog.text
+
+
+def test_teardown_keeps_a_model_a_global_still_holds_instead_of_freeing_it_later(lone_process_group, caplog):
+    import weakref
+
+    import torch.distributed as dist
+
+    from spark_torch_est import worker
+
+    holder = [_Held()]  # a hook's global, say
+    ref = weakref.ref(holder[0])
+    worker._teardown(clean=True, ddp=[ref])
+    holder.clear()
+    assert ref() is not None and ref() in worker._KEPT_ALIVE
+    assert not dist.is_initialized() and "still referenced after training" in caplog.text
+    worker._KEPT_ALIVE.remove(ref())
