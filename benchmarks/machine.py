@@ -12,7 +12,6 @@ import os
 import platform
 import sys
 import threading
-import time
 
 __all__ = ["describe", "ForeignLoad"]
 

@@ -64,6 +64,13 @@ def estimator(**params) -> TorchEstimator:
     return TorchEstimator(**settings)
 
 
+def linear_estimator(**params) -> TorchEstimator:
+    """The tests' linear regression: ``Linear(8, 1)`` with SGD, 2 ranks, batches of 64, 4
+    epochs, no progress bar; ``params`` override any argument."""
+    return TorchEstimator(**{**dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64,
+                                    maxEpochs=4, numWorkers=2, showProgress=False), **params})
+
+
 def task_spec(target: Target = Target(epoch=1), *, hooks=None, creators: Creators | None = None,
               **fields) -> TaskSpec:
     """A one-rank TaskSpec for the loop run in-process (``LocalBarrier``); ``fields``

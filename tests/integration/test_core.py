@@ -9,16 +9,13 @@ from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
 from spark_torch_est import Hook, TorchEstimator, TorchModel
-from tests.helpers import DumpWeights, linear_model, sgd
+from tests.helpers import DumpWeights, linear_estimator
 
 pytestmark = pytest.mark.spark
 
 
 def _estimator(**params) -> TorchEstimator:
-    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=32,
-                    maxEpochs=4, numWorkers=2, showProgress=False)
-    settings.update(params)
-    return TorchEstimator(**settings)
+    return linear_estimator(**{"batchSize": 32, **params})
 
 
 def _assert_learned(model: TorchModel, w: np.ndarray, b: float) -> None:

@@ -12,16 +12,13 @@ import torch
 
 from spark_torch_est import EarlyStopping, Hook, TorchEstimator
 from spark_torch_est.errors import TrainingFailedError
-from tests.helpers import flat_weights, linear_model, sgd
+from tests.helpers import flat_weights, linear_estimator
 
 pytestmark = pytest.mark.spark
 
 
 def _estimator(hooks, **params) -> TorchEstimator:
-    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64,
-                    maxEpochs=4, numWorkers=2, showProgress=False, hooks=hooks)
-    settings.update(params)
-    return TorchEstimator(**settings)
+    return linear_estimator(hooks=hooks, **params)
 
 
 class Observer(Hook):

@@ -10,17 +10,13 @@ import torch
 
 from spark_torch_est import Checkpoint, SetHyperparameters, TorchEstimator, TorchModel
 from spark_torch_est.errors import IncompatibleCheckpointError, TrainingCompleteError
-from tests.helpers import adam, mlp, sgd, spark_jobs_started, step_lr
+from tests.helpers import estimator, sgd, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
 
 def _estimator(**params) -> TorchEstimator:
-    settings = dict(model=mlp, optimizer=adam, scheduler=step_lr, loss=torch.nn.MSELoss(),
-                    config={"dropout": 0.2, "lr": 0.01}, batchSize=128, maxEpochs=4, numWorkers=2,
-                    seed=11, showProgress=False)
-    settings.update(params)
-    return TorchEstimator(**settings)
+    return estimator(**params)
 
 
 def _weights(source) -> dict[str, torch.Tensor]:

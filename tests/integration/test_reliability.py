@@ -11,17 +11,13 @@ import torch
 
 from spark_torch_est import Hook, TorchEstimator
 from spark_torch_est.errors import TrainingFailedError
-from tests.helpers import adam, mlp, step_lr
+from tests.helpers import estimator
 
 pytestmark = pytest.mark.spark
 
 
 def _estimator(**params) -> TorchEstimator:
-    settings = dict(model=mlp, optimizer=adam, scheduler=step_lr, loss=torch.nn.MSELoss(),
-                    config={"dropout": 0.2}, batchSize=128, maxEpochs=4, numWorkers=2, seed=5,
-                    showProgress=False)
-    settings.update(params)
-    return TorchEstimator(**settings)
+    return estimator(**{"seed": 5, **params})
 
 
 class CrashOnce(Hook):
