@@ -12,6 +12,8 @@ runs code::
     partial_epoch   {"loss_sum": float, "count": float} of an epoch stopped mid-way
     epoch_rows      training rows of the epoch in progress, all ranks together
     world_size      ranks of the fit that wrote it
+    seed            the seed of the epoch orders (the ``seed`` Param)
+    config_digest   SHA-256 of the config the creators were called with
     outputs         {"shape": [dims per row], "label_kind": "int" | "float"}
     inputs          {"num_features": int}
     model           model.state_dict() (CPU tensors)
@@ -38,8 +40,8 @@ __all__ = ["Checkpoint", "FORMAT_VERSION", "check_compatible", "iter_chunks"]
 
 FORMAT_VERSION = 2
 CHUNK_BYTES = 8 << 20
-_REQUIRED = ("format_version", "run_id", "progress", "history", "partial_epoch", "epoch_rows", "world_size",
-             "outputs", "inputs", "model", "optimizer", "scheduler", "rng", "hooks")
+_REQUIRED = ("format_version", "run_id", "progress", "history", "partial_epoch", "epoch_rows", "world_size", "seed",
+             "config_digest", "outputs", "inputs", "model", "optimizer", "scheduler", "rng", "hooks")
 
 
 class Checkpoint:
@@ -69,14 +71,16 @@ class Checkpoint:
 
     @classmethod
     def build(cls, *, run_id: str, progress: Progress, history: list[dict], partial_loss: tuple[float, float],
-              epoch_rows: int, world_size: int, output_shape: list[int], label_kind: str, num_features: int,
+              epoch_rows: int, world_size: int, seed: int, config_digest: str, output_shape: list[int],
+              label_kind: str, num_features: int,
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict]) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
         return cls({
             "format_version": FORMAT_VERSION, "run_id": run_id, "progress": progress.to_dict(),
             "history": history, "partial_epoch": {"loss_sum": float(partial_loss[0]), "count": float(partial_loss[1])},
-            "epoch_rows": int(epoch_rows), "world_size": int(world_size),
+            "epoch_rows": int(epoch_rows), "world_size": int(world_size), "seed": int(seed),
+            "config_digest": config_digest,
             "outputs": {"shape": list(output_shape), "label_kind": label_kind},
             "inputs": {"num_features": int(num_features)},
             "model": dict(model), "optimizer": optimizer, "scheduler": scheduler, "rng": list(rng), "hooks": hooks,
@@ -114,6 +118,16 @@ class Checkpoint:
     def world_size(self) -> int:
         """Ranks of the fit that saved the state."""
         return int(self._state["world_size"])
+
+    @property
+    def seed(self) -> int:
+        """The seed the epochs' row orders were drawn with."""
+        return int(self._state["seed"])
+
+    @property
+    def config_digest(self) -> str:
+        """SHA-256 (hex) of the config the run's creators were last called with."""
+        return self._state["config_digest"]
 
     @property
     def output_shape(self) -> list[int]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -11,7 +13,7 @@ from torch import nn
 
 from spark_torch_est.hooks import Hook
 
-__all__ = ["Creators", "CreatorError"]
+__all__ = ["Creators", "CreatorError", "config_digest"]
 
 
 class CreatorError(Exception):
@@ -82,6 +84,12 @@ class Creators:
         if isinstance(self.loss, type) and issubclass(self.loss, nn.Module):
             return _call("loss", self.loss)
         return self.loss
+
+
+def config_digest(config: Mapping[str, Any]) -> str:
+    """A digest of a config, to tell whether it changed between fits (values that are not
+    JSON are compared by their ``repr``)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 def _call(creator: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import uuid
@@ -97,6 +98,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         creator_args = {name: kwargs.pop(name) for name in _CREATOR_ARGS if name in kwargs}
         self._creators = _make_creators(**creator_args)
         self._initial_hook_states = _hook_states(self._creators.hooks)
+        self._fresh_hooks: set[str] = set()  # hooks added since the last fit: they keep their own state
         self._checkpoint: Checkpoint | None = None
         self._set(**kwargs)
 
@@ -122,9 +124,44 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         """The driver's hook objects (their state follows each fit)."""
         return dict(self._creators.hooks)
 
+    def setHooks(self, hooks: Iterable[Hook] | Mapping[str, Hook] | None) -> TorchEstimator:
+        """Replaces the hooks between fits of the run. A hook object already there keeps
+        its state; a new one starts from its own (``before_run`` is called for every hook
+        at every fit); a hook left out is dropped with its state."""
+        old, new = self._creators.hooks, normalize_hooks(hooks)
+        HookSet(new)
+        added = {name for name, hook in new.items() if old.get(name) is not hook}
+        self._initial_hook_states = {**{n: s for n, s in self._initial_hook_states.items() if n in new},
+                                     **_hook_states({n: new[n] for n in added})}
+        self._fresh_hooks = (self._fresh_hooks & set(new)) | added
+        self._creators = dataclasses.replace(self._creators, hooks=new)
+        return self
+
+    @property
+    def config(self) -> dict:
+        """A copy of the config handed to every creator."""
+        return copy.deepcopy(dict(self._creators.config))
+
+    def setConfig(self, config: Mapping[str, Any]) -> TorchEstimator:
+        """Replaces the config between fits: the next fit builds the model (which must
+        still fit the run's checkpoint), optimizer, scheduler and loss from it, and takes
+        the optimizer's hyper-parameters (``lr``, ``weight_decay``, ...) from the new
+        optimizer while keeping its state (moments, step counts)."""
+        if not isinstance(config, Mapping):
+            raise InvalidInputError(f"config must be a dict, got {type(config).__name__}")
+        self._creators = dataclasses.replace(self._creators, config=dict(config))
+        return self
+
+    def setLoss(self, loss: Any) -> TorchEstimator:
+        """Replaces the loss between fits (an ``nn.Module``, its class, or a callable)."""
+        _make_creators(loss=loss)
+        self._creators = dataclasses.replace(self._creators, loss=loss)
+        return self
+
     def reset(self) -> TorchEstimator:
         """Starts a new run: fresh weights, optimizer, scheduler, counters and hook state."""
         self._checkpoint = None
+        self._fresh_hooks = set()
         for name, hook in self._creators.hooks.items():
             hook.load_state_dict(copy.deepcopy(self._initial_hook_states[name]))
         return self
@@ -170,6 +207,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         start = _resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
         progress = start.progress if start is not None else Progress()
         self._check_params()
+        self._check_changes(start)
         target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
                               self.getMaxEpochs())
         frame = self._checked_frame(dataset, start)
@@ -189,6 +227,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             if name in checkpoint.hook_states:
                 hook.load_state_dict(checkpoint.hook_states[name])
         self._checkpoint = checkpoint
+        self._fresh_hooks = set()
         logger.info("fit done: %s", checkpoint.progress)
         return self._model(checkpoint)
 
@@ -203,7 +242,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
 
     def _persisted_files(self) -> dict[str, bytes]:
         """Creators and hooks cloudpickled, and the checkpoint (see persistence.py)."""
-        files = {"creators.pkl": cloudpickle.dumps((self._creators, self._initial_hook_states))}
+        files = {"creators.pkl": cloudpickle.dumps((self._creators, self._initial_hook_states, self._fresh_hooks))}
         if self._checkpoint is not None:
             files["checkpoint.pt"] = self._checkpoint.to_bytes()
         return files
@@ -211,7 +250,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchEstimator:
         instance = cls()
-        instance._creators, instance._initial_hook_states = cloudpickle.loads(read("creators.pkl"))
+        instance._creators, instance._initial_hook_states, instance._fresh_hooks = cloudpickle.loads(read("creators.pkl"))
         blob = read("checkpoint.pt")
         instance._checkpoint = Checkpoint.from_bytes(blob) if blob is not None else None
         return instance
@@ -230,6 +269,17 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
             raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
                                     f"got {self.getCheckpointInterval()!r}")
+
+    def _check_changes(self, start: Checkpoint | None) -> None:
+        """Refuses the changes since ``start`` that the next fit could not honor exactly."""
+        if start is None or start.progress.sample_in_epoch == 0 or start.seed == self.getSeed():
+            return
+        raise InvalidInputError(
+            f"seed changed from {start.seed} to {self.getSeed()} in the middle of epoch {start.progress.epoch + 1}: "
+            "the rest of that epoch would be shuffled anew, training some rows twice and others not at all. Finish "
+            f"the epoch with seed={start.seed} first (fit(df, duration=...) up to its end), then change the seed; "
+            "or call est.reset() to start a new run"
+        )
 
     def _checked_frame(self, dataset: DataFrame, start: Checkpoint | None) -> DataFrame:
         """Checks the creators and prepares the training frame side by side: the JVM plans
@@ -290,7 +340,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             checkpoint_every=(interval.value, interval.unit),
             columns=Columns(features=features or "features", label=self.getLabelCol()),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
-            allow_non_finite=self.getAllowNonFinite(),
+            allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)),
         )
 
 

@@ -160,7 +160,7 @@ class Launcher:
             blob = newest.read()
             checkpoint = Checkpoint.from_bytes(blob)
             if checkpoint.run_id == spec.run_id:
-                spec, start = dataclasses.replace(spec, resume=blob), checkpoint.progress
+                spec, start = dataclasses.replace(spec, resume=blob, fresh_hooks=()), checkpoint.progress
         logger.warning("the relaunch resumes from %s", start if spec.resume is not None else "the start of the run")
         return spec, start
 

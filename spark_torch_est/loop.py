@@ -23,7 +23,7 @@ from spark_torch_est import rng
 from spark_torch_est.balance import rebalance, transfer_plan
 from spark_torch_est.channel import ProgressReporter
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
-from spark_torch_est.creators import Creators
+from spark_torch_est.creators import Creators, config_digest
 from spark_torch_est.data import EpochPlan, Shard, epoch_order, shape_labels
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.hooks import Control, HookSet
@@ -129,14 +129,25 @@ class Trainer:
         carried = self.rank == 0 and self.progress.batch_in_epoch > 0
         self.loss_sum, self.loss_count = resume.partial_loss if carried else (0.0, 0.0)
         if resume is not None:
-            self.optimizer.load_state_dict(resume.optimizer_state)
-            if self.scheduler is not None and resume.scheduler_state is not None:
-                self.scheduler.load_state_dict(resume.scheduler_state)
-            self.hooks.load_state_dict(resume.hook_states)
+            self._restore(resume)
         self._offset = self._resume_offset(resume)
         self._last_batch_idx = max(self.progress.batch_in_epoch - 1, 0)
         self._run_args.update(model=model, ddp_model=self.ddp_model, optimizer=self.optimizer,
                               scheduler=self.scheduler, loss_fn=self.loss_fn)
+
+    def _restore(self, resume: Checkpoint) -> None:
+        """Loads the optimizer, scheduler and hook states of the run. Hyper-parameters come
+        from the new optimizer when the config changed since the checkpoint; hooks added
+        since keep their own state."""
+        fresh_groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(resume.optimizer_state)
+        if config_digest(self.creators.config) != resume.config_digest:
+            for group, fresh in zip(self.optimizer.param_groups, fresh_groups):
+                group.update(fresh)
+        if self.scheduler is not None and resume.scheduler_state is not None:
+            self.scheduler.load_state_dict(resume.scheduler_state)
+        self.hooks.load_state_dict({name: state for name, state in resume.hook_states.items()
+                                    if name not in self.spec.fresh_hooks})
 
     def _shape_labels(self, model: nn.Module) -> list[int]:
         """Runs the model on two rows (eval mode, no RNG drawn) to learn its output shape,
@@ -461,7 +472,8 @@ class Trainer:
         return Checkpoint.build(
             run_id=self.spec.run_id, progress=self.progress, history=self.history,
             partial_loss=(float(partial[0]), float(partial[1])), epoch_rows=sum(self.train_rows),
-            world_size=self.world_size, output_shape=self.output_shape,
+            world_size=self.world_size, seed=self.spec.seed, config_digest=config_digest(self.creators.config),
+            output_shape=self.output_shape,
             label_kind="float" if self.shard.labels.is_floating_point() else "int",
             num_features=int(self.shard.features.shape[1]),
             model={k: v.detach().cpu() for k, v in self.model.state_dict().items()},

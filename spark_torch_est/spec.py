@@ -44,6 +44,8 @@ class TaskSpec:
         memory_budget: Bytes of a partition's rows held in RAM before they spill to
             local files read per batch (None: never spill).
         allow_non_finite: Train on when the loss is NaN or infinite (``allowNonFinite``).
+        fresh_hooks: Hooks added since ``resume`` was saved: they keep the state they
+            were pickled with, even where ``resume`` holds one under the same name.
     """
 
     run_id: str
@@ -60,6 +62,7 @@ class TaskSpec:
     columns: Columns = Columns()
     memory_budget: int | None = None
     allow_non_finite: bool = False
+    fresh_hooks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

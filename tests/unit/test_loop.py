@@ -216,3 +216,42 @@ def test_a_model_that_does_not_fit_the_features_is_a_user_error_at_setup():
     creators = Creators(model=lambda c: torch.nn.Linear(10, 1), optimizer=adam, loss=torch.nn.MSELoss())
     failure = _failure(task_spec(creators=creators))
     assert (failure.kind, failure.stage) == (USER, "setup") and "mat1 and mat2" in failure.message
+
+
+def test_a_changed_config_sets_the_optimizers_hyperparameters_and_keeps_its_state():
+    def run(config, resume=None):
+        creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), config=config)
+        spec = task_spec(Target(epoch=2 if resume else 1), creators=creators, resume=resume)
+        return Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter(arrow_batches()), LocalBarrier()))
+
+    first = run({"lr": 0.01})
+    frozen = run({"lr": 0.0}, resume=first.to_bytes())  # honored: nothing moves at lr 0
+    np.testing.assert_array_equal(_weights(first), _weights(frozen))
+    assert frozen.optimizer_state["param_groups"][0]["lr"] == 0.0
+    steps = frozen.optimizer_state["state"][0]["step"]
+    assert int(steps) == 2 * first.progress.global_step, "Adam's state carried over"
+    same = run({"lr": 0.01}, resume=first.to_bytes())
+    assert not np.array_equal(_weights(first), _weights(same))
+
+
+class CountSteps(Hook):
+    def __init__(self, start=0):
+        self.steps = start
+
+    def after_train_iter(self):
+        self.steps += 1
+
+    def state_dict(self):
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state):
+        self.steps = state["steps"]
+
+
+def test_a_hook_added_under_an_old_name_starts_from_its_own_state():
+    first = _run(Target(epoch=1), hooks={"count": CountSteps()})
+    assert first.hook_states["count"] == {"steps": 13}
+    kept = _run(Target(epoch=2), resume=first.to_bytes(), hooks={"count": CountSteps()})
+    fresh = _run(Target(epoch=2), resume=first.to_bytes(), hooks={"count": CountSteps(start=100)},
+                 fresh_hooks=("count",))
+    assert kept.hook_states["count"] == {"steps": 26} and fresh.hook_states["count"] == {"steps": 113}
