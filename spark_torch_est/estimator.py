@@ -140,24 +140,38 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             resume_from: Any = None) -> Any:
         """Trains and returns a :class:`TorchModel`; continues this estimator's run.
 
+        Param maps work as in ``pyspark.ml.Estimator.fit``: a non-empty dict trains a copy
+        with those Params (a new run; this estimator's run is left alone), a list or tuple
+        of param maps returns one model per map (``[]`` for an empty one), and ``duration``
+        and ``resume_from`` apply to each of those fits.
+
         Args:
             dataset: The training DataFrame.
-            params: An optional param map (trains a copy, i.e. a new run, as in pyspark.ml).
+            params: An optional param map, or a list/tuple of param maps.
             duration: ``"3ep"`` or ``"500ba"`` more training, capped at ``maxEpochs``;
                 None trains to ``maxEpochs``.
             resume_from: A TorchModel, Checkpoint or checkpoint path to continue from
                 instead of this estimator's own run.
 
+        Returns:
+            A :class:`TorchModel`, or a list of them for a list/tuple of param maps.
+
         Raises:
-            InvalidInputError: Bad DataFrame, Params or creators (before any Spark job).
+            TypeError: ``params`` is neither a dict nor a list/tuple (as in pyspark).
+            InvalidInputError: Bad DataFrame, Params, creators or ``resume_from`` (before any Spark job).
             TrainingCompleteError: The run already reached ``maxEpochs``.
             TrainingFailedError: A rank failed; the estimator's run is unchanged.
         """
-        if params:
-            if isinstance(params, (list, tuple)):
-                return super().fit(dataset, params)
-            return self.copy(params).fit(dataset, duration=duration, resume_from=resume_from)
-        return self._fit_run(dataset, duration, resume_from)
+        if params is None:
+            params = {}
+        if isinstance(params, (list, tuple)):
+            if duration is None and resume_from is None:
+                return super().fit(dataset, params)  # fitMultiple, as pyspark does
+            return [self.fit(dataset, param_map, duration=duration, resume_from=resume_from)
+                    for param_map in params]
+        if not isinstance(params, dict):
+            raise TypeError(f"Params must be either a param map or a list/tuple of param maps, but got {type(params)}.")
+        return (self.copy(params) if params else self)._fit_run(dataset, duration, resume_from)
 
     def _fit(self, dataset: DataFrame) -> TorchModel:
         return self._fit_run(dataset, None, None)
@@ -320,7 +334,14 @@ def _resolve_checkpoint(source: Any) -> Checkpoint:
     if isinstance(source, TorchModel):
         return source.checkpoint
     if isinstance(source, str):
-        return Checkpoint.load(source)
+        try:
+            return Checkpoint.load(source)
+        except OSError as error:
+            raise InvalidInputError(
+                f"resume_from={source!r}: cannot read it ({type(error).__name__}: {error}); pass the path or URL of "
+                "a checkpoint file (a ckpt-*.pt in checkpointDir, or one written by Checkpoint.save), "
+                "a TorchModel or a Checkpoint"
+            ) from error
     raise InvalidInputError(
         f"resume_from must be a TorchModel, a Checkpoint or a checkpoint path, got {type(source).__name__}"
     )
