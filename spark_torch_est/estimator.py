@@ -56,8 +56,12 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         featuresCol: Vector, ``array<numeric>`` or numeric column (default ``"features"``).
         featureCols: Numeric columns used instead of featuresCol (default None).
         labelCol: Label column (default ``"label"``); integers are class indices.
-        predictionCol: Output column of the model (default ``"prediction"``).
-        probabilityCol: Class probabilities column for classifiers (default None: omitted).
+        predictionCol: Output column of the model (default ``"prediction"``); for
+            classifiers (integer labels, several outputs) the class index.
+        rawPredictionCol: For classifiers: Vector column of the outputs, i.e. logits
+            (default ``"rawPrediction"``; ``""`` omits it).
+        probabilityCol: For classifiers: Vector column of their softmax (default
+            ``"probability"``; ``""`` omits it).
         validationIndicatorCol: Boolean column, True for validation rows (default None).
         batchSize: Rows per worker per step (default 64).
         maxEpochs: The run never trains past this (default 10).
@@ -81,7 +85,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
                  hooks: Iterable[Hook] | Mapping[str, Hook] | None = None,
                  config: Mapping[str, Any] | None = None, featuresCol: str | None = "features",
                  featureCols: list[str] | None = None, labelCol: str = "label",
-                 predictionCol: str = "prediction", probabilityCol: str | None = None,
+                 predictionCol: str = "prediction", rawPredictionCol: str = "rawPrediction",
+                 probabilityCol: str = "probability",
                  validationIndicatorCol: str | None = None, batchSize: int = 64, maxEpochs: int = 10,
                  numWorkers: int = 2, seed: int = 0, checkpointDir: str | None = None,
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,

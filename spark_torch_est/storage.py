@@ -16,7 +16,7 @@ import uuid
 
 import fsspec
 
-__all__ = ["write_atomic", "read_bytes", "CheckpointDir"]
+__all__ = ["write_atomic", "read_bytes", "exists", "CheckpointDir"]
 
 
 def _fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -41,6 +41,12 @@ def read_bytes(url: str) -> bytes:
     fs, path = _fs(url)
     with fs.open(path, "rb") as handle:
         return handle.read()
+
+
+def exists(url: str) -> bool:
+    """Whether a file or directory exists at a local path or fsspec URL."""
+    fs, path = _fs(url)
+    return fs.exists(path)
 
 
 class CheckpointDir:
