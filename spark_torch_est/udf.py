@@ -36,16 +36,18 @@ def vectors_to_matrix(array: pa.StructArray, name: str) -> np.ndarray:
     values = array.field("values")
     if dense.all():
         return list_column_to_matrix(values, name).astype(np.float32, copy=False)
-    lengths = np.diff(values.offsets.to_numpy())
+    offsets = values.offsets.to_numpy()
+    offsets = offsets - offsets[0]  # a sliced array's offsets do not start at 0
+    lengths = np.diff(offsets)
     sizes = np.where(dense, lengths, array.field("size").fill_null(0).to_numpy(zero_copy_only=False))
-    if rows and not (sizes == sizes[0]).all():
+    if not (sizes == sizes[0]).all():
         raise InputDataError(f"column {name!r} holds vectors of sizes {int(sizes.min())} to {int(sizes.max())}; "
                              "every row needs the same size")
     row_of_value = np.repeat(np.arange(rows), lengths)
-    position = np.arange(len(row_of_value)) - np.repeat(values.offsets.to_numpy()[:-1], lengths)
+    position = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
     sparse_value = ~dense[row_of_value]
     position[sparse_value] = array.field("indices").flatten().to_numpy(zero_copy_only=False)
-    matrix = np.zeros((rows, int(sizes[0]) if rows else 0), dtype=np.float32)
+    matrix = np.zeros((rows, int(sizes[0])), dtype=np.float32)
     matrix[row_of_value, position] = values.flatten().to_numpy(zero_copy_only=False)
     return matrix
 
