@@ -67,7 +67,9 @@ def arrow_predict_function(spec: ScoringSpec, arguments: int) -> Callable[..., p
 
     Every argument becomes an ``(n, d_i)`` matrix and the model gets them side by side as
     one features tensor, which covers one Vector, array or numeric column as well as the
-    numeric columns of a ``featureCols`` model, in their order.
+    numeric columns of a ``featureCols`` model, in their order. The arguments are a list of
+    columns so that a model with several typed inputs can take one argument per input
+    (``model(*inputs)``) without a new signature: only this combining step changes.
 
     Args:
         spec: The scoring spec with exactly one output column named.
