@@ -29,7 +29,7 @@ from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, Estimator
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.progress import Progress, Target
 from spark_torch_est.spec import Columns, TaskSpec
-from spark_torch_est.storage import CheckpointDir
+from spark_torch_est.storage import CheckpointDir, read_bytes
 from spark_torch_est.view import DriverView
 
 __all__ = ["TorchEstimator"]
@@ -58,8 +58,12 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         featuresCol: Vector, ``array<numeric>`` or numeric column (default ``"features"``).
         featureCols: Numeric columns used instead of featuresCol (default None).
         labelCol: Label column (default ``"label"``); integers are class indices.
-        predictionCol: Output column of the model (default ``"prediction"``).
-        probabilityCol: Class probabilities column for classifiers (default None: omitted).
+        predictionCol: Output column of the model (default ``"prediction"``); for
+            classifiers (integer labels, several outputs) the class index.
+        rawPredictionCol: For classifiers: Vector column of the outputs, i.e. logits
+            (default ``"rawPrediction"``; ``""`` omits it).
+        probabilityCol: For classifiers: Vector column of their softmax (default
+            ``"probability"``; ``""`` omits it).
         validationIndicatorCol: Boolean column, True for validation rows (default None).
         batchSize: Rows per worker per step (default 64).
         maxEpochs: The run never trains past this (default 10).
@@ -85,7 +89,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
                  hooks: Iterable[Hook] | Mapping[str, Hook] | None = None,
                  config: Mapping[str, Any] | None = None, featuresCol: str | None = "features",
                  featureCols: list[str] | None = None, labelCol: str = "label",
-                 predictionCol: str = "prediction", probabilityCol: str | None = None,
+                 predictionCol: str = "prediction", rawPredictionCol: str = "rawPrediction",
+                 probabilityCol: str = "probability",
                  validationIndicatorCol: str | None = None, batchSize: int = 64, maxEpochs: int = 10,
                  numWorkers: int = 2, seed: int = 0, checkpointDir: str | None = None,
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
@@ -181,24 +186,38 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             resume_from: Any = None) -> Any:
         """Trains and returns a :class:`TorchModel`; continues this estimator's run.
 
+        Param maps work as in ``pyspark.ml.Estimator.fit``: a non-empty dict trains a copy
+        with those Params (a new run; this estimator's run is left alone), a list or tuple
+        of param maps returns one model per map (``[]`` for an empty one), and ``duration``
+        and ``resume_from`` apply to each of those fits.
+
         Args:
             dataset: The training DataFrame.
-            params: An optional param map (trains a copy, i.e. a new run, as in pyspark.ml).
+            params: An optional param map, or a list/tuple of param maps.
             duration: ``"3ep"``, ``"500ba"`` or ``"100000sp"`` more training, capped at
                 ``maxEpochs``; None trains to ``maxEpochs``.
-            resume_from: A TorchModel, Checkpoint or checkpoint path to continue from
-                instead of this estimator's own run.
+            resume_from: A TorchModel, Checkpoint, checkpoint path or checkpointDir to
+                continue from instead of this estimator's own run.
+
+        Returns:
+            A :class:`TorchModel`, or a list of them for a list/tuple of param maps.
 
         Raises:
-            InvalidInputError: Bad DataFrame, Params or creators (before any Spark job).
+            TypeError: ``params`` is neither a dict nor a list/tuple (as in pyspark).
+            InvalidInputError: Bad DataFrame, Params, creators or ``resume_from`` (before any Spark job).
             TrainingCompleteError: The run already reached ``maxEpochs``.
             TrainingFailedError: A rank failed; the estimator's run is unchanged.
         """
-        if params:
-            if isinstance(params, (list, tuple)):
-                return super().fit(dataset, params)
-            return self.copy(params).fit(dataset, duration=duration, resume_from=resume_from)
-        return self._fit_run(dataset, duration, resume_from)
+        if params is None:
+            params = {}
+        if isinstance(params, (list, tuple)):
+            if duration is None and resume_from is None:
+                return super().fit(dataset, params)  # fitMultiple, as pyspark does
+            return [self.fit(dataset, param_map, duration=duration, resume_from=resume_from)
+                    for param_map in params]
+        if not isinstance(params, dict):
+            raise TypeError(f"Params must be either a param map or a list/tuple of param maps, but got {type(params)}.")
+        return (self.copy(params) if params else self)._fit_run(dataset, duration, resume_from)
 
     def _fit(self, dataset: DataFrame) -> TorchModel:
         return self._fit_run(dataset, None, None)
@@ -372,8 +391,16 @@ def _resolve_checkpoint(source: Any) -> Checkpoint:
     if isinstance(source, TorchModel):
         return source.checkpoint
     if isinstance(source, str):
-        latest = CheckpointDir(source).latest()
-        return Checkpoint.load(latest.url if latest is not None else source)
+        try:
+            latest = CheckpointDir(source).latest()
+            blob = read_bytes(latest.url if latest is not None else source)
+        except (OSError, ValueError) as error:  # missing, unreadable, or an unknown URL scheme
+            raise InvalidInputError(
+                f"resume_from={source!r}: cannot read it ({type(error).__name__}: {error}); pass the path or URL of "
+                "a checkpoint file (a ckpt-*.pt in checkpointDir, or one written by Checkpoint.save), a "
+                "checkpointDir, a TorchModel or a Checkpoint"
+            ) from error
+        return Checkpoint.from_bytes(blob)
     raise InvalidInputError(
         f"resume_from must be a TorchModel, a Checkpoint or a checkpoint path, got {type(source).__name__}"
     )

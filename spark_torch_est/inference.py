@@ -21,7 +21,8 @@ from spark_torch_est.data import column_to_numpy, list_column_to_matrix, shape_l
 from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.protocol import FEATURES, LABEL
 
-__all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model"]
+__all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "predict_outputs",
+           "output_columns"]
 
 _CACHE: OrderedDict[str, torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 2
@@ -38,9 +39,12 @@ class ScoringSpec:
         creators: cloudpickled :class:`Creators` (model, loss, metrics, config).
         weights: ``torch.save`` of the model's state_dict.
         batch_size: Rows per forward pass.
-        prediction_col: Name of the output column.
+        prediction_col: Name of the prediction column ('' or None: omitted).
         output: ``"scalar"`` (double), ``"vector"`` (array<float>) or ``"class"`` (argmax).
-        probability_col: Softmax column for ``"class"`` outputs, or None.
+        raw_prediction_col: For ``"class"`` outputs: the column of the outputs (logits) as
+            Spark ML Vectors ('' or None: omitted).
+        probability_col: For ``"class"`` outputs: the column of their softmax as Spark ML
+            Vectors ('' or None: omitted).
         label_name: The label column, for messages.
         features_col: The column holding the features as arrays (the input's own column
             when it already is one, else a converted copy that is dropped again).
@@ -53,6 +57,7 @@ class ScoringSpec:
     batch_size: int
     prediction_col: str = "prediction"
     output: str = "scalar"
+    raw_prediction_col: str | None = None
     probability_col: str | None = None
     label_name: str = "label"
     features_col: str = FEATURES
@@ -97,17 +102,22 @@ def _forward(model: torch.nn.Module, features: np.ndarray, batch_size: int) -> I
             yield start, model(inputs)
 
 
+def predict_outputs(model: torch.nn.Module, features: np.ndarray, batch_size: int) -> np.ndarray:
+    """The model's outputs for ``(n, d)`` features as an ``(n, k)`` float32 matrix."""
+    parts = [out.float().cpu() for _, out in _forward(model, features, batch_size)]
+    return torch.cat(parts).reshape(len(features), -1).numpy() if parts else np.zeros((0, 1), np.float32)
+
+
 def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Returns the ``mapInArrow`` function that appends predictions to every batch."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         model = load_model(spec)
         for batch in batches:
-            features = _features(batch, spec)
-            parts = [out.float().cpu() for _, out in _forward(model, features, spec.batch_size)]
-            outputs = torch.cat(parts).reshape(len(features), -1).numpy() if parts else np.zeros((0, 1), np.float32)
-            kept = batch.drop_columns([FEATURES]) if FEATURES in batch.schema.names else batch
-            for name, column in _columns(spec, outputs):
+            outputs = predict_outputs(model, _features(batch, spec), spec.batch_size)
+            converted = not spec.feature_cols and spec.features_col == FEATURES  # a copy made for the task
+            kept = batch.drop_columns([FEATURES]) if converted else batch
+            for name, column in output_columns(spec, outputs):
                 kept = kept.append_column(name, column)
             yield kept
 
@@ -138,19 +148,33 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
     return task
 
 
-def _columns(spec: ScoringSpec, outputs: np.ndarray) -> list[tuple[str, pa.Array]]:
+def output_columns(spec: ScoringSpec, outputs: np.ndarray) -> list[tuple[str, pa.Array]]:
+    """The output columns of one batch; a column whose name is empty is left out."""
     if spec.output == "scalar":
-        return [(spec.prediction_col, pa.array(outputs[:, 0].astype(np.float64)))]
-    if spec.output == "vector":
-        return [(spec.prediction_col, _matrix_to_list(outputs))]
-    columns = [(spec.prediction_col, pa.array(outputs.argmax(axis=1).astype(np.float64)))]
-    if spec.probability_col:
-        shifted = np.exp(outputs - outputs.max(axis=1, keepdims=True))
-        columns.append((spec.probability_col, _matrix_to_list(shifted / shifted.sum(axis=1, keepdims=True))))
-    return columns
+        columns = [(spec.prediction_col, pa.array(outputs[:, 0].astype(np.float64)))]
+    elif spec.output == "vector":
+        columns = [(spec.prediction_col, _matrix_to_list(outputs))]
+    else:
+        logits = outputs.astype(np.float64)
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+        columns = [(spec.prediction_col, pa.array(outputs.argmax(axis=1).astype(np.float64))),
+                   (spec.raw_prediction_col, _dense_vectors(logits)),
+                   (spec.probability_col, _dense_vectors(shifted / shifted.sum(axis=1, keepdims=True)))]
+    return [(name, column) for name, column in columns if name]
 
 
-def _matrix_to_list(matrix: np.ndarray) -> pa.Array:
-    matrix = np.ascontiguousarray(matrix, dtype=np.float32)
+def _matrix_to_list(matrix: np.ndarray, dtype: type = np.float32) -> pa.Array:
+    matrix = np.ascontiguousarray(matrix, dtype=dtype)
     offsets = pa.array(np.arange(len(matrix) + 1, dtype=np.int32) * matrix.shape[1])
     return pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1)))
+
+
+def _dense_vectors(matrix: np.ndarray) -> pa.StructArray:
+    """Rows as Spark ML dense Vectors: the Arrow layout of VectorUDT's SQL type
+    (type 1 = dense, then size, indices, values)."""
+    rows = len(matrix)
+    return pa.StructArray.from_arrays(
+        [pa.array(np.ones(rows, dtype=np.int8)), pa.nulls(rows, pa.int32()), pa.nulls(rows, pa.list_(pa.int32())),
+         _matrix_to_list(matrix, np.float64)],
+        names=["type", "size", "indices", "values"],
+    )

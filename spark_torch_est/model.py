@@ -5,38 +5,48 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import logging
 from typing import Any, Callable
 
 import cloudpickle
 import torch
 from pyspark.ml import Model
+from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import InvalidInputError, SparkTorchError
 from spark_torch_est.frames import feature_column, features_kind, label_column
 from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
 from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.params import MODEL_DEFAULTS, ModelParams
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.protocol import FEATURES, LABEL
+from spark_torch_est.udf import arrow_predict_function
 
 __all__ = ["TorchModel"]
+
+logger = logging.getLogger(__name__)
+_SPEC_FIELDS = {"predictionCol": "prediction_col", "rawPredictionCol": "raw_prediction_col",
+                "probabilityCol": "probability_col"}
 
 
 class TorchModel(Model, ModelParams, TorchPersistence):
     """A trained model: ``transform`` appends predictions, ``evaluate`` computes the loss
-    and metrics, ``torch_model()`` returns the module.
+    and metrics, ``predict_udf()`` is the model as a column function, ``torch_model()``
+    returns the module.
 
     Args:
         creators: The estimator's creators (model, loss, metrics and config are used).
         checkpoint: The checkpoint the weights come from.
 
     The prediction column is a double for one output per row and ``array<float>`` for
-    several. For classifiers (integer labels, several outputs) it is the class index,
-    with softmax probabilities in ``probabilityCol`` when that Param is set.
+    several. Classifiers (integer labels, several outputs) follow Spark ML's convention:
+    ``predictionCol`` is the class index (double), ``rawPredictionCol`` the outputs
+    (logits) and ``probabilityCol`` their softmax, both as Spark ML Vectors; an output
+    Param set to ``""`` omits its column.
     """
 
     def __init__(self, creators: Creators | None = None, checkpoint: Checkpoint | None = None) -> None:
@@ -62,9 +72,13 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         model.load_state_dict(self._checkpoint.model_state)
         return model.cpu().eval()
 
-    def _scoring_spec(self, **fields: Any) -> ScoringSpec:
+    def _scoring_spec(self, outputs: dict[str, str] | None = None, **fields: Any) -> ScoringSpec:
+        """The spec of a scoring task; ``outputs`` maps output Params to the columns to emit."""
         weights = io.BytesIO()
         torch.save(self._checkpoint.model_state, weights)
+        if outputs is not None:
+            fields.update(output=self._output_kind(),
+                          **{spec_field: outputs.get(param, "") for param, spec_field in _SPEC_FIELDS.items()})
         return ScoringSpec(key=hashlib.sha256(weights.getbuffer()).hexdigest(),
                            creators=cloudpickle.dumps(self._creators), weights=weights.getvalue(),
                            batch_size=self.getInferenceBatchSize(), **fields)
@@ -90,19 +104,55 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         return dataset.withColumn(FEATURES, features), {"features_col": FEATURES}
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        prepared, where = self._features(dataset)
-        kind = self._output_kind()
-        probability = self.getProbabilityCol() if kind == "class" else None
-        added = [(self.getPredictionCol(), T.DoubleType() if kind != "vector" else T.ArrayType(T.FloatType()))]
-        if probability:
-            added.append((probability, T.ArrayType(T.FloatType())))
-        for name, _ in added:
+        types = _output_types(self._output_kind())
+        outputs = {param: self.getOrDefault(param) for param in types if self.getOrDefault(param)}
+        if not outputs:
+            logger.warning("%s.transform() does nothing: its output column Params are empty", self.uid)
+            return dataset
+        for param, name in outputs.items():
             if name in dataset.columns:
-                raise InvalidInputError(f"the DataFrame already has a column {name!r}; set predictionCol/probabilityCol")
-        schema = T.StructType(list(dataset.schema.fields) + [T.StructField(n, t, False) for n, t in added])
-        spec = self._scoring_spec(prediction_col=self.getPredictionCol(), output=kind, probability_col=probability,
-                                  **where)
-        return prepared.mapInArrow(predict_task(spec), schema)
+                raise InvalidInputError(f"the DataFrame already has a column {name!r}; set {param} to another name")
+        prepared, where = self._features(dataset)
+        schema = T.StructType(list(dataset.schema.fields) +
+                              [T.StructField(name, types[param], False) for param, name in outputs.items()])
+        return prepared.mapInArrow(predict_task(self._scoring_spec(outputs, **where)), schema)
+
+    def predict_udf(self, output: str = "prediction") -> Any:
+        """The model as a batched column function, for ``withColumn``, ``select`` and SQL.
+
+        In the spirit of ``pyspark.ml.functions.predict_batch_udf``: an Arrow UDF that scores
+        whole Arrow batches (``inferenceBatchSize`` rows per forward pass) with the model
+        ``transform`` uses, built once per Python worker and shared with ``transform``. Call
+        it with the feature columns: one Vector, ``array<numeric>`` or numeric column, or,
+        for a ``featureCols`` model, its numeric columns in that order::
+
+            predict = model.predict_udf()
+            df.withColumn("prediction", predict("features"))
+            spark.udf.register("predict", predict)
+            spark.sql("SELECT predict(f0, f1, f2) FROM t")
+
+        Args:
+            output: ``"prediction"`` (default): the values of ``transform``'s predictionCol,
+                a double (one output, or a classifier's class index) or ``array<float>``
+                (several outputs). Classifiers also offer ``"rawPrediction"`` (the logits)
+                and ``"probability"`` (their softmax), as Spark ML Vectors.
+
+        Raises:
+            InvalidInputError: ``output`` is not one this model has.
+            SparkTorchError: pyspark is older than 4.1 (it has no Arrow UDFs); use ``transform``.
+        """
+        types = _output_types(self._output_kind())
+        param = f"{output}Col"
+        if param not in types:
+            offered = ", ".join(repr(p[:-len("Col")]) for p in types)
+            raise InvalidInputError(f"predict_udf(output={output!r}): this model offers {offered}")
+        try:
+            from pyspark.sql.functions import arrow_udf
+        except ImportError:
+            raise SparkTorchError("predict_udf() needs pyspark >= 4.1 (pyspark.sql.functions.arrow_udf); "
+                                  "use model.transform(df) instead") from None
+        arguments = len(self.getFeatureCols()) if self.getFeatureCols() else 1
+        return arrow_udf(arrow_predict_function(self._scoring_spec({param: output}), arguments), types[param])
 
     def evaluate(self, dataset: DataFrame) -> dict[str, float]:
         """The loss and metrics over every row of ``dataset``, computed by Spark tasks.
@@ -143,3 +193,11 @@ class TorchModel(Model, ModelParams, TorchPersistence):
     def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchModel:
         return cls(creators=cloudpickle.loads(read("creators.pkl")),
                    checkpoint=Checkpoint.from_bytes(read("checkpoint.pt")))
+
+
+def _output_types(kind: str) -> dict[str, T.DataType]:
+    """Output Param -> Spark type of its column, for a model whose output is ``kind``."""
+    if kind == "class":
+        return {"predictionCol": T.DoubleType(), "rawPredictionCol": VectorUDT(), "probabilityCol": VectorUDT()}
+    return {"predictionCol": T.DoubleType() if kind == "scalar" else T.ArrayType(T.FloatType())}
+

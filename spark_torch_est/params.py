@@ -7,6 +7,8 @@ from pyspark.ml.param.shared import (
     HasFeaturesCol,
     HasLabelCol,
     HasPredictionCol,
+    HasProbabilityCol,
+    HasRawPredictionCol,
     HasSeed,
     HasValidationIndicatorCol,
 )
@@ -32,7 +34,8 @@ MODEL_DEFAULTS: dict[str, object] = {
     "labelCol": "label",
     "featureCols": None,
     "predictionCol": "prediction",
-    "probabilityCol": None,
+    "rawPredictionCol": "rawPrediction",
+    "probabilityCol": "probability",
     "inferenceBatchSize": 4096,
 }
 
@@ -55,9 +58,13 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
 }
 
 
-class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
+class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPredictionCol, HasProbabilityCol):
     """Params of the columns a model reads and writes. Params that may be None use
-    converters that accept None, so saved models load back."""
+    converters that accept None, so saved models load back.
+
+    Output columns follow Spark ML's classifier convention: an output column whose Param
+    is set to an empty string is omitted.
+    """
 
     featuresCol: Param = Param(
         Params._dummy(), "featuresCol", "Vector, array<numeric> or numeric column; None to use featureCols",
@@ -68,9 +75,16 @@ class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
         "numeric columns to use as features, instead of featuresCol",
         typeConverter=_to_optional_string_list,
     )
+    rawPredictionCol: Param = Param(
+        Params._dummy(), "rawPredictionCol",
+        "for classifiers (integer labels, several outputs): Vector column of the model's outputs "
+        "(logits); '' = omit",
+        typeConverter=_to_optional_string,
+    )
     probabilityCol: Param = Param(
         Params._dummy(), "probabilityCol",
-        "for classifiers (integer labels): column for the softmax probabilities; None = omit",
+        "for classifiers (integer labels, several outputs): Vector column of the softmax of the "
+        "outputs; '' = omit",
         typeConverter=_to_optional_string,
     )
     inferenceBatchSize: Param = Param(
@@ -81,10 +95,6 @@ class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
     def getFeatureCols(self) -> list[str] | None:
         """Gets the value of featureCols or its default."""
         return self.getOrDefault(self.featureCols)
-
-    def getProbabilityCol(self) -> str | None:
-        """Gets the value of probabilityCol or its default."""
-        return self.getOrDefault(self.probabilityCol)
 
     def getInferenceBatchSize(self) -> int:
         """Gets the value of inferenceBatchSize or its default."""
@@ -106,8 +116,12 @@ class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
         """Sets predictionCol."""
         return self._set(predictionCol=value)
 
-    def setProbabilityCol(self, value: str | None):
-        """Sets probabilityCol."""
+    def setRawPredictionCol(self, value: str):
+        """Sets rawPredictionCol ('' omits the column)."""
+        return self._set(rawPredictionCol=value)
+
+    def setProbabilityCol(self, value: str):
+        """Sets probabilityCol ('' omits the column)."""
         return self._set(probabilityCol=value)
 
     def setInferenceBatchSize(self, value: int):

@@ -1,16 +1,26 @@
 """[driver] MLWritable/MLReadable for the estimator and the model: JSON Params through
 pyspark's DefaultParams metadata (so Pipeline and PipelineModel can save and load them),
-with the torch parts beside it in ``<path>/torch/``."""
+with the torch parts beside it in ``<path>/torch/``.
+
+Spark writes the metadata (on the cluster, through the session, which also works from a
+Spark Connect client); this process writes and reads the torch files with fsspec. Under
+Spark Connect the two only meet when the client and the cluster share the filesystem at
+that path (``hdfs://``, ``s3://``, a shared mount), which saving checks.
+"""
 
 from __future__ import annotations
 
 from typing import Callable, Protocol
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.sql.utils import is_remote
 
-from spark_torch_est.storage import read_bytes, write_atomic
+from spark_torch_est.errors import InvalidInputError, SparkTorchError
+from spark_torch_est.storage import exists, read_bytes, write_atomic
 
 __all__ = ["Persistable", "TorchPersistence", "TorchWriter", "TorchReader"]
+
+_REQUIRED = "creators.pkl"
 
 
 class Persistable(Protocol):
@@ -32,8 +42,23 @@ class TorchWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def _handleOverwrite(self, path: str) -> None:
+        if is_remote():  # pyspark's own handler needs a JVM in this process
+            from pyspark.ml.connect.readwrite import RemoteMLWriter
+
+            RemoteMLWriter.handleOverwrite(path, True)
+        else:
+            super()._handleOverwrite(path)
+
     def saveImpl(self, path: str) -> None:
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession.sparkContext)
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        if is_remote() and not exists(f"{path}/metadata"):
+            raise SparkTorchError(
+                f"cannot save to {path!r} from this Spark Connect client: the cluster wrote the Params to "
+                f"{path}/metadata, but this process, which writes the torch files, does not see them there. "
+                "Save to storage that the client and the cluster share (hdfs://, s3://, a shared mount), "
+                "or save from a classic session"
+            )
         for name, blob in self.instance._persisted_files().items():
             write_atomic(f"{path}/torch/{name}", blob)
 
@@ -46,7 +71,7 @@ class TorchReader(MLReader):
         self.cls = cls
 
     def load(self, path: str) -> Persistable:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession.sparkContext)
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
 
         def read(name: str) -> bytes | None:
             try:
@@ -54,6 +79,11 @@ class TorchReader(MLReader):
             except FileNotFoundError:
                 return None
 
+        if not exists(f"{path}/torch/{_REQUIRED}"):
+            shared = (" (from a Spark Connect client, the client and the cluster must share the filesystem "
+                      "at that path)") if is_remote() else ""
+            raise InvalidInputError(f"{path!r} has Params but no torch/{_REQUIRED}: it was not saved by "
+                                    f"{self.cls.__name__}.save, or this process cannot read it{shared}")
         instance = self.cls._from_files(read)
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)

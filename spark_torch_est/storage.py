@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import fsspec
 
-__all__ = ["write_atomic", "read_bytes", "CheckpointDir", "CheckpointFile"]
+__all__ = ["write_atomic", "read_bytes", "exists", "CheckpointDir", "CheckpointFile"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,12 @@ def read_bytes(url: str) -> bytes:
     fs, path = _fs(url)
     with fs.open(path, "rb") as handle:
         return handle.read()
+
+
+def exists(url: str) -> bool:
+    """Whether a file or directory exists at a local path or fsspec URL."""
+    fs, path = _fs(url)
+    return fs.exists(path)
 
 
 @dataclass(frozen=True)

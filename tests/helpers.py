@@ -144,3 +144,39 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             stack.append(child)
     return found
+
+
+FEATURE_LAYOUTS = ["vector_dense", "vector_sparse", "array_double", "array_float", "feature_cols", "numeric"]
+
+
+def layout_data(width: int, rows: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    """Linear data ``(x, y)`` with many zeros in ``x`` (so sparse vectors really are sparse)."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(rows, width))
+    x[rng.random(size=x.shape) < 0.4] = 0.0
+    return x, x @ rng.normal(size=width) + 0.3
+
+
+def layout_frame(spark, layout: str, x: np.ndarray, y: np.ndarray):
+    """``(id, label, features...)`` with the features in one of FEATURE_LAYOUTS ("numeric" takes
+    the first column only); returns the DataFrame and the Params that read it."""
+    from pyspark.ml.linalg import Vectors
+    from pyspark.sql import functions as F
+
+    if layout == "feature_cols":
+        names = [f"f{j}" for j in range(x.shape[1])]
+        rows = [(i, float(t), *map(float, r)) for i, (r, t) in enumerate(zip(x, y))]
+        return spark.createDataFrame(rows, ["id", "label", *names]), {"featuresCol": None, "featureCols": names}
+    if layout == "numeric":
+        rows = [(i, float(t), float(r[0])) for i, (r, t) in enumerate(zip(x, y))]
+        return spark.createDataFrame(rows, ["id", "label", "x"]), {"featuresCol": "x"}
+    if layout == "vector_dense":
+        values = [Vectors.dense(r.tolist()) for r in x]
+    elif layout == "vector_sparse":
+        values = [Vectors.sparse(len(r), {j: float(v) for j, v in enumerate(r) if v}) for r in x]
+    else:
+        values = [r.tolist() for r in x]
+    df = spark.createDataFrame([(i, float(t), v) for i, (v, t) in enumerate(zip(values, y))], ["id", "label", "vec"])
+    if layout == "array_float":
+        df = df.withColumn("vec", F.col("vec").cast("array<float>"))
+    return df, {"featuresCol": "vec"}

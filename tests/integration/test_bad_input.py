@@ -127,6 +127,14 @@ def test_corrupt_and_foreign_checkpoints(trained, linear_df, tmp_path):
     assert trained.checkpoint is before
 
 
+def test_a_checkpoint_path_that_is_not_a_file(trained, linear_df, spark, tmp_path):
+    before, jobs = trained.checkpoint, spark_jobs_started(spark)
+    for path in ("/nope/x.pt", str(tmp_path)):
+        with pytest.raises(InvalidInputError, match=f"resume_from='{path}': cannot read it .*a checkpoint file"):
+            trained.fit(linear_df, resume_from=path)
+    assert trained.checkpoint is before and spark_jobs_started(spark) == jobs
+
+
 _LOCK = threading.Lock()
 
 

@@ -1,10 +1,11 @@
-"""Spark ML citizenship: Pipeline, CrossValidator, persistence, validation metrics,
-classification and evaluate()."""
+"""Spark ML citizenship: Pipeline, CrossValidator, persistence, validation metrics and
+evaluate() (classifiers: test_classifier.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +15,13 @@ import pytest
 import torch
 import torchmetrics
 from pyspark.ml import Pipeline
-from pyspark.ml.evaluation import MulticlassClassificationEvaluator, RegressionEvaluator
+from pyspark.ml.evaluation import RegressionEvaluator
 from pyspark.ml.feature import VectorAssembler
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit
 from pyspark.sql import functions as F
 
 from spark_torch_est import EarlyStopping, TorchEstimator, TorchModel
+from spark_torch_est.errors import InvalidInputError
 from tests.helpers import linear_model, mlp, sgd
 
 pytestmark = pytest.mark.spark
@@ -71,6 +73,13 @@ def test_a_saved_estimator_carries_its_run(spark, linear_df, tmp_path):
     assert loaded.progress.epoch == 3 and est.progress.epoch == 1
 
 
+def test_a_directory_without_the_torch_files_is_refused_by_name(spark, tmp_path):
+    _estimator().save(str(tmp_path / "est"))
+    shutil.rmtree(tmp_path / "est" / "torch")
+    with pytest.raises(InvalidInputError, match="has Params but no torch/creators.pkl"):
+        TorchEstimator.load(str(tmp_path / "est"))
+
+
 def test_cross_validator_picks_the_better_batch_size_and_leaves_the_estimator_alone(spark, linear_df):
     est = _estimator(maxEpochs=1, config={"lr": 0.01})
     grid = ParamGridBuilder().addGrid(est.batchSize, [512, 16]).build()
@@ -108,29 +117,3 @@ def test_validation_loss_and_metrics_are_exact_over_all_validation_rows(spark, l
     assert evaluated["loss"] == pytest.approx(last["val_loss"], rel=1e-4)
     assert evaluated["mae"] == pytest.approx(last["val_mae"], rel=1e-4)
     assert evaluated["tm_mae"] == pytest.approx(last["val_mae"], rel=1e-4)
-
-
-def _blobs(spark, rows=1500, classes=3, seed=0):
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(scale=3.0, size=(classes, 4))
-    labels = rng.integers(0, classes, size=rows)
-    x = centers[labels] + rng.normal(size=(rows, 4))
-    return spark.createDataFrame([(r.tolist(), int(c)) for r, c in zip(x, labels)], ["features", "label"])
-
-
-def test_classification_predicts_class_indices_and_probabilities(spark):
-    df = _blobs(spark)
-    est = TorchEstimator(model=lambda c: torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(),
-                                                             torch.nn.Linear(16, 3)),
-                         optimizer=lambda m, c: torch.optim.Adam(m.parameters(), lr=0.02),
-                         loss=torch.nn.CrossEntropyLoss(), metrics={"accuracy": torchmetrics.Accuracy("multiclass", num_classes=3)},
-                         batchSize=32, maxEpochs=5, numWorkers=2, showProgress=False, probabilityCol="probability")
-    model = est.fit(df)
-    scored = model.transform(df)
-    assert scored.schema["prediction"].dataType.typeName() == "double"
-    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored.withColumn(
-        "label", F.col("label").cast("double")))
-    assert accuracy > 0.9
-    sums = scored.select(F.aggregate("probability", F.lit(0.0), lambda a, p: a + p).alias("s")).toPandas()["s"]
-    np.testing.assert_allclose(sums, 1.0, atol=1e-5)
-    assert model.evaluate(df)["accuracy"] == pytest.approx(accuracy, abs=1e-6)  # torchmetrics computes in float32

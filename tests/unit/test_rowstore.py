@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from spark_torch_est.data import FEATURES, IS_VALIDATION, LABEL, read_shard
+from spark_torch_est.data import read_shard
+from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
 from spark_torch_est.rowstore import SpilledRows
 
 

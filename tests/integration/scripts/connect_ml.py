@@ -1,0 +1,89 @@
+"""Run by test_connect.py: the Spark ML contract from a Spark Connect session (local server):
+every feature layout, a classifier with Spark's evaluators, CrossValidator, predict_udf,
+and save/load of models, estimators and pipelines. Prints one RESULT line of JSON."""
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from pyspark.sql import SparkSession
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+from pyspark.ml import Pipeline, PipelineModel  # noqa: E402
+from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator  # noqa: E402
+from pyspark.ml.feature import VectorAssembler  # noqa: E402
+from pyspark.ml.tuning import CrossValidator, ParamGridBuilder  # noqa: E402
+
+from spark_torch_est import TorchEstimator, TorchModel  # noqa: E402
+from tests.helpers import FEATURE_LAYOUTS, layout_data, layout_frame, linear_model, sgd  # noqa: E402
+
+started = time.monotonic()
+spark = SparkSession.builder.remote("local[2]").getOrCreate()
+result = {"session": type(spark).__module__, "layouts": {}}
+directory = tempfile.mkdtemp()
+
+
+def _predictions(df, column="prediction"):
+    return np.array([r[column] for r in df.orderBy("id").select(column).collect()])
+
+
+for layout in FEATURE_LAYOUTS:
+    width = 1 if layout == "numeric" else 8
+    x, y = layout_data(width)
+    df, params = layout_frame(spark, layout, x, y)
+    model = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), config={"in_features": width},
+                           maxEpochs=1, showProgress=False, **params).fit(df)
+    expected = model.torch_model()(torch.tensor(x, dtype=torch.float32)).detach().numpy().ravel()
+    result["layouts"][layout] = {
+        "prediction_error": float(np.abs(_predictions(model.transform(df)) - expected).max()),
+        "evaluate_error": abs(model.evaluate(df)["loss"] - float(np.mean((expected - y) ** 2))),
+    }
+
+# A classifier on featureCols through a Pipeline, scored by Spark's evaluators and tuned by CrossValidator.
+rng = np.random.default_rng(0)
+x = rng.normal(size=(600, 4))
+names = ["f0", "f1", "f2", "f3"]
+df = spark.createDataFrame([(i, *map(float, r), int(r[0] + r[1] > 0)) for i, r in enumerate(x)],
+                           ["id", *names, "label"])
+est = TorchEstimator(model=lambda c: torch.nn.Linear(4, 2), optimizer=lambda m, c: torch.optim.Adam(m.parameters(), lr=0.05),
+                     loss=torch.nn.CrossEntropyLoss(), maxEpochs=2, showProgress=False)
+pipeline = Pipeline(stages=[VectorAssembler(inputCols=names, outputCol="features"), est])
+fitted = pipeline.fit(df)
+scored = fitted.transform(df)
+classifier = fitted.stages[1]
+assembled = fitted.stages[0].transform(df)
+result["classifier"] = {
+    "types": {f.name: f.dataType.simpleString() for f in scored.schema.fields},
+    "auc": BinaryClassificationEvaluator().evaluate(scored),
+    "log_loss": MulticlassClassificationEvaluator(metricName="logLoss").evaluate(scored),
+    "evaluate_loss": classifier.evaluate(assembled)["loss"],
+    "udf_equals_transform": bool((_predictions(assembled.withColumn("u", classifier.predict_udf("probability")(
+        "features")), "u") == _predictions(scored, "probability")).all()),
+}
+grid = ParamGridBuilder().addGrid(est.maxEpochs, [1, 3]).build()
+cv = CrossValidator(estimator=est, estimatorParamMaps=grid, numFolds=2, seed=1,
+                    evaluator=MulticlassClassificationEvaluator(metricName="logLoss")).fit(assembled)
+result["cross_validator"] = {"metrics": list(map(float, cv.avgMetrics)),
+                             "best_epochs": cv.bestModel.checkpoint.progress.epoch}
+
+# save and load: a model (twice, the second with overwrite), an estimator with its run, a PipelineModel.
+classifier.save(f"{directory}/model")
+classifier.write().overwrite().save(f"{directory}/model")
+loaded = TorchModel.load(f"{directory}/model")
+est.save(f"{directory}/estimator")
+loaded_est = TorchEstimator.load(f"{directory}/estimator")
+fitted.write().overwrite().save(f"{directory}/pipeline")
+result["persistence"] = {
+    "model_equal": bool((_predictions(loaded.transform(assembled)) == _predictions(scored)).all()),
+    "estimator_progress": [loaded_est.progress.epoch, est.progress.epoch],
+    "estimator_continues": loaded_est.setMaxEpochs(3).fit(assembled).checkpoint.progress.epoch,
+    "pipeline_equal": bool((_predictions(PipelineModel.load(f"{directory}/pipeline").transform(df), "probability")
+                            == _predictions(scored, "probability")).all()),
+}
+result["seconds"] = time.monotonic() - started
+print("RESULT " + json.dumps(result))
+spark.stop()
