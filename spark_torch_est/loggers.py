@@ -20,7 +20,6 @@ only the arguments it wants. The built-ins (:class:`MLflowLogger`,
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
@@ -46,7 +45,7 @@ EVENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "on_fit_failed": ("error", "run_id"),
 }
 
-_BUILTINS = {"MLflowLogger": "mlflow_logger", "TensorBoardLogger": "tensorboard_logger", "CSVLogger": "csv_logger"}
+_BUILTINS = ("MLflowLogger", "TensorBoardLogger", "CSVLogger")
 
 
 class Logger:
@@ -141,6 +140,6 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
 def __getattr__(name: str) -> Any:
     if name not in _BUILTINS:
         raise AttributeError(f"module 'spark_torch_est.loggers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"spark_torch_est.{_BUILTINS[name]}"), name)
-    globals()[name] = value
-    return value
+    import spark_torch_est  # imports each built-in from its module on first use
+
+    return getattr(spark_torch_est, name)

@@ -54,19 +54,22 @@ class MLflowLogger(Logger):
             a Databricks notebook's, else ``Default``).
         run_name: Name of the MLflow run (default None: MLflow picks one).
         log_model: Log the model at the end of each fit (default True).
+        artifact_location: Where an experiment this logger creates keeps its artifacts
+            (default None: the tracking server's default, ``./mlruns`` for a local store).
 
     Raises:
         InvalidInputError: mlflow is not installed.
     """
 
     def __init__(self, tracking_uri: str | None = None, experiment_name: str | None = None,
-                 run_name: str | None = None, log_model: bool = True) -> None:
+                 run_name: str | None = None, log_model: bool = True, artifact_location: str | None = None) -> None:
         if importlib.util.find_spec("mlflow") is None:
             raise InvalidInputError("MLflowLogger needs mlflow: pip install 'spark-torch-est[mlflow]'")
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self.run_name = run_name
         self.log_model = log_model
+        self.artifact_location = artifact_location
         self._active: dict[str, _Active] = {}  # estimator run id -> this fit's MLflow run
 
     def on_fit_start(self, params: dict, config: dict, run_id: str) -> None:
@@ -160,7 +163,9 @@ class MLflowLogger(Logger):
         if name is None:
             return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")
         experiment = client.get_experiment_by_name(name)
-        return experiment.experiment_id if experiment is not None else client.create_experiment(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        return client.create_experiment(name, artifact_location=self.artifact_location)
 
 
 @contextmanager
