@@ -82,8 +82,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     @keyword_only
     def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
                  scheduler: Any = None, metrics: Mapping[str, Any] | None = None,
-                 hooks: Iterable[Hook] | Mapping[str, Hook] | None = None,
-                 loggers: Iterable[Logger] | None = None, config: Mapping[str, Any] | None = None, featuresCol: str | None = "features",
+                 hooks: Iterable[Hook] | Mapping[str, Hook] | None = None, loggers: Iterable[Logger] | None = None,
+                 config: Mapping[str, Any] | None = None, featuresCol: str | None = "features",
                  featureCols: list[str] | None = None, labelCol: str = "label",
                  predictionCol: str = "prediction", probabilityCol: str | None = None,
                  validationIndicatorCol: str | None = None, batchSize: int = 64, maxEpochs: int = 10,
