@@ -1,21 +1,25 @@
 """Train an MLP on a Spark DataFrame with TorchEstimator, in two fits, then score it.
 
 Runs unchanged with `python examples/train_regression.py` (local[*] from conf/ or the
-default) and with `spark-submit [--master ...] examples/train_regression.py`.
+default) and with `spark-submit [--master ...] examples/train_regression.py`. When mlflow
+is installed, both fits are tracked as one MLflow run: at MLFLOW_TRACKING_URI when it is
+set, else in a local store in a temporary folder, which the example prints.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
+import tempfile
 
 import numpy as np
 import torch
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from spark_torch_est import TorchEstimator
+from spark_torch_est import MLflowLogger, TorchEstimator
 
 # Executors must run a Python that has torch; by default the one running this script.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -41,6 +45,18 @@ def make_data(spark: SparkSession, rows: int = 20_000, features: int = 16):
     return df.withColumn("label", F.sin(x[0]) + x[1] * x[2] + 0.5 * x[3] + 0.05 * F.randn(seed=99))
 
 
+def tracking() -> tuple[list, str | None]:
+    """An MLflowLogger and where it logs, or no logger without mlflow."""
+    if importlib.util.find_spec("mlflow") is None:
+        return [], None
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return [MLflowLogger(experiment_name="train_regression")], os.environ["MLFLOW_TRACKING_URI"]
+    folder = tempfile.mkdtemp(prefix="spark_torch_est-mlflow-")
+    uri = f"sqlite:///{folder}/mlflow.db"
+    return [MLflowLogger(tracking_uri=uri, experiment_name="train_regression",
+                         artifact_location=os.path.join(folder, "artifacts"))], uri
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     builder = SparkSession.builder.appName("spark_torch_est example")
@@ -50,11 +66,13 @@ def main() -> None:
     slots = spark.sparkContext.defaultParallelism
     df = make_data(spark).cache()
     train, test = df.randomSplit([0.9, 0.1], seed=1)
+    loggers, tracking_uri = tracking()
 
     est = TorchEstimator(
         model=make_model, optimizer=make_optimizer, loss=torch.nn.MSELoss(),
         config={"features": 16, "hidden": 64, "lr": 3e-3},
         batchSize=128, maxEpochs=6, numWorkers=min(2, slots), seed=0,
+        loggers=loggers,                                # run on the driver only
     )
     est.fit(train, duration="3ep")                      # the first half of the run ...
     print(f"after the first fit:  {est.progress}")
@@ -72,6 +90,10 @@ def main() -> None:
     print("sample predictions:")
     for row in scored.orderBy(F.rand(seed=3)).limit(5).collect():
         print(f"  label {row.label:+.3f}  prediction {row.prediction:+.3f}")
+    if tracking_uri is not None:
+        print(f"\nboth fits were logged as one MLflow run (experiment train_regression, tag "
+              f"spark_torch_est.run_id={est.checkpoint.meta['run_id']}) at {tracking_uri}")
+        print(f"browse it with: mlflow ui --backend-store-uri {tracking_uri}")
     spark.stop()
 
 

@@ -24,6 +24,8 @@ from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingF
 from spark_torch_est.frames import training_frame
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
 from spark_torch_est.launcher import Launcher
+from spark_torch_est.logger_dispatch import LoggerDispatch
+from spark_torch_est.loggers import Logger, normalize_loggers
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
 from spark_torch_est.persistence import TorchPersistence
@@ -54,6 +56,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         metrics: ``{name: callable(outputs, labels) | torchmetrics.Metric}`` computed on the
             validation rows each epoch, or None.
         hooks: A list of :class:`Hook` or a ``{name: Hook}`` dict, or None.
+        loggers: A list of :class:`~spark_torch_est.loggers.Logger` run on the driver
+            (experiment tracking, see docs/tracking.md), or None.
         config: A plain dict handed to every creator (default ``{}``).
         featuresCol: Vector, ``array<numeric>`` or numeric column (default ``"features"``).
         featureCols: Numeric columns used instead of featuresCol (default None).
@@ -86,7 +90,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     @keyword_only
     def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
                  scheduler: Any = None, metrics: Mapping[str, Any] | None = None,
-                 hooks: Iterable[Hook] | Mapping[str, Hook] | None = None,
+                 hooks: Iterable[Hook] | Mapping[str, Hook] | None = None, loggers: Iterable[Logger] | None = None,
                  config: Mapping[str, Any] | None = None, featuresCol: str | None = "features",
                  featureCols: list[str] | None = None, labelCol: str = "label",
                  predictionCol: str = "prediction", rawPredictionCol: str = "rawPrediction",
@@ -104,6 +108,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         self._creators = _make_creators(**creator_args)
         self._initial_hook_states = _hook_states(self._creators.hooks)
         self._fresh_hooks: set[str] = set()  # hooks added since the last fit: they keep their own state
+        self._loggers = normalize_loggers(kwargs.pop("loggers", None))  # driver only: not in the creators
         self._checkpoint: Checkpoint | None = None
         self._set(**kwargs)
 
@@ -163,6 +168,16 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         self._creators = dataclasses.replace(self._creators, loss=loss)
         return self
 
+    @property
+    def loggers(self) -> list[Logger]:
+        """The loggers that follow this estimator's fits on the driver."""
+        return list(self._loggers)
+
+    def setLoggers(self, loggers: Iterable[Logger] | None) -> TorchEstimator:
+        """Replaces the loggers; the next fit uses the new ones."""
+        self._loggers = normalize_loggers(loggers)
+        return self
+
     def reset(self) -> TorchEstimator:
         """Starts a new run: fresh weights, optimizer, scheduler, counters and hook state."""
         self._checkpoint = None
@@ -172,10 +187,11 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         return self
 
     def copy(self, extra: dict | None = None) -> TorchEstimator:
-        """A copy with the same creators and Params and a new run (hooks are copied too)."""
+        """A copy with the same creators and Params and a new run (hooks and loggers are copied too)."""
         that = super().copy(extra)
         that._creators = copy.copy(self._creators)
         that._creators.hooks = copy.deepcopy(self._creators.hooks)
+        that._loggers = copy.deepcopy(self._loggers)
         that._checkpoint = None
         that.reset()
         return that
@@ -232,23 +248,30 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         frame = self._checked_frame(dataset, start)
         spec = self._spec(target, start)
         view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
-        launcher = Launcher(dataset.sparkSession, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), view.handle)
+        loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
+        loggers.start({p.name: v for p, v in self.extractParamMap().items()}, dict(self._creators.config), progress)
+
+        def on_message(message: dict) -> None:
+            view.handle(message)
+            loggers.handle(message)
+
+        launcher = Launcher(dataset.sparkSession, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), on_message)
         try:
-            blob = launcher.run(spec, progress)
-        except (SparkTorchError, KeyboardInterrupt):
+            checkpoint = _train(launcher, spec, progress)
+        except BaseException as error:
+            loggers.fail(error)
             raise
-        except Exception as error:  # the package promises its own errors only
-            raise TrainingFailedError(f"the fit failed unexpectedly: {type(error).__name__}: {error}") from error
         finally:
             view.close()
-        checkpoint = Checkpoint.from_bytes(blob)
         for name, hook in self._creators.hooks.items():
             if name in checkpoint.hook_states:
                 hook.load_state_dict(checkpoint.hook_states[name])
         self._checkpoint = checkpoint
         self._fresh_hooks = set()
         logger.info("fit done: %s", checkpoint.progress)
-        return self._model(checkpoint)
+        model = self._model(checkpoint)
+        loggers.finish(model, checkpoint)
+        return model
 
     def _model(self, checkpoint: Checkpoint) -> TorchModel:
         model = TorchModel(creators=self._creators, checkpoint=checkpoint)
@@ -260,8 +283,11 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     # ---------------------------------------------------------------- persistence
 
     def _persisted_files(self) -> dict[str, bytes]:
-        """Creators and hooks cloudpickled, and the checkpoint (see persistence.py)."""
+        """Creators and hooks cloudpickled, the loggers apart from them, and the checkpoint
+        (see persistence.py)."""
         files = {"creators.pkl": cloudpickle.dumps((self._creators, self._initial_hook_states, self._fresh_hooks))}
+        if self._loggers:
+            files["loggers.pkl"] = cloudpickle.dumps(self._loggers)
         if self._checkpoint is not None:
             files["checkpoint.pt"] = self._checkpoint.to_bytes()
         return files
@@ -270,6 +296,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchEstimator:
         instance = cls()
         instance._creators, instance._initial_hook_states, instance._fresh_hooks = cloudpickle.loads(read("creators.pkl"))
+        loggers = read("loggers.pkl")
+        instance._loggers = cloudpickle.loads(loggers) if loggers is not None else []
         blob = read("checkpoint.pt")
         instance._checkpoint = Checkpoint.from_bytes(blob) if blob is not None else None
         return instance
@@ -361,6 +389,16 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
             allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)),
         )
+
+
+def _train(launcher: Launcher, spec: TaskSpec, start: Progress) -> Checkpoint:
+    """Runs the fit's jobs; only SparkTorchError subclasses (and KeyboardInterrupt) escape."""
+    try:
+        return Checkpoint.from_bytes(launcher.run(spec, start))
+    except (SparkTorchError, KeyboardInterrupt):
+        raise
+    except Exception as error:  # the package promises its own errors only
+        raise TrainingFailedError(f"the fit failed unexpectedly: {type(error).__name__}: {error}") from error
 
 
 def _make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None, scheduler: Any = None,

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from spark_torch_est.errors import InvalidInputError
 
-__all__ = ["Hook", "Control", "HookSet", "STAGES", "STAGE_ARGUMENTS", "normalize_hooks"]
+__all__ = ["Hook", "Control", "HookSet", "STAGES", "STAGE_ARGUMENTS", "bind_keywords", "normalize_hooks"]
 
 _COMMON = (
     "model", "ddp_model", "optimizer", "scheduler", "loss_fn", "epoch", "batch_idx",
@@ -203,18 +203,25 @@ def _invoker(method: Callable[..., Any], names: tuple[str, ...] | None, position
     return lambda context: method(**{n: context[n] for n in names})
 
 
-def _plan(name: str, hook: Hook, stage: str) -> _Call | None:
-    """Inspects one hook method: returns (hook name, invoker, argument names or None for
-    ``**kwargs``), or None when the hook does not override the stage."""
-    method = getattr(hook, stage, None)
-    if method is None or getattr(type(hook), stage, None) is getattr(Hook, stage, None):
-        return None
-    allowed = STAGE_ARGUMENTS[stage]
+def bind_keywords(method: Callable[..., Any], stage: str, allowed: tuple[str, ...],
+                  owner: str) -> tuple[Callable[[Mapping[str, Any]], Any], tuple[str, ...] | None]:
+    """Inspects ``method`` once: returns a function of a context mapping that calls it with
+    exactly the names it declares, and those names (None for ``**kwargs``: everything).
+
+    Args:
+        method: A bound method, e.g. ``hook.after_train_iter``.
+        stage: Its name, for the error message.
+        allowed: The names on offer.
+        owner: Who defines it, for the error message (``"hook 'Name'"``).
+
+    Raises:
+        InvalidInputError: The method asks for a name that is not on offer (and has no default).
+    """
     names: list[str] = []
     positional = True
     for param in inspect.signature(method).parameters.values():
         if param.kind is param.VAR_KEYWORD:
-            return name, _invoker(method, None, False), None
+            return _invoker(method, None, False), None
         if param.kind is param.VAR_POSITIONAL:
             continue
         if param.name not in allowed:
@@ -222,12 +229,21 @@ def _plan(name: str, hook: Hook, stage: str) -> _Call | None:
                 positional = False  # later arguments must then be passed by name
                 continue
             raise InvalidInputError(
-                f"hook {name!r}: {stage}() asks for unknown argument {param.name!r}; "
+                f"{owner}: {stage}() asks for unknown argument {param.name!r}; "
                 f"the arguments on offer at {stage} are: {', '.join(allowed)}"
             )
         positional = positional and param.kind is param.POSITIONAL_OR_KEYWORD
         names.append(param.name)
-    return name, _invoker(method, tuple(names), positional), tuple(names)
+    return _invoker(method, tuple(names), positional), tuple(names)
+
+
+def _plan(name: str, hook: Hook, stage: str) -> _Call | None:
+    """Inspects one hook method: returns (hook name, invoker, argument names or None for
+    ``**kwargs``), or None when the hook does not override the stage."""
+    method = getattr(hook, stage, None)
+    if method is None or getattr(type(hook), stage, None) is getattr(Hook, stage, None):
+        return None
+    return (name, *bind_keywords(method, stage, STAGE_ARGUMENTS[stage], f"hook {name!r}"))
 
 
 class HookSet:

@@ -92,11 +92,12 @@ def test_spark_submit_the_example_to_a_standalone_cluster(standalone):
         [str(submit), "--master", master, "--py-files", str(package), "--conf", "spark.executor.cores=1",
          "--conf", "spark.cores.max=2", "--conf", "spark.executor.memory=1g", "--conf", "spark.ui.enabled=false",
          str(ROOT / "examples" / "train_regression.py")],
-        capture_output=True, text=True, timeout=600, env=dict(os.environ),
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, TMPDIR=str(tmp_path)),  # its MLflow store
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "after the second fit: Progress(epoch=6" in result.stdout, output[-4000:]
+    assert "both fits were logged as one MLflow run" in result.stdout, output[-4000:]
     rmse = float(result.stdout.split("test RMSE ")[1].split()[0])
     baseline = float(result.stdout.split("predicting the mean: ")[1].split(")")[0])
     assert rmse < baseline / 2

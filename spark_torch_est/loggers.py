@@ -1,0 +1,145 @@
+"""[driver] Loggers: experiment tracking on the driver, fed by what the ranks already send.
+
+Hooks run on the ranks; loggers run on the driver only. They are never pickled to the
+executors, so no executor needs tracking credentials, and they add no work on the ranks:
+they receive rank 0's throttled progress and per-epoch metrics from the fit's
+authenticated channel, and the checkpoint when ``fit`` returns. The events of one fit::
+
+    on_fit_start(params, config, progress)   once, before the barrier job starts
+    on_step(progress, loss)                  rank 0's progress, at most every step_interval_s
+    on_epoch_end(metrics)                    once per new history entry, live or when fit returns
+    on_fit_end(model, checkpoint)            the fit succeeded
+    on_fit_failed(error)                     the fit failed or was interrupted
+
+Every event also offers ``run_id``, the estimator run's id: kept across the run's fits,
+new after ``reset()``, ``copy()`` and for each ``CrossValidator`` fit. A logger keeps one
+tracking run per estimator run by keying on it. Like hook methods, a logger method names
+only the arguments it wants. The built-ins (:class:`MLflowLogger`,
+:class:`TensorBoardLogger`, :class:`CSVLogger`) are imported from here on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.hooks import bind_keywords
+
+if TYPE_CHECKING:
+    from spark_torch_est.csv_logger import CSVLogger
+    from spark_torch_est.mlflow_logger import MLflowLogger
+    from spark_torch_est.model import TorchModel
+    from spark_torch_est.tensorboard_logger import TensorBoardLogger
+
+__all__ = ["Logger", "EVENT_ARGUMENTS", "MLflowLogger", "TensorBoardLogger", "CSVLogger", "input_example",
+           "normalize_loggers", "plan_events", "scalars", "tracked_params"]
+
+#: The keyword arguments on offer at each event.
+EVENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "on_fit_start": ("params", "config", "progress", "run_id"),
+    "on_step": ("progress", "loss", "run_id"),
+    "on_epoch_end": ("metrics", "run_id"),
+    "on_fit_end": ("model", "checkpoint", "run_id"),
+    "on_fit_failed": ("error", "run_id"),
+}
+
+_BUILTINS = ("MLflowLogger", "TensorBoardLogger", "CSVLogger")
+
+
+class Logger:
+    """Base class for loggers. Override the events you need; each method declares only the
+    keyword arguments it uses (see :data:`EVENT_ARGUMENTS`), or ``**kwargs`` for all.
+
+    A logger that raises never fails the fit: the error is logged as a warning and the
+    fit goes on; after a failed ``on_fit_start`` the logger sits out the rest of that fit.
+    Events are delivered one at a time, never concurrently.
+
+    Attributes:
+        step_interval_s: Least seconds between two ``on_step`` calls (default 1.0; set it
+            on a class or an instance).
+    """
+
+    step_interval_s: float = 1.0
+
+    def on_fit_start(self, **kwargs: Any) -> None:
+        """Before the fit's barrier job starts. ``params``: the estimator's Param values by
+        name; ``config``: its config dict; ``progress``: where the run stands."""
+
+    def on_step(self, **kwargs: Any) -> None:
+        """Rank 0's position after a step (``progress``) and that step's ``loss``; throttled."""
+
+    def on_epoch_end(self, **kwargs: Any) -> None:
+        """A completed epoch's history entry (``metrics``, with its 1-based ``"epoch"``)."""
+
+    def on_fit_end(self, **kwargs: Any) -> None:
+        """The fit succeeded: ``model`` is the TorchModel it returns, ``checkpoint`` its state."""
+
+    def on_fit_failed(self, **kwargs: Any) -> None:
+        """The fit raised ``error`` (a SparkTorchError, or KeyboardInterrupt on Ctrl-C); the
+        estimator keeps its run as it was before the fit."""
+
+
+def plan_events(logger: Logger) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+    """``{event: invoker}`` for the events ``logger`` overrides; an invoker takes a mapping
+    of the event's arguments and passes the ones the method names.
+
+    Raises:
+        InvalidInputError: A method asks for an argument its event does not offer.
+    """
+    owner = f"logger {type(logger).__name__}"
+    return {
+        event: bind_keywords(getattr(logger, event), event, allowed, owner)[0]
+        for event, allowed in EVENT_ARGUMENTS.items()
+        if getattr(type(logger), event, None) is not getattr(Logger, event)
+    }
+
+
+def normalize_loggers(loggers: Logger | Iterable[Logger] | None) -> list[Logger]:
+    """Returns loggers as a list, checked.
+
+    Raises:
+        InvalidInputError: An entry is not a :class:`Logger`, or a method asks for an
+            argument its event does not offer.
+    """
+    if loggers is None:
+        return []
+    if isinstance(loggers, Logger):
+        loggers = [loggers]
+    if not isinstance(loggers, (list, tuple)):
+        raise InvalidInputError(f"loggers must be a list of Logger, got {type(loggers).__name__}")
+    for index, logger in enumerate(loggers):
+        if not isinstance(logger, Logger):
+            raise InvalidInputError(
+                f"loggers[{index}] must be a spark_torch_est.loggers.Logger instance, got {type(logger).__name__}"
+            )
+        plan_events(logger)
+    return list(loggers)
+
+
+def input_example(model: TorchModel) -> np.ndarray:
+    """An input batch for ``model``, as tracking tools want it to infer a signature (and,
+    for MLflow's default pt2 format, to trace the model): zeros shaped like the features
+    the model was trained on. Two rows, since a traced one-row example fixes the batch
+    size at 1."""
+    return np.zeros((2, int(model.checkpoint.num_features)), dtype=np.float32)
+
+
+def tracked_params(params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The Params and the config (as ``config.<key>``) in one flat dict, as trackers log them."""
+    return {**params, **{f"config.{key}": value for key, value in config.items()}}
+
+
+def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a history entry, without its ``"epoch"``."""
+    return {key: float(value) for key, value in metrics.items()
+            if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _BUILTINS:
+        raise AttributeError(f"module 'spark_torch_est.loggers' has no attribute {name!r}")
+    import spark_torch_est  # imports each built-in from its module on first use
+
+    return getattr(spark_torch_est, name)

@@ -1,0 +1,193 @@
+"""[driver] MLflowLogger: one MLflow run per estimator run, spanning its fits."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.loggers import Logger, input_example, scalars, tracked_params
+
+__all__ = ["MLflowLogger", "RUN_ID_TAG"]
+
+#: The MLflow run tag that holds the estimator run's id.
+RUN_ID_TAG = "spark_torch_est.run_id"
+_PARENT_TAG = "mlflow.parentRunId"
+_ERROR_TAG = "spark_torch_est.error"
+_STEP_METRIC = "train_loss_step"
+_MAX_PARAM = 500
+_URI_LOCK = threading.Lock()
+
+
+@dataclass
+class _Active:
+    """The MLflow side of one fit."""
+
+    client: Any
+    run_id: str
+    experiment_id: str
+
+
+class MLflowLogger(Logger):
+    """Logs each estimator run as one MLflow run: a second ``fit`` continues it (metric
+    steps go on), ``reset()``, ``copy()`` and each ``CrossValidator`` fit start a new one.
+
+    Params and config (as ``config.<key>``) are logged as MLflow params at the run's first
+    fit (later fits add new names only: MLflow params cannot change), each history entry
+    as metrics with ``step=epoch``, rank 0's throttled loss as ``train_loss_step`` with
+    ``step=global_step``, and at the end of each fit the model with
+    ``mlflow.pytorch.log_model``. When an MLflow run is active where ``fit`` is called (or,
+    as for ``CrossValidator``'s threads, in another thread of the driver), the new run is
+    nested under it. A failed fit marks the run FAILED (KILLED for Ctrl-C).
+
+    Args:
+        tracking_uri: Where to log (default None: ``MLFLOW_TRACKING_URI`` or
+            ``mlflow.set_tracking_uri``, else MLflow's local default, ``sqlite:///mlflow.db``
+            in the working directory).
+        experiment_name: Experiment, created if missing (default None: the parent run's,
+            else MLflow's current one: ``mlflow.set_experiment``, ``MLFLOW_EXPERIMENT_NAME``,
+            a Databricks notebook's, else ``Default``).
+        run_name: Name of the MLflow run (default None: MLflow picks one).
+        log_model: Log the model at the end of each fit (default True).
+        artifact_location: Where an experiment this logger creates keeps its artifacts
+            (default None: the tracking server's default, ``./mlruns`` for a local store).
+
+    Raises:
+        InvalidInputError: mlflow is not installed.
+    """
+
+    def __init__(self, tracking_uri: str | None = None, experiment_name: str | None = None,
+                 run_name: str | None = None, log_model: bool = True, artifact_location: str | None = None) -> None:
+        if importlib.util.find_spec("mlflow") is None:
+            raise InvalidInputError("MLflowLogger needs mlflow: pip install 'spark-torch-est[mlflow]'")
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.run_name = run_name
+        self.log_model = log_model
+        self.artifact_location = artifact_location
+        self._active: dict[str, _Active] = {}  # estimator run id -> this fit's MLflow run
+
+    def on_fit_start(self, params: dict, config: dict, run_id: str) -> None:
+        """Finds the estimator run's MLflow run, or starts one; logs new params."""
+        from mlflow import MlflowClient
+        from mlflow.entities import Param
+
+        client = MlflowClient(self.tracking_uri)
+        parent = self._parent_run()
+        experiment_id = self._experiment_id(client, parent)
+        found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = '{run_id}'", max_results=1)
+        if found:
+            run = found[0]
+            client.update_run(run.info.run_id, status="RUNNING")
+        else:
+            tags = {RUN_ID_TAG: run_id, **({_PARENT_TAG: parent.info.run_id} if parent is not None else {})}
+            run = client.create_run(experiment_id, tags=tags, run_name=self.run_name)
+        new = [Param(key, _text(value)) for key, value in tracked_params(params, config).items()
+               if key not in run.data.params]
+        for start in range(0, len(new), 100):  # MLflow takes at most 100 params per batch
+            client.log_batch(run.info.run_id, params=new[start:start + 100])
+        self._active[run_id] = _Active(client, run.info.run_id, experiment_id)
+
+    def on_step(self, progress: Any, loss: float, run_id: str) -> None:
+        """Logs the step loss at ``step=global_step``."""
+        active = self._active[run_id]
+        active.client.log_metric(active.run_id, _STEP_METRIC, loss, step=progress.global_step)
+
+    def on_epoch_end(self, metrics: dict, run_id: str) -> None:
+        """Logs a history entry's numbers at ``step=epoch``."""
+        from mlflow.entities import Metric
+
+        active = self._active[run_id]
+        now = int(time.time() * 1000)
+        batch = [Metric(key, value, now, int(metrics["epoch"])) for key, value in scalars(metrics).items()]
+        active.client.log_batch(active.run_id, metrics=batch)
+
+    def on_fit_end(self, model: Any, checkpoint: Any, run_id: str) -> None:
+        """Logs the model (when ``log_model``) and marks the run FINISHED."""
+        active = self._active.pop(run_id)
+        try:
+            if self.log_model:
+                self._log_model(active, model, checkpoint.progress.epoch)
+        finally:
+            active.client.set_terminated(active.run_id, "FINISHED")
+
+    def on_fit_failed(self, error: BaseException, run_id: str) -> None:
+        """Marks the run FAILED (KILLED when interrupted); what was logged stays."""
+        active = self._active.pop(run_id)
+        active.client.set_tag(active.run_id, _ERROR_TAG, f"{type(error).__name__}: {error}"[:5000])
+        active.client.set_terminated(active.run_id, "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
+
+    def _log_model(self, active: _Active, model: Any, epoch: int) -> None:
+        import mlflow
+
+        # Created here so that the model lands in the run's experiment, whatever the
+        # process-wide MLflow state says.
+        logged = active.client.create_logged_model(active.experiment_id, name="model", source_run_id=active.run_id)
+        with _process_tracking_uri(self.tracking_uri):
+            mlflow.pytorch.log_model(model.torch_model(), name="model", input_example=input_example(model),
+                                     run_id=active.run_id, model_id=logged.model_id, step=epoch)
+
+    def _ambient(self) -> bool:
+        """Whether this logger logs where MLflow's process-wide tracking URI points."""
+        import mlflow
+
+        return self.tracking_uri is None or self.tracking_uri == mlflow.get_tracking_uri()
+
+    def _parent_run(self) -> Any:
+        """The active MLflow run to nest under: this thread's, else the newest one started in
+        another thread of the driver (MLflow's own rule for that case), else None."""
+        import mlflow
+        from mlflow.tracking import fluent
+
+        if not self._ambient():
+            return None
+        run = mlflow.active_run()
+        if run is None and hasattr(fluent, "_get_latest_active_run"):
+            run = fluent._get_latest_active_run()
+        return run
+
+    def _experiment_id(self, client: Any, parent: Any) -> str:
+        name = self.experiment_name
+        if name is None and parent is not None:
+            return parent.info.experiment_id
+        if name is None and self._ambient():
+            from mlflow.tracking import fluent
+
+            return fluent._get_experiment_id() or "0"  # set_experiment, environment, Databricks notebook
+        name = name or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+        if name is None:
+            return os.environ.get("MLFLOW_EXPERIMENT_ID", "0")
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        return client.create_experiment(name, artifact_location=self.artifact_location)
+
+
+@contextmanager
+def _process_tracking_uri(uri: str | None) -> Iterator[None]:
+    """``mlflow.pytorch.log_model`` has no tracking URI argument: it logs where MLflow's
+    process-wide URI points. Points it at ``uri`` for the call and back afterwards."""
+    import mlflow
+
+    if uri is None or uri == mlflow.get_tracking_uri():
+        yield
+        return
+    with _URI_LOCK:
+        # set_tracking_uri mirrors the URI into MLFLOW_TRACKING_URI, so this is the
+        # process-wide setting before the call (None: neither was set).
+        before = os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(uri)
+        try:
+            yield
+        finally:
+            mlflow.set_tracking_uri(before)
+
+
+def _text(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= _MAX_PARAM else text[:_MAX_PARAM - 3] + "..."

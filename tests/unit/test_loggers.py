@@ -1,0 +1,240 @@
+"""Loggers without Spark: keyword dispatch, throttled steps, each epoch once, a raising
+logger, one event at a time, and the CSV files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import threading
+import time
+
+import pytest
+
+from spark_torch_est import CSVLogger, Logger, TorchEstimator
+from spark_torch_est.checkpoint import Checkpoint
+from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.logger_dispatch import LoggerDispatch
+from spark_torch_est.progress import Progress
+
+
+class Recorder(Logger):
+    """Records (event, arguments, thread) for every event."""
+
+    step_interval_s = 0.0
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict, int]] = []
+
+    def _record(self, event: str, **arguments) -> None:
+        self.calls.append((event, arguments, threading.get_ident()))
+
+    def on_fit_start(self, config, run_id):
+        self._record("on_fit_start", config=config, run_id=run_id)
+
+    def on_step(self, loss, progress):
+        self._record("on_step", loss=loss, progress=progress)
+
+    def on_epoch_end(self, metrics):
+        self._record("on_epoch_end", metrics=metrics)
+
+    def on_fit_end(self, **kwargs):
+        self._record("on_fit_end", **kwargs)
+
+    def on_fit_failed(self, error):
+        self._record("on_fit_failed", error=error)
+
+    def events(self, name: str) -> list[dict]:
+        return [arguments for event, arguments, _ in self.calls if event == name]
+
+
+class Raising(Logger):
+    def on_fit_start(self):
+        raise RuntimeError("tracking server down")
+
+    def on_step(self):
+        raise RuntimeError("never called: benched after on_fit_start")
+
+
+class RaisingLater(Logger):
+    step_interval_s = 0.0
+
+    def on_step(self, progress):
+        raise ValueError(f"bad step {progress.global_step}")
+
+    def on_fit_end(self):
+        raise ValueError("cannot finish")
+
+
+def checkpoint(epochs: int, global_step: int = 0, history: list[dict] | None = None) -> Checkpoint:
+    return Checkpoint.build(
+        run_id="r", progress=Progress(epoch=epochs, global_step=global_step),
+        history=history if history is not None else [{"epoch": e, "train_loss": 1.0 / e} for e in range(1, epochs + 1)],
+        partial_loss=(0.0, 0.0),
+        epoch_rows=10, world_size=1, seed=0, config_digest="", output_shape=[1], label_kind="float", num_features=3,
+        model={}, optimizer={}, scheduler=None, rng=[], hooks={},
+    )
+
+
+def progress_message(step: int, when: float) -> dict:
+    return {"type": "progress", **Progress(epoch=0, batch_in_epoch=step, global_step=step).to_dict(),
+            "steps_per_epoch": 100, "loss": 1.0 / step, "time": when}
+
+
+def epoch_message(epoch: int) -> dict:
+    return {"type": "epoch", "entry": {"epoch": epoch, "train_loss": 1.0 / epoch}, "time": 0.0}
+
+
+def run_fit(loggers, messages, final: Checkpoint, start: Progress = Progress(), run_id: str = "run-1"):
+    dispatch = LoggerDispatch(loggers, run_id, start)
+    dispatch.start({"batchSize": 8}, {"lr": 0.1}, start)
+    for message in messages:
+        dispatch.handle(message)
+    dispatch.finish("the model", final)
+
+
+def test_each_event_gets_the_arguments_it_names_and_the_run_id():
+    recorder = Recorder()
+    run_fit([recorder], [progress_message(1, 0.0), epoch_message(1)], checkpoint(1, global_step=5))
+
+    assert [event for event, _, _ in recorder.calls] == ["on_fit_start", "on_step", "on_epoch_end", "on_fit_end"]
+    assert recorder.events("on_fit_start") == [{"config": {"lr": 0.1}, "run_id": "run-1"}]
+    step = recorder.events("on_step")[0]
+    assert step["loss"] == 1.0 and step["progress"] == Progress(epoch=0, batch_in_epoch=1, global_step=1)
+    assert recorder.events("on_epoch_end") == [{"metrics": {"epoch": 1, "train_loss": 1.0}}]
+    end = recorder.events("on_fit_end")[0]
+    assert end["model"] == "the model" and end["checkpoint"].progress.global_step == 5 and end["run_id"] == "run-1"
+
+
+def test_steps_are_throttled_per_logger():
+    class EverySecond(Recorder):
+        step_interval_s = 1.0
+
+    slow, fast = EverySecond(), Recorder()
+    times = [100.0, 100.3, 101.0, 101.2, 102.5]
+    run_fit([slow, fast], [progress_message(i + 1, t) for i, t in enumerate(times)], checkpoint(0))
+
+    assert [s["progress"].global_step for s in slow.events("on_step")] == [1, 3, 5]
+    assert [s["progress"].global_step for s in fast.events("on_step")] == [1, 2, 3, 4, 5]
+
+
+def test_each_epoch_is_logged_once_live_or_from_the_history():
+    recorder = Recorder()
+    # epochs 1 and 2 arrive live (2 twice, as after a relaunch); 3 only with the checkpoint
+    run_fit([recorder], [epoch_message(1), epoch_message(2), epoch_message(2)], checkpoint(3))
+    assert [m["metrics"]["epoch"] for m in recorder.events("on_epoch_end")] == [1, 2, 3]
+
+
+def test_without_live_messages_the_new_history_entries_are_logged_when_fit_returns():
+    recorder = Recorder()  # as under Spark Connect: no channel, no messages
+    run_fit([recorder], [], checkpoint(4), start=Progress(epoch=2, global_step=20))
+    assert [m["metrics"]["epoch"] for m in recorder.events("on_epoch_end")] == [3, 4]
+    assert recorder.events("on_step") == []
+
+
+def test_a_raising_logger_is_warned_about_and_the_others_go_on(caplog):
+    recorder = Recorder()
+    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.logger_dispatch"):
+        run_fit([Raising(), RaisingLater(), recorder], [progress_message(1, 0.0), progress_message(2, 1.0)],
+                checkpoint(1))
+
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage().split(":")[0] for r in warnings] == [
+        "logger Raising failed in on_fit_start (the fit goes on; it sits out the rest of this fit)",
+        "logger RaisingLater failed in on_step (the fit goes on)",
+        "logger RaisingLater failed in on_fit_end (the fit goes on)",
+    ]
+    assert "tracking server down" in warnings[0].getMessage() and warnings[0].exc_info is not None
+    assert any("bad step 2" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+    assert [event for event, _, _ in recorder.calls] == [
+        "on_fit_start", "on_step", "on_step", "on_epoch_end", "on_fit_end"]
+
+
+def test_a_failed_fit_reaches_on_fit_failed_after_the_queued_messages():
+    recorder = Recorder()
+    dispatch = LoggerDispatch([recorder], "run-1", Progress())
+    dispatch.start({}, {}, Progress())
+    dispatch.handle(epoch_message(1))
+    error = RuntimeError("rank 1 died")
+    dispatch.fail(error)
+    assert [event for event, _, _ in recorder.calls] == ["on_fit_start", "on_epoch_end", "on_fit_failed"]
+    assert recorder.events("on_fit_failed") == [{"error": error}]
+
+
+def test_events_from_many_threads_reach_a_logger_one_at_a_time():
+    class Exclusive(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.busy = threading.Lock()
+            self.overlaps = 0
+
+        def on_step(self, loss, progress):
+            if not self.busy.acquire(blocking=False):
+                self.overlaps += 1
+                return
+            time.sleep(0.0005)
+            super().on_step(loss, progress)
+            self.busy.release()
+
+    logger = Exclusive()
+    dispatch = LoggerDispatch([logger], "run-1", Progress())
+    dispatch.start({}, {}, Progress())
+
+    def send(offset: int) -> None:
+        for i in range(50):
+            dispatch.handle(progress_message(offset * 50 + i + 1, 0.0))
+
+    senders = [threading.Thread(target=send, args=(t,)) for t in range(8)]
+    for thread in senders:
+        thread.start()
+    for thread in senders:
+        thread.join()
+    dispatch.finish(None, checkpoint(0))
+
+    assert logger.overlaps == 0 and len(logger.events("on_step")) == 400
+    caller = threading.get_ident()
+    threads = {event: thread for event, _, thread in logger.calls}
+    assert threads["on_fit_start"] == caller and threads["on_fit_end"] == caller  # where fit() runs
+    assert threads["on_step"] != caller  # never a channel thread's time
+
+
+def test_bad_loggers_are_refused_when_the_estimator_is_made():
+    class Misspelled(Logger):
+        def on_epoch_end(self, metric):
+            pass
+
+    with pytest.raises(InvalidInputError, match="on_epoch_end\\(\\) asks for unknown argument 'metric'"):
+        TorchEstimator(loggers=[Misspelled()])
+    with pytest.raises(InvalidInputError, match="loggers\\[1\\] must be a spark_torch_est.loggers.Logger"):
+        TorchEstimator(loggers=[Recorder(), print])
+    with pytest.raises(InvalidInputError, match="loggers\\[0\\]"):
+        TorchEstimator().setLoggers([Misspelled])  # the class, not an instance
+    assert len(TorchEstimator(loggers=Recorder()).loggers) == 1
+
+
+def test_copy_deep_copies_the_loggers():
+    recorder = Recorder()
+    recorder.calls.append(("seen", {}, 0))
+    est = TorchEstimator(loggers=[recorder])
+    copied = est.copy().loggers[0]
+    assert copied is not recorder and copied.calls == recorder.calls
+    copied.calls.clear()
+    assert recorder.calls  # the copy logs on its own
+
+
+def test_csv_logger_adds_columns_as_they_appear(tmp_path):
+    logger = CSVLogger(str(tmp_path))
+    dispatch = LoggerDispatch([logger], "0123456789abcdef", Progress())
+    dispatch.start({"batchSize": 8}, {"lr": 0.1}, Progress())
+    dispatch.handle({"type": "epoch", "entry": {"epoch": 1, "train_loss": 0.5}, "time": 0.0})
+    dispatch.handle(progress_message(7, 0.0))
+    final = checkpoint(2, history=[{"epoch": 1, "train_loss": 0.5}, {"epoch": 2, "train_loss": 0.25, "val_loss": 0.3}])
+    dispatch.finish(None, final)
+
+    folder = tmp_path / "0123456789ab"
+    with open(folder / "metrics.csv", newline="") as f:
+        assert list(csv.DictReader(f)) == [{"epoch": "1", "train_loss": "0.5", "val_loss": ""},
+                                           {"epoch": "2", "train_loss": "0.25", "val_loss": "0.3"}]
+    with open(folder / "steps.csv", newline="") as f:
+        assert list(csv.reader(f)) == [["global_step", "epoch", "train_loss_step"], ["7", "0", str(1 / 7)]]
+    assert json.loads((folder / "params.json").read_text()) == {"batchSize": 8, "config.lr": 0.1}
