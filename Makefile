@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.' '_
 RUN := PYSPARK_PYTHON=$(abspath $(BIN))/python PYSPARK_DRIVER_PYTHON=$(abspath $(BIN))/python \
        SPARK_LOCAL_IP=127.0.0.1 SPARK_CONF_DIR=$(abspath conf)
 
-.PHONY: test test-slow test-all example example-submit bench clean
+.PHONY: test test-slow test-all example examples example-submit bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ test-all: $(STAMP)
 
 example: $(STAMP)  ## the main example on local[*]
 	$(RUN) $(BIN)/python examples/train_regression.py
+
+examples: $(STAMP)  ## every example in turn: regression, classifier, recommender, text, images, custom loop, notebook
+	for script in train_regression train_classifier recommender text_classifier image_classifier custom_training \
+	        notebook; do $(RUN) $(BIN)/python examples/$$script.py || exit 1; done
 
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py

@@ -92,7 +92,7 @@ def main() -> None:
         print(f"  label {row.label:+.3f}  prediction {row.prediction:+.3f}")
     if tracking_uri is not None:
         print(f"\nboth fits were logged as one MLflow run (experiment train_regression, tag "
-              f"spark_torch_est.run_id={est.checkpoint.meta['run_id']}) at {tracking_uri}")
+              f"spark_torch_est.run_id={est.checkpoint.run_id}) at {tracking_uri}")
         print(f"browse it with: mlflow ui --backend-store-uri {tracking_uri}")
     spark.stop()
 

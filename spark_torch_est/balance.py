@@ -6,7 +6,8 @@ rows to fill them would weight those rows more. So ranks with more than their sh
 their last rows to ranks with less, point to point, once per fit: after it, row counts
 differ by at most one. The plan is a pure function of the counts, so every rank computes
 the same one, and each rank only sends or only receives, in plan order, which cannot
-deadlock.
+deadlock. Every column moves with its own dtype; arrays of different lengths move as
+their lengths and their values.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from spark_torch_est.rowstore import SpilledRows
+from spark_torch_est.columns import DenseRows, RaggedRows, Rows, SpilledRows
+from spark_torch_est.data import Table
 
 __all__ = ["transfer_plan", "rebalance"]
 
@@ -47,45 +49,45 @@ def transfer_plan(counts: list[int]) -> list[tuple[int, int, int]]:
     return plan
 
 
-def rebalance(features: torch.Tensor | SpilledRows, labels: torch.Tensor, plan: list[tuple[int, int, int]], rank: int,
-              feature_shape: tuple[int, ...], label_shape: tuple[int, ...], label_dtype: torch.dtype,
-              device: torch.device) -> tuple[torch.Tensor | SpilledRows, torch.Tensor]:
-    """Carries out ``plan`` for this rank; returns its new features and labels.
+def rebalance(table: Table, plan: list[tuple[int, int, int]], rank: int, device: torch.device) -> Table:
+    """Carries out ``plan`` for this rank; returns its new table.
 
-    Args:
-        features: This rank's ``(n, *feature_shape)`` rows.
-        labels: Its ``(n, *label_shape)`` labels.
-        plan: From :func:`transfer_plan`.
-        rank: This rank.
-        feature_shape: Shape of one feature row (the same on every rank).
-        label_shape: Shape of one label.
-        label_dtype: The labels' dtype.
-        device: Where collectives need tensors (the rank's device for nccl).
+    Every rank's table has the same columns with the same dtypes and row shapes (a rank
+    without rows holds empty columns of those shapes).
     """
+    columns = table.columns()
     outgoing = sum(rows for source, _, rows in plan if source == rank)
-    keep = len(features) - outgoing
+    keep = len(table) - outgoing
     start = keep
-    received_x, received_y = [], []
     for source, destination, rows in plan:
         if source == rank:
-            dist.send(features[start:start + rows].contiguous().to(device), destination)
-            dist.send(labels[start:start + rows].contiguous().to(device), destination)
+            for column in columns:
+                _send(column, start, start + rows, destination, device)
             start += rows
         elif destination == rank:
-            x = torch.empty((rows, *feature_shape), dtype=torch.float32, device=device)
-            y = torch.empty((rows, *label_shape), dtype=label_dtype, device=device)
-            dist.recv(x, source)
-            dist.recv(y, source)
-            received_x.append(x.cpu())
-            received_y.append(y.cpu())
+            columns = [_receive(column, rows, source, device) for column in columns]
     if outgoing:
-        kept = features.head(keep) if isinstance(features, SpilledRows) else features[:keep].contiguous()
-        return kept, labels[:keep].contiguous()
-    if not received_x:
-        return features, labels
-    labels = torch.cat([labels.reshape(-1, *label_shape).to(label_dtype), *received_y])
-    if isinstance(features, SpilledRows):  # spilled rows stay on disk: append to the file
-        for rows in received_x:
-            features.extend(rows)
-        return features, labels
-    return torch.cat([features.reshape(-1, *feature_shape), *received_x]), labels
+        columns = [column.head(keep) for column in columns]
+    return table.with_columns(columns)
+
+
+def _send(column: Rows, start: int, stop: int, destination: int, device: torch.device) -> None:
+    if isinstance(column, RaggedRows):
+        dist.send(column.lengths(start, stop).to(device), destination)
+        dist.send(column.flat(start, stop).contiguous().to(device), destination)
+    else:
+        dist.send(column.slice(start, stop).contiguous().to(device), destination)
+
+
+def _receive(column: Rows, rows: int, source: int, device: torch.device) -> Rows:
+    if isinstance(column, RaggedRows):
+        lengths = torch.empty(rows, dtype=torch.int64, device=device)
+        dist.recv(lengths, source)
+        values = torch.empty(int(lengths.sum()), dtype=column.dtype, device=device)
+        dist.recv(values, source)
+        return column.extend_flat(values.cpu(), lengths.cpu())
+    received = torch.empty((rows, *column.row_shape), dtype=column.dtype, device=device)
+    dist.recv(received, source)
+    if isinstance(column, (DenseRows, SpilledRows)):
+        return column.extend(received.cpu())
+    raise TypeError(f"cannot receive rows into {type(column).__name__}")

@@ -15,7 +15,8 @@ runs code::
     seed            the seed of the epoch orders (the ``seed`` Param)
     config_digest   SHA-256 of the config the creators were called with
     outputs         {"shape": [dims per row], "label_kind": "int" | "float"}
-    inputs          {"num_features": int}
+    inputs          {"schema": the input schema (see :mod:`spark_torch_est.schema`),
+                     "rows": each input's row shape as trained (None: padded per batch)}
     model           model.state_dict() (CPU tensors)
     optimizer       optimizer.state_dict()
     scheduler       scheduler.state_dict() or None
@@ -35,6 +36,7 @@ import torch
 
 from spark_torch_est.errors import IncompatibleCheckpointError
 from spark_torch_est.progress import Progress
+from spark_torch_est.schema import InputSchema
 
 __all__ = ["Checkpoint", "FORMAT_VERSION", "check_compatible", "iter_chunks"]
 
@@ -72,7 +74,7 @@ class Checkpoint:
     @classmethod
     def build(cls, *, run_id: str, progress: Progress, history: list[dict], partial_loss: tuple[float, float],
               epoch_rows: int, world_size: int, seed: int, config_digest: str, output_shape: list[int],
-              label_kind: str, num_features: int,
+              label_kind: str, input_schema: dict, input_rows: list[list[int] | None],
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict]) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
@@ -82,7 +84,7 @@ class Checkpoint:
             "epoch_rows": int(epoch_rows), "world_size": int(world_size), "seed": int(seed),
             "config_digest": config_digest,
             "outputs": {"shape": list(output_shape), "label_kind": label_kind},
-            "inputs": {"num_features": int(num_features)},
+            "inputs": {"schema": input_schema, "rows": input_rows},
             "model": dict(model), "optimizer": optimizer, "scheduler": scheduler, "rng": list(rng), "hooks": hooks,
         })
 
@@ -140,9 +142,15 @@ class Checkpoint:
         return self._state["outputs"]["label_kind"]
 
     @property
-    def num_features(self) -> int:
-        """Values per feature row the model was trained on."""
-        return int(self._state["inputs"]["num_features"])
+    def input_schema(self) -> InputSchema:
+        """The model's inputs: names, tensor types and row shapes."""
+        return InputSchema.from_dict(self._state["inputs"]["schema"])
+
+    @property
+    def input_row_shapes(self) -> list[tuple[int, ...] | None]:
+        """Each input's row shape as trained (after ``inputShapes``), or None for arrays
+        padded per batch."""
+        return [tuple(shape) if shape is not None else None for shape in self._state["inputs"]["rows"]]
 
     @property
     def model_state(self) -> dict[str, torch.Tensor]:

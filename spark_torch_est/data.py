@@ -1,10 +1,8 @@
-"""[executor] Arrow record batches to contiguous tensors, and which rows each step takes.
+"""[executor] Arrow record batches to typed columns, and which rows each step takes.
 
-The driver reduces every feature layout (a VectorUDT, an ``array<numeric>`` column or a
-list of numeric columns) to one ``array<float>`` column named :data:`FEATURES`, the label
-to float, long or ``array<float>`` in :data:`LABEL`, and the validation flag to a boolean
-:data:`IS_VALIDATION`, all in the JVM. Here each Arrow batch becomes numpy views with no
-per-row Python, and one copy concatenates them. Messages name the user's columns.
+Every column keeps its type (see :mod:`spark_torch_est.schema`): each Arrow batch becomes
+numpy views with no per-row Python, and one copy per column puts the rows into a tensor
+(or a spill file past the memory budget). Messages name the user's columns.
 """
 
 from __future__ import annotations
@@ -17,131 +15,282 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from spark_torch_est.columns import Budget, DenseRows, RaggedRows, Rows, RowsBuilder
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
-from spark_torch_est.rowstore import RowStore, SpilledRows
+from spark_torch_est.protocol import IS_VALIDATION, LABEL, WEIGHT, input_column
+from spark_torch_est.schema import InputSchema
 from spark_torch_est.spec import Columns
 
-__all__ = ["Shard", "EpochPlan", "list_column_to_matrix", "column_to_numpy", "read_shard", "shape_labels",
-           "epoch_order"]
+__all__ = ["Table", "Shard", "EpochPlan", "arrow_values", "vectors_to_matrix", "list_column_to_matrix",
+           "column_to_numpy", "read_shard", "shape_labels", "epoch_order", "TORCH_DTYPES"]
+
+#: The schema's dtype names as torch dtypes.
+TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "bool": torch.bool, "uint8": torch.uint8}
+_DENSE_VECTOR = 1
+
+
+def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | None, tuple[int, ...]]:
+    """An Arrow column as numpy without per-row Python.
+
+    Returns:
+        ``(values, lengths, inner)``: for one number per row, ``(values (n,), None, ())``;
+        for arrays, binary and Vectors, every row's values one after the other, the
+        rows' lengths, and the shape of one element (``()``, or the inner sizes of an
+        array of arrays).
+
+    Raises:
+        InputDataError: Nulls, or arrays of arrays whose inner sizes differ.
+    """
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    kind = array.type
+    if array.null_count:
+        scalar = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) \
+            or pa.types.is_decimal(kind)
+        raise InputDataError(f"column {name!r} has {array.null_count} null {'values' if scalar else 'rows'} in "
+                             "this partition")
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int64 if pa.types.is_large_binary(kind) else np.int32)
+        offsets = offsets[array.offset:array.offset + len(array) + 1]
+        data = array.buffers()[2]
+        values = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        return values[offsets[0]:offsets[-1]], np.diff(offsets).astype(np.int64), ()
+    if pa.types.is_fixed_size_binary(kind):
+        width = kind.byte_width
+        values = np.frombuffer(array.buffers()[1], dtype=np.uint8)[array.offset * width:(array.offset + len(array)) * width]
+        return values, np.full(len(array), width, dtype=np.int64), ()
+    if pa.types.is_struct(kind):  # a Spark ML Vector
+        matrix = vectors_to_matrix(array, name)
+        return matrix.reshape(-1), np.full(len(array), matrix.shape[1], dtype=np.int64), ()
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        lengths = (np.full(len(array), kind.list_size, dtype=np.int64) if pa.types.is_fixed_size_list(kind)
+                   else np.diff(array.offsets.to_numpy()).astype(np.int64))
+        flat = array.flatten()
+        if flat.null_count:
+            raise InputDataError(f"column {name!r} has {flat.null_count} null elements in this partition")
+        values, inner_lengths, inner = arrow_values(flat, name)
+        if inner_lengths is None:
+            return values, lengths, ()
+        if len(inner_lengths) and not (inner_lengths == inner_lengths[0]).all():
+            raise InputDataError(
+                f"column {name!r} holds arrays of arrays whose inner arrays differ in length "
+                f"({int(inner_lengths.min())} to {int(inner_lengths.max())}); only the outer arrays may differ"
+            )
+        width = int(inner_lengths[0]) if len(inner_lengths) else 0
+        return values.reshape(-1, width, *inner), lengths, (width, *inner)
+    if pa.types.is_decimal(kind):
+        array = array.cast(pa.float64())
+    return array.to_numpy(zero_copy_only=False), None, ()
+
+
+def vectors_to_matrix(array: pa.StructArray, name: str) -> np.ndarray:
+    """Spark ML Vectors, as Arrow carries VectorUDT (a struct of type, size, indices and
+    values; type 0 is sparse, 1 dense), as an ``(n, d)`` float32 matrix, without per-row Python.
+
+    Raises:
+        InputDataError: A row is null, or the vectors differ in size.
+    """
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if array.null_count:
+        raise InputDataError(f"column {name!r} has {array.null_count} null rows in this batch")
+    rows = len(array)
+    dense = array.field("type").to_numpy(zero_copy_only=False) == _DENSE_VECTOR
+    values = array.field("values")
+    if dense.all():
+        return list_column_to_matrix(values, name).astype(np.float32, copy=False)
+    offsets = values.offsets.to_numpy()
+    offsets = offsets - offsets[0]  # a sliced array's offsets do not start at 0
+    lengths = np.diff(offsets)
+    sizes = np.where(dense, lengths, array.field("size").fill_null(0).to_numpy(zero_copy_only=False))
+    if not (sizes == sizes[0]).all():
+        raise InputDataError(f"column {name!r} holds vectors of sizes {int(sizes.min())} to {int(sizes.max())}; "
+                             "every row needs the same size")
+    row_of_value = np.repeat(np.arange(rows), lengths)
+    position = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
+    sparse_value = ~dense[row_of_value]
+    position[sparse_value] = array.field("indices").flatten().to_numpy(zero_copy_only=False)
+    matrix = np.zeros((rows, int(sizes[0])), dtype=np.float32)
+    matrix[row_of_value, position] = values.flatten().to_numpy(zero_copy_only=False)
+    return matrix
 
 
 def list_column_to_matrix(array: pa.Array, name: str) -> np.ndarray:
-    """Turns a list-of-numbers Arrow array into an ``(n, d)`` numpy matrix without copying
-    the values where Arrow allows.
+    """A column of equally long arrays (or Vectors) as an ``(n, d)`` matrix.
 
     Raises:
         InputDataError: A row or element is null, or rows differ in length.
     """
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    if array.null_count:
-        raise InputDataError(f"column {name!r} has {array.null_count} null rows in this partition")
-    if len(array) == 0:
-        return np.zeros((0, 0), dtype=np.float32)
-    if pa.types.is_fixed_size_list(array.type):
-        width = array.type.list_size
-    else:
-        lengths = np.diff(array.offsets.to_numpy())
-        width = int(lengths[0])
-        if not (lengths == width).all():
-            raise InputDataError(
-                f"column {name!r} holds arrays of different lengths "
-                f"({int(lengths.min())} to {int(lengths.max())}); every row needs the same length"
-            )
-    values = array.flatten()
-    if values.null_count:
-        raise InputDataError(f"column {name!r} has {values.null_count} null elements in this partition")
-    return values.to_numpy(zero_copy_only=False).reshape(len(array), width)
+    values, lengths, _ = arrow_values(array, name)
+    if lengths is None:
+        return values.reshape(-1, 1)
+    if len(lengths) == 0:
+        return np.zeros((0, 0), dtype=values.dtype)
+    if not (lengths == lengths[0]).all():
+        raise InputDataError(
+            f"column {name!r} holds arrays of different lengths ({int(lengths.min())} to {int(lengths.max())}); "
+            "every row needs the same length"
+        )
+    return values.reshape(len(lengths), int(lengths[0]))
 
 
 def column_to_numpy(array: pa.Array, name: str) -> np.ndarray:
-    """Turns a numeric, boolean or list Arrow array into numpy (``(n,)`` or ``(n, d)``).
+    """A numeric, boolean or equally-long-array column as numpy (``(n,)`` or ``(n, d)``).
 
     Raises:
-        InputDataError: The column has nulls or ragged arrays.
+        InputDataError: Nulls or arrays of different lengths.
     """
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or pa.types.is_fixed_size_list(array.type):
-        return list_column_to_matrix(array, name)
-    if array.null_count:
-        raise InputDataError(f"column {name!r} has {array.null_count} null values in this partition")
-    return array.to_numpy(zero_copy_only=False)
+    values, lengths, _ = arrow_values(array, name)
+    return values if lengths is None else list_column_to_matrix(array, name)
+
+
+@dataclass
+class Table:
+    """Rows of one rank: the model's inputs, the labels and the sample weights.
+
+    Attributes:
+        inputs: One column per model input, in call order.
+        labels: The labels (in RAM).
+        weights: The sample weights, or None without ``weightCol``.
+    """
+
+    inputs: list[Rows]
+    labels: Rows
+    weights: Rows | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def columns(self) -> list[Rows]:
+        """Every column, in a fixed order (inputs, labels, weights)."""
+        return [*self.inputs, self.labels, *([self.weights] if self.weights is not None else [])]
+
+    def with_columns(self, columns: list[Rows]) -> Table:
+        """A table of ``columns`` in :meth:`columns` order."""
+        count = len(self.inputs)
+        return Table(list(columns[:count]), columns[count], columns[count + 1] if self.weights is not None else None)
+
+    def take(self, positions: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
+        """The rows at ``positions``: ``(inputs, labels, weights)``."""
+        return ([column.take(positions) for column in self.inputs], self.labels.take(positions),
+                self.weights.take(positions) if self.weights is not None else None)
+
+    def slice(self, start: int, stop: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
+        """Rows ``start`` to ``stop``: ``(inputs, labels, weights)``."""
+        return ([column.slice(start, stop) for column in self.inputs], self.labels.slice(start, stop),
+                self.weights.slice(start, stop) if self.weights is not None else None)
 
 
 @dataclass
 class Shard:
-    """The rows one rank trains on.
+    """What one rank holds: its training rows and its validation rows (either may be
+    None when the partition has none)."""
 
-    Attributes:
-        features: ``(n, d)`` float32: a tensor, or :class:`SpilledRows` read per batch
-            when the partition was larger than the memory budget.
-        labels: ``(n,)`` float32 or int64, or ``(n, k)`` float32.
-        val_features: Validation rows' features (may have 0 rows).
-        val_labels: Validation rows' labels.
-    """
-
-    features: torch.Tensor | SpilledRows
-    labels: torch.Tensor
-    val_features: torch.Tensor | SpilledRows
-    val_labels: torch.Tensor
+    train: Table | None
+    validation: Table | None
 
 
-def read_shard(batches: Iterable[pa.RecordBatch], columns: Columns = Columns(),
+def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: Columns = Columns(),
                memory_budget: int | None = None) -> Shard:
-    """Collects a partition's record batches into a :class:`Shard`; feature rows past
-    ``memory_budget`` bytes go to local files (see :mod:`spark_torch_est.rowstore`).
+    """Collects a partition's record batches (training-frame columns) into a
+    :class:`Shard`; input rows past ``memory_budget`` bytes go to local files.
 
     Raises:
-        InputDataError: Nulls or ragged feature arrays.
+        InputDataError: Nulls, arrays that cannot be stacked, labels of mixed lengths,
+            negative or non-finite weights.
     """
-    store = RowStore(memory_budget)
+    budget = Budget(memory_budget)
+    parts = {role: _Builders(schema, budget) for role in ("train", "validation")}
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        features = list_column_to_matrix(batch.column(FEATURES), columns.features)
-        labels = column_to_numpy(batch.column(LABEL), columns.label)
-        if labels.dtype.kind == "f":
-            labels = labels.astype(np.float32, copy=False)
+        row = ([arrow_values(batch.column(input_column(i)), column.name) for i, column in enumerate(schema.columns)],
+               arrow_values(batch.column(LABEL), columns.label),
+               _weights(batch.column(WEIGHT), columns.weight) if columns.weight is not None else None)
         if IS_VALIDATION in batch.schema.names:
-            is_val = column_to_numpy(batch.column(IS_VALIDATION), "validationIndicatorCol").astype(bool)
-            store.append("val_features", features[is_val], spillable=True)
-            store.append("val_labels", labels[is_val])
-            features, labels = features[~is_val], labels[~is_val]
-        store.append("features", features, spillable=True)
-        store.append("labels", labels)
-    features, labels = store.column("features"), store.column("labels")
-    if features is None:
-        features, labels = torch.zeros(0, 0), torch.zeros(0)
-    labels = labels.float() if labels.is_floating_point() else labels.long()
-    val_features, val_labels = store.column("val_features"), store.column("val_labels")
-    if val_features is None:  # no validation rows: empty, with the training rows' shapes
-        val_features, val_labels = torch.zeros(0, *features.shape[1:]), labels[:0]
-    return Shard(features, labels, val_features, val_labels.to(labels.dtype))
+            flags = arrow_values(batch.column(IS_VALIDATION), "validationIndicatorCol")[0].astype(bool)
+            parts["validation"].append(*_rows_where(row, flags))
+            row = _rows_where(row, ~flags)
+        parts["train"].append(*row)
+    return Shard(parts["train"].finish(schema.padding_value, columns.label),
+                 parts["validation"].finish(schema.padding_value, columns.label))
+
+
+_Values = tuple[np.ndarray, "np.ndarray | None", tuple[int, ...]]
+
+
+def _weights(array: pa.Array, name: str) -> _Values:
+    values, _, inner = arrow_values(array, name)
+    values = values.astype(np.float32, copy=False)
+    if not (np.isfinite(values).all() and (values >= 0).all()):
+        raise InputDataError(f"weightCol {name!r} holds negative, NaN or infinite weights; weights must be finite "
+                             "and at least 0")
+    return values, None, inner
+
+
+def _rows_where(columns, mask: np.ndarray):
+    """The rows of one column's values (or of a list or tuple of them) where ``mask`` holds."""
+    if columns is None:
+        return None
+    if isinstance(columns, list) or (isinstance(columns, tuple) and not isinstance(columns[0], np.ndarray)):
+        return type(columns)(_rows_where(column, mask) for column in columns)
+    values, lengths, inner = columns
+    if lengths is None:
+        return values[mask], None, inner
+    return values[np.repeat(mask, lengths)], lengths[mask], inner
+
+
+class _Builders:
+    """The builders of one role's columns."""
+
+    def __init__(self, schema: InputSchema, budget: Budget) -> None:
+        self.inputs = [RowsBuilder(TORCH_DTYPES[column.dtype], budget) for column in schema.columns]
+        self.labels: RowsBuilder | None = None
+        self.weights = RowsBuilder(torch.float32)
+
+    def append(self, inputs: list[_Values], labels: _Values, weights: _Values | None) -> None:
+        for builder, (values, lengths, inner) in zip(self.inputs, inputs):
+            builder.append(values, lengths, inner)
+        values, lengths, inner = labels
+        if self.labels is None:
+            self.labels = RowsBuilder(torch.int64 if values.dtype.kind in "iu" else torch.float32)
+        self.labels.append(values, lengths, inner)
+        if weights is not None:
+            self.weights.append(weights[0])
+
+    def finish(self, padding: float, label_name: str) -> Table | None:
+        if self.labels is None or self.labels.rows == 0:
+            return None
+        labels = self.labels.finish()
+        if isinstance(labels, RaggedRows):
+            raise InputDataError(f"labelCol {label_name!r} holds arrays of different lengths; every label needs "
+                                 "the same length")
+        return Table([builder.finish(padding) for builder in self.inputs], labels, self.weights.finish())
 
 
 def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:
-    """Shapes float labels like the model's output per row, so ``Linear(d, 1)`` with
-    ``MSELoss`` and a scalar label never broadcasts to ``(B, B)``.
+    """Gives labels the shape the loss expects beside the model's output, never by
+    broadcasting: integer labels of a one-output model become float32 regression targets
+    shaped like the output, integer labels of a k-output model stay int64 class indices,
+    float labels take the output's shape when they hold as many values per row.
 
     Raises:
-        InputDataError: The model returns several values per row for a scalar float label.
+        InputDataError: The labels cannot match the output without broadcasting.
     """
-    if not labels.is_floating_point() or labels.dim() != 1 or output_shape == []:
+    per_row, width = list(labels.shape[1:]), math.prod(output_shape)
+    if not labels.is_floating_point():
+        if width > 1 and labels.dim() == 1:
+            return labels  # class indices
+        labels = labels.float()
+    if per_row == list(output_shape):
         return labels
-    if output_shape != [1]:
-        raise InputDataError(
-            f"the model returns {output_shape} values per row but labelCol {label_name!r} holds one number per row"
-        )
-    return labels.unsqueeze(1)
-
-
-def epoch_order(num_rows: int, seed: int, epoch: int, rank: int) -> torch.Tensor:
-    """The shuffled row order of one rank in one epoch, a pure function of its arguments."""
-    state = np.random.SeedSequence([seed, epoch, rank]).generate_state(2, dtype=np.uint32)
-    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    return torch.randperm(num_rows, generator=generator)
+    if math.prod(per_row) == width:
+        return labels.reshape(len(labels), *output_shape)
+    held = f"{math.prod(per_row)} values" if per_row else "one number"
+    raise InputDataError(
+        f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {held} per row; "
+        "make the model's output match the label, or the label the output"
+    )
 
 
 class EpochPlan:
@@ -179,3 +328,81 @@ class EpochPlan:
         """Rows all ranks together train on at ``step``."""
         start = self.offset + step * self.batch_size
         return sum(min(self.batch_size, n - start) if start < n else self.batch_size for n in self.rows)
+
+
+def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor:
+    """The shuffled row order of one rank's part in one epoch, a pure function of its arguments."""
+    state = np.random.SeedSequence([seed, epoch, part]).generate_state(2, dtype=np.uint32)
+    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.randperm(num_rows, generator=generator)
+
+
+#: Values describing one column on one rank (see :func:`layout`).
+LAYOUT_SIZE = 8
+_MAX_DIMS = LAYOUT_SIZE - 4
+
+
+def layout(rows: Rows | None) -> list[int]:
+    """``[has rows, ragged, integer dtype, row dims, dim 1, ...]`` of a rank's column, to
+    share with the other ranks."""
+    if rows is None or len(rows) == 0:
+        return [0] * LAYOUT_SIZE
+    integer = int(not rows.dtype.is_floating_point)
+    if rows.row_shape is None:
+        return [1, 1, integer, 1] + [0] * _MAX_DIMS
+    shape = list(rows.row_shape)
+    if len(shape) > _MAX_DIMS:
+        raise InputDataError(f"rows of {len(shape)} dimensions are not supported (at most {_MAX_DIMS})")
+    return [1, 0, integer, len(shape)] + shape + [0] * (_MAX_DIMS - len(shape))
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """The layout every rank gives one column.
+
+    Attributes:
+        row_shape: The shape of a row, or None for arrays padded per batch.
+        integer: Whether the column holds integers (for a label, class indices).
+    """
+
+    row_shape: tuple[int, ...] | None
+    integer: bool
+
+
+def agree(layouts: torch.Tensor, what: str, may_be_ragged: bool) -> Agreed:
+    """The one layout for a column from every rank's :func:`layout` (rows of ``layouts``).
+
+    Raises:
+        InputDataError: Ranks hold rows of different shapes that cannot be padded.
+    """
+    present = [[int(v) for v in row] for row in layouts if int(row[0])]
+    if not present:
+        return Agreed((), False)
+    integer = any(row[2] for row in present)
+    shapes = {tuple(row[4:4 + row[3]]) if not row[1] else None for row in present}
+    if may_be_ragged and all(shape is None or len(shape) == 1 for shape in shapes):
+        return Agreed(None if len(shapes) > 1 or None in shapes else shapes.pop(), integer)
+    if None in shapes:
+        raise InputDataError(f"{what} holds arrays of different lengths; every row needs the same length")
+    if len(shapes) == 1:
+        return Agreed(shapes.pop(), integer)
+    sizes = sorted(shapes)
+    raise InputDataError(
+        f"{what} holds rows of {_size(sizes[0])} values in some partitions and of {_size(sizes[-1])} in others; "
+        "every row needs the same number of values"
+    )
+
+
+def _size(shape: tuple[int, ...]) -> str:
+    return str(shape[0]) if len(shape) == 1 else str(list(shape)) if shape else "1"
+
+
+def conform(rows: Rows | None, agreed: Agreed, dtype: torch.dtype, padding: float) -> Rows:
+    """``rows`` in the agreed layout (no rows: an empty column of it)."""
+    if rows is None or len(rows) == 0:
+        if agreed.row_shape is None:
+            return RaggedRows(DenseRows(torch.empty(0, dtype=dtype)), torch.zeros(1, dtype=torch.int64), padding)
+        return DenseRows(torch.empty(0, *agreed.row_shape, dtype=dtype))
+    if agreed.row_shape is None and not isinstance(rows, RaggedRows):
+        return rows.to_ragged(padding)
+    return rows

@@ -21,7 +21,7 @@ from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.creators import CreatorError, Creators
 from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.frames import training_frame
+from spark_torch_est.frames import check_inputs, input_schema, training_frame
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.logger_dispatch import LoggerDispatch
@@ -30,6 +30,7 @@ from spark_torch_est.model import TorchModel
 from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.progress import Progress, Target
+from spark_torch_est.schema import InputSchema
 from spark_torch_est.spec import Columns, TaskSpec
 from spark_torch_est.storage import CheckpointDir, read_bytes
 from spark_torch_est.view import DriverView
@@ -61,6 +62,15 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         config: A plain dict handed to every creator (default ``{}``).
         featuresCol: Vector, ``array<numeric>`` or numeric column (default ``"features"``).
         featureCols: Numeric columns used instead of featuresCol (default None).
+        inputCols: Columns given to the model as separate typed inputs, ``model(*inputs)``,
+            instead of featuresCol/featureCols (default None): integers as int64, floats as
+            float32, booleans, binary as uint8, arrays and Vectors with their shapes.
+        inputShapes: ``{column: [sizes]}`` reshaping each row of an inputCols column
+            (default None).
+        paddingValue: What arrays shorter than their batch's longest row are padded with
+            (default 0).
+        weightCol: Numeric column of per-row sample weights (default None): the training
+            loss, ``val_loss`` and ``evaluate()`` become weighted means.
         labelCol: Label column (default ``"label"``); integers are class indices.
         predictionCol: Output column of the model (default ``"prediction"``); for
             classifiers (integer labels, several outputs) the class index.
@@ -92,7 +102,9 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
                  scheduler: Any = None, metrics: Mapping[str, Any] | None = None,
                  hooks: Iterable[Hook] | Mapping[str, Hook] | None = None, loggers: Iterable[Logger] | None = None,
                  config: Mapping[str, Any] | None = None, featuresCol: str | None = "features",
-                 featureCols: list[str] | None = None, labelCol: str = "label",
+                 featureCols: list[str] | None = None, inputCols: list[str] | None = None,
+                 inputShapes: dict[str, list[int]] | None = None, paddingValue: float = 0.0,
+                 labelCol: str = "label", weightCol: str | None = None,
                  predictionCol: str = "prediction", rawPredictionCol: str = "rawPrediction",
                  probabilityCol: str = "probability",
                  validationIndicatorCol: str | None = None, batchSize: int = 64, maxEpochs: int = 10,
@@ -245,8 +257,11 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         self._check_changes(start)
         target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
                               self.getMaxEpochs())
-        frame = self._checked_frame(dataset, start)
-        spec = self._spec(target, start)
+        schema = self._input_schema(dataset)
+        if start is not None:
+            check_inputs(dataset.schema, start.input_schema, schema)
+        frame = self._checked_frame(dataset, schema, start)
+        spec = self._spec(target, schema, start)
         view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
         loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
         loggers.start({p.name: v for p, v in self.extractParamMap().items()}, dict(self._creators.config), progress)
@@ -328,15 +343,16 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             "or call est.reset() to start a new run"
         )
 
-    def _checked_frame(self, dataset: DataFrame, start: Checkpoint | None) -> DataFrame:
+    def _checked_frame(self, dataset: DataFrame, schema: InputSchema, start: Checkpoint | None) -> DataFrame:
         """Checks the creators and prepares the training frame side by side: the JVM plans
         the frame (slow in a fresh session) while Python builds the model and optimizer
         (the first optimizer in a process imports ``torch._dynamo``, ~1.5 s). A creator
         error wins over a column error. Under Spark Connect the client plans nothing, so
         both run in turn."""
         plan = functools.partial(
-            training_frame, dataset, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
-            label_col=self.getLabelCol(), validation_col=self.getValidationIndicatorCol(),
+            training_frame, dataset, schema=schema, features_col=self.getFeaturesCol(),
+            feature_cols=self.getFeatureCols(), label_col=self.getLabelCol(),
+            validation_col=self.getValidationIndicatorCol(), weight_col=self.getWeightCol(),
             num_workers=self.getNumWorkers(),
         )
         if is_remote():
@@ -354,6 +370,12 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             self._check_creators(start)
             return planned.result()
 
+    def _input_schema(self, dataset: DataFrame) -> InputSchema:
+        """The model's inputs in ``dataset`` (see :func:`frames.input_schema`)."""
+        return input_schema(dataset.schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
+                            input_cols=self.getInputCols(), input_shapes=self.getInputShapes(),
+                            padding_value=self.getPaddingValue())
+
     def _check_creators(self, start: Checkpoint | None) -> None:
         """Builds every object once on the driver, so bad creators fail before any job."""
         creators = self._creators
@@ -370,7 +392,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         except CreatorError as error:
             raise InvalidInputError(f"{error} (check the {error.creator}= argument)") from error
 
-    def _spec(self, target: Target, start: Checkpoint | None) -> TaskSpec:
+    def _spec(self, target: Target, schema: InputSchema, start: Checkpoint | None) -> TaskSpec:
         try:
             payload = cloudpickle.dumps(self._creators)
         except Exception as error:
@@ -378,14 +400,13 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
                 f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
             ) from error
         interval = Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
-        features = ", ".join(self.getFeatureCols()) if self.getFeatureCols() else self.getFeaturesCol()
         return TaskSpec(
             run_id=start.run_id if start is not None else uuid.uuid4().hex, payload=payload,
-            resume=start.to_bytes() if start is not None else None, target=target,
+            resume=start.to_bytes() if start is not None else None, target=target, schema=schema,
             world_size=self.getNumWorkers(), batch_size=self.getBatchSize(), seed=self.getSeed(),
             timeout_s=self.getTimeout(), use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
             checkpoint_every=(interval.value, interval.unit),
-            columns=Columns(features=features or "features", label=self.getLabelCol()),
+            columns=Columns(label=self.getLabelCol(), weight=self.getWeightCol()),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
             allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)),
         )

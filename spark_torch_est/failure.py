@@ -171,7 +171,7 @@ def is_communication_error(error: BaseException) -> bool:
 
 def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> Failure:
     """Classifies a rank's error by its cause and records where it happened."""
-    if isinstance(error, InputDataError):
+    if isinstance(error, InvalidInputError):  # the data or a Param the schema could not check on the driver
         kind = INPUT
     elif isinstance(error, IncompatibleCheckpointError):
         kind = CHECKPOINT

@@ -14,10 +14,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
 
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
+from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
+from spark_torch_est.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema
 
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
-           "training_frame"]
+           "input_schema", "check_inputs", "weight_column", "training_frame"]
 
 ROW_ORDER = "__ste_row_order"
 _RUNS_JOBS = re.compile(r"Broadcast|Subquery")  # plan nodes whose preparation starts Spark jobs
@@ -126,8 +127,125 @@ def label_column(df: DataFrame, label_col: str) -> Column:
     return _as_float_array(label_col, kind)
 
 
-def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: list[str] | None,
-                   label_col: str, validation_col: str | None, num_workers: int) -> DataFrame:
+def _input_column(data_type: T.DataType, name: str, shape: list[int] | None) -> InputColumn:
+    """How one ``inputCols`` column becomes a tensor (see :mod:`spark_torch_est.schema`).
+
+    Raises:
+        InvalidInputError: Strings, maps, structs, dates and other types a model cannot take.
+    """
+    depth, element = 0, data_type
+    while isinstance(element, T.ArrayType):
+        depth, element = depth + 1, element.elementType
+    if isinstance(element, VectorUDT):
+        depth, dtype = depth + 1, "float32"
+    elif isinstance(element, T.BinaryType):
+        depth, dtype = depth + 1, "uint8"
+    elif isinstance(element, _INTEGRAL):
+        dtype = "int64"
+    elif isinstance(element, _FRACTIONAL):
+        dtype = "float32"
+    elif isinstance(element, T.BooleanType):
+        dtype = "bool"
+    else:
+        hint = ("tokenize or index it in Spark first (pyspark.ml.feature.StringIndexer, or Tokenizer then "
+                "CountVectorizer), or encode it as bytes" if isinstance(element, (T.StringType, T.VarcharType,
+                                                                                     T.CharType)) else
+                "turn it into numbers in Spark first")
+        raise InvalidInputError(f"inputCols: column {name!r} has type {data_type.simpleString()}, which no tensor "
+                                f"holds; {hint}")
+    column = InputColumn(name, dtype, depth, data_type.simpleString(), tuple(shape) if shape is not None else None)
+    if shape is not None and depth == 0:
+        column.check_row_size(1)
+    return column
+
+
+def input_schema(schema: T.StructType, *, features_col: str | None, feature_cols: list[str] | None,
+                 input_cols: list[str] | None, input_shapes: dict[str, list[int]] | None = None,
+                 padding_value: float = 0.0) -> InputSchema:
+    """The model's inputs for a DataFrame: ``inputCols`` (typed, several) over
+    ``featureCols`` over ``featuresCol`` (one float32 tensor).
+
+    Raises:
+        InvalidInputError: A column is missing or of an unusable type, or inputShapes
+            names a column that is not an input or asks for a size the type cannot have.
+    """
+    shapes = dict(input_shapes or {})
+    if input_cols:
+        unknown = sorted(set(shapes) - set(input_cols))
+        if unknown:
+            raise InvalidInputError(f"inputShapes names {unknown}, which are not in inputCols={list(input_cols)}")
+        for name, shape in shapes.items():
+            if not (isinstance(shape, (list, tuple)) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
+                raise InvalidInputError(f"inputShapes[{name!r}] must be a list of positive sizes, got {shape!r}")
+        if len(set(input_cols)) != len(input_cols):
+            raise InvalidInputError(f"inputCols names a column twice: {list(input_cols)}")
+        columns = tuple(_input_column(_field(schema, name, "inputCols"), name, shapes.get(name)) for name in input_cols)
+        return InputSchema(INPUTS_LAYOUT, columns, float(padding_value))
+    if input_cols is not None:
+        raise InvalidInputError("inputCols is an empty list; name at least one column, or use featuresCol")
+    if shapes:
+        raise InvalidInputError("inputShapes applies to inputCols; set inputCols, or reshape in the model")
+    kind = features_kind(schema, features_col, feature_cols)
+    if kind == "columns":
+        name, spark_type = ", ".join(feature_cols), "array<float>"
+    else:
+        name, spark_type = features_col, schema[features_col].dataType.simpleString()
+    return InputSchema(FEATURES_LAYOUT, (InputColumn(name, "float32", 1, spark_type),), float(padding_value))
+
+
+def check_inputs(schema: T.StructType, trained: InputSchema, derived: InputSchema) -> None:
+    """Checks that a DataFrame's inputs (``derived`` from its schema) match those the
+    model was trained on.
+
+    Raises:
+        InvalidInputError: Names the column that is missing, added or of another type.
+    """
+    if derived.layout != trained.layout or len(derived.columns) != len(trained.columns):
+        raise InvalidInputError(
+            f"the model was trained on {trained.layout} {trained.names}, but the DataFrame would give it "
+            f"{derived.layout} {derived.names}; set the model's featuresCol/featureCols/inputCols to match"
+        )
+    for now, then in zip(derived.columns, trained.columns):
+        if (now.dtype, now.depth) != (then.dtype, then.depth):
+            raise InvalidInputError(
+                f"column {now.name!r} has type {now.spark_type}, but the model was trained on {then.spark_type} "
+                f"(column {then.name!r}); cast it back, e.g. df.withColumn({now.name!r}, "
+                f"F.col({now.name!r}).cast({then.spark_type!r}))"
+            )
+
+
+def _typed_expression(name: str, column: InputColumn) -> Column:
+    """One ``inputCols`` column as the tasks read it: Vectors as float arrays, numbers cast
+    to long, float or boolean (in the JVM, where casting is cheap), bytes as they are."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    if column.spark_type == "vector":
+        return vector_to_array(F.col(name), "float32")
+    if column.dtype == "uint8":
+        return F.col(name)
+    target = {"int64": "bigint", "float32": "float", "bool": "boolean"}[column.dtype]
+    for _ in range(column.depth):
+        target = f"array<{target}>"
+    return F.col(name).cast(target)
+
+
+def weight_column(df: DataFrame, weight_col: str) -> Column:
+    """The sample weights as float (checked first).
+
+    Raises:
+        InvalidInputError: The column is missing or not a number.
+    """
+    from pyspark.sql import functions as F
+
+    data_type = _field(df.schema, weight_col, "weightCol")
+    if not isinstance(data_type, _INTEGRAL + _FRACTIONAL):
+        raise InvalidInputError(f"weightCol={weight_col!r} has type {data_type.simpleString()}; it must be a number")
+    return F.col(weight_col).cast("float")
+
+
+def training_frame(df: DataFrame, *, schema: InputSchema, features_col: str | None, feature_cols: list[str] | None,
+                   label_col: str, validation_col: str | None, weight_col: str | None, num_workers: int) -> DataFrame:
     """The columns the tasks read, in ``num_workers`` partitions, in a reproducible order.
 
     The shuffle is skipped when the DataFrame already has exactly ``num_workers``
@@ -140,8 +258,13 @@ def training_frame(df: DataFrame, *, features_col: str | None, feature_cols: lis
     """
     from pyspark.sql import functions as F
 
-    columns = [feature_column(df, features_col, feature_cols).alias(FEATURES),
-               label_column(df, label_col).alias(LABEL)]
+    if schema.layout == FEATURES_LAYOUT:
+        columns = [feature_column(df, features_col, feature_cols).alias(FEATURES)]
+    else:
+        columns = [_typed_expression(c.name, c).alias(input_column(i)) for i, c in enumerate(schema.columns)]
+    columns.append(label_column(df, label_col).alias(LABEL))
+    if weight_col is not None:
+        columns.append(weight_column(df, weight_col).alias(WEIGHT))
     if validation_col is not None:
         check_validation_col(df.schema, validation_col)
         columns.append(F.col(validation_col).alias(IS_VALIDATION))

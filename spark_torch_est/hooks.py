@@ -37,7 +37,7 @@ _COMMON = (
     "model", "ddp_model", "optimizer", "scheduler", "loss_fn", "epoch", "batch_idx",
     "global_step", "rank", "world_size", "config", "state", "control", "device",
 )
-_BATCH = ("batch", "inputs", "labels")
+_BATCH = ("batch", "inputs", "labels", "weights")
 _STEP = _BATCH + ("outputs", "loss")
 
 #: The keyword arguments on offer at each stage.

@@ -16,13 +16,16 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from spark_torch_est.columns import DenseRows, Rows, RowsBuilder
 from spark_torch_est.creators import Creators
-from spark_torch_est.data import column_to_numpy, list_column_to_matrix, shape_labels
+from spark_torch_est.data import TORCH_DTYPES, arrow_values, shape_labels
+from spark_torch_est.errors import InputDataError
+from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
-from spark_torch_est.protocol import FEATURES, LABEL
+from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema
 
-__all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "predict_outputs",
-           "output_columns"]
+__all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "read_inputs",
+           "predict_outputs", "output_columns"]
 
 _CACHE: OrderedDict[str, torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 2
@@ -39,37 +42,67 @@ class ScoringSpec:
         creators: cloudpickled :class:`Creators` (model, loss, metrics, config).
         weights: ``torch.save`` of the model's state_dict.
         batch_size: Rows per forward pass.
+        schema: The model's inputs as trained (``InputSchema.to_dict()``).
+        columns: The DataFrame's columns to read, one per input in order (for
+            ``featureCols``: the numeric columns stacked into the one input).
         prediction_col: Name of the prediction column ('' or None: omitted).
         output: ``"scalar"`` (double), ``"vector"`` (array<float>) or ``"class"`` (argmax).
         raw_prediction_col: For ``"class"`` outputs: the column of the outputs (logits) as
             Spark ML Vectors ('' or None: omitted).
         probability_col: For ``"class"`` outputs: the column of their softmax as Spark ML
             Vectors ('' or None: omitted).
-        label_name: The label column, for messages.
-        features_col: The column holding the features as arrays (the input's own column
-            when it already is one, else a converted copy that is dropped again).
-        feature_cols: Numeric columns stacked into the features, instead of ``features_col``.
+        label_col: The label column (``evaluate``).
+        weight_col: The sample-weight column (``evaluate``), or None.
     """
 
     key: str
     creators: bytes
     weights: bytes
     batch_size: int
+    schema: dict
+    columns: tuple[str, ...]
     prediction_col: str = "prediction"
     output: str = "scalar"
     raw_prediction_col: str | None = None
     probability_col: str | None = None
-    label_name: str = "label"
-    features_col: str = FEATURES
-    feature_cols: tuple[str, ...] = ()
+    label_col: str = "label"
+    weight_col: str | None = None
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the columns are ``featureCols``, stacked into one float32 input."""
+        return self.input_schema.layout == FEATURES_LAYOUT and len(self.columns) > 1
+
+    @property
+    def input_schema(self) -> InputSchema:
+        return InputSchema.from_dict(self.schema)
 
 
-def _features(batch: pa.RecordBatch, spec: ScoringSpec) -> np.ndarray:
-    """The batch's features as an ``(n, d)`` matrix, read straight from its columns."""
-    if spec.feature_cols:
-        columns = [column_to_numpy(batch.column(name), name) for name in spec.feature_cols]
-        return np.stack(columns, axis=1).astype(np.float32, copy=False)
-    return list_column_to_matrix(batch.column(spec.features_col), spec.features_col).astype(np.float32, copy=False)
+def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Rows]:
+    """The model's inputs from the batch's columns: each column keeps its type; arrays
+    of different lengths come out padded per forward pass.
+
+    Raises:
+        InputDataError: Nulls, or arrays the model cannot take.
+    """
+    schema = spec.input_schema
+    if spec.stacked:
+        values = [arrow_values(array, name)[0].astype(np.float32, copy=False) for array, name in zip(arrays, spec.columns)]
+        return [DenseRows(torch.from_numpy(np.stack(values, axis=1)))]
+    inputs = []
+    for array, name, column in zip(arrays, spec.columns, schema.columns):
+        values, lengths, inner = arrow_values(array, name)
+        builder = RowsBuilder(TORCH_DTYPES[column.dtype])
+        if schema.layout == FEATURES_LAYOUT and lengths is None:  # one number per row: one feature
+            lengths = np.ones(len(values), dtype=np.int64)
+        builder.append(values, lengths, inner)
+        rows = builder.finish(schema.padding_value)
+        if rows is None:
+            rows = DenseRows(torch.empty(0, dtype=TORCH_DTYPES[column.dtype]))
+        if schema.layout == FEATURES_LAYOUT and rows.row_shape is None:
+            raise InputDataError(f"column {name!r} holds arrays of different lengths; every row needs the same length")
+        inputs.append(rows)
+    return inputs
 
 
 def load_model(spec: ScoringSpec) -> torch.nn.Module:
@@ -93,19 +126,22 @@ def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters(), torch.empty(0)).device
 
 
-def _forward(model: torch.nn.Module, features: np.ndarray, batch_size: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yields (start row, outputs) per chunk of ``batch_size`` rows."""
-    device = _device(model)
+def _forward(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yields (start row, outputs) per chunk of ``spec.batch_size`` rows."""
+    device, schema = _device(model), spec.input_schema
+    rows = len(inputs[0]) if inputs else 0
     with torch.inference_mode():
-        for start in range(0, len(features), batch_size):
-            inputs = torch.tensor(features[start:start + batch_size], device=device)  # Arrow memory is read-only
-            yield start, model(inputs)
+        for start in range(0, rows, spec.batch_size):
+            chunk = [x.slice(start, start + spec.batch_size).to(device) for x in inputs]
+            chunk = [x.reshape(len(x), *c.shape) if c.shape is not None else x for x, c in zip(chunk, schema.columns)]
+            yield start, model(chunk[0]) if schema.layout == FEATURES_LAYOUT else model(*chunk)
 
 
-def predict_outputs(model: torch.nn.Module, features: np.ndarray, batch_size: int) -> np.ndarray:
-    """The model's outputs for ``(n, d)`` features as an ``(n, k)`` float32 matrix."""
-    parts = [out.float().cpu() for _, out in _forward(model, features, batch_size)]
-    return torch.cat(parts).reshape(len(features), -1).numpy() if parts else np.zeros((0, 1), np.float32)
+def predict_outputs(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> np.ndarray:
+    """The model's outputs for every row of ``inputs`` as an ``(n, k)`` float32 matrix."""
+    rows = len(inputs[0]) if inputs else 0
+    parts = [out.float().cpu() for _, out in _forward(model, inputs, spec)]
+    return torch.cat(parts).reshape(rows, -1).numpy() if parts else np.zeros((0, 1), np.float32)
 
 
 def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -114,12 +150,11 @@ def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iter
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         model = load_model(spec)
         for batch in batches:
-            outputs = predict_outputs(model, _features(batch, spec), spec.batch_size)
-            converted = not spec.feature_cols and spec.features_col == FEATURES  # a copy made for the task
-            kept = batch.drop_columns([FEATURES]) if converted else batch
+            inputs = read_inputs([batch.column(name) for name in spec.columns], spec)
+            outputs = predict_outputs(model, inputs, spec)
             for name, column in output_columns(spec, outputs):
-                kept = kept.append_column(name, column)
-            yield kept
+                batch = batch.append_column(name, column)
+            yield batch
 
     return task
 
@@ -130,16 +165,20 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         model = load_model(spec)
         creators: Creators = cloudpickle.loads(spec.creators)
-        device = _device(model)
-        accumulator = MetricAccumulator(creators.build_loss(), creators.metrics, device)
+        accumulator = MetricAccumulator(Loss(creators.build_loss()), creators.metrics, _device(model))
         for batch in batches:
-            features = _features(batch, spec)
-            labels = torch.from_numpy(np.array(column_to_numpy(batch.column(LABEL), spec.label_name)))
-            if labels.is_floating_point():
+            inputs = read_inputs([batch.column(name) for name in spec.columns], spec)
+            values, lengths, _ = arrow_values(batch.column(spec.label_col), spec.label_col)
+            labels = torch.from_numpy(np.array(values if lengths is None else values.reshape(len(lengths), -1)))
+            if labels.dtype == torch.float64 or labels.dtype == torch.bool:
                 labels = labels.float()
-            for start, outputs in _forward(model, features, spec.batch_size):
-                target = shape_labels(labels[start:start + len(outputs)], list(outputs.shape[1:]), spec.label_name)
-                accumulator.update(outputs, target.to(outputs.device))
+            weights = (torch.from_numpy(np.array(arrow_values(batch.column(spec.weight_col), spec.weight_col)[0],
+                                                 dtype=np.float32)) if spec.weight_col else None)
+            for start, outputs in _forward(model, inputs, spec):
+                stop = start + len(outputs)
+                target = shape_labels(labels[start:stop], list(outputs.shape[1:]), spec.label_col).to(outputs.device)
+                accumulator.update(outputs, target, weights[start:stop].to(outputs.device) if weights is not None
+                                   else None)
         yield pa.RecordBatch.from_pydict(
             {"totals": [accumulator.totals().tolist()], "metric_states": [accumulator.states()]},
             schema=pa.schema([("totals", pa.list_(pa.float64())), ("metric_states", pa.list_(pa.binary()))]),

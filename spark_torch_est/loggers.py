@@ -26,6 +26,7 @@ import numpy as np
 
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.hooks import bind_keywords
+from spark_torch_est.schema import FEATURES_LAYOUT
 
 if TYPE_CHECKING:
     from spark_torch_est.csv_logger import CSVLogger
@@ -118,12 +119,16 @@ def normalize_loggers(loggers: Logger | Iterable[Logger] | None) -> list[Logger]
     return list(loggers)
 
 
-def input_example(model: TorchModel) -> np.ndarray:
+def input_example(model: TorchModel) -> np.ndarray | None:
     """An input batch for ``model``, as tracking tools want it to infer a signature (and,
     for MLflow's default pt2 format, to trace the model): zeros shaped like the features
     the model was trained on. Two rows, since a traced one-row example fixes the batch
-    size at 1."""
-    return np.zeros((2, int(model.checkpoint.num_features)), dtype=np.float32)
+    size at 1. None for a model of several typed inputs (``inputCols``), which MLflow's
+    single-tensor PyTorch flavor cannot describe, or of arrays padded per batch."""
+    checkpoint = model.checkpoint
+    if checkpoint.input_schema.layout != FEATURES_LAYOUT or checkpoint.input_row_shapes[0] is None:
+        return None
+    return np.zeros((2, *checkpoint.input_row_shapes[0]), dtype=np.float32)
 
 
 def tracked_params(params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:

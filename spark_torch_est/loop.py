@@ -23,11 +23,15 @@ from spark_torch_est import rng
 from spark_torch_est.balance import rebalance, transfer_plan
 from spark_torch_est.channel import ProgressReporter
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
+from spark_torch_est.columns import DenseRows
 from spark_torch_est.creators import Creators, config_digest
-from spark_torch_est.data import EpochPlan, Shard, epoch_order, shape_labels
+from spark_torch_est.data import (LAYOUT_SIZE, TORCH_DTYPES, EpochPlan, Shard, Table, agree, conform, epoch_order,
+                                  layout, shape_labels)
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.hooks import Control, HookSet
+from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
+from spark_torch_est.schema import FEATURES_LAYOUT
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import TaskSpec
 from spark_torch_est.storage import CheckpointDir
@@ -122,8 +126,8 @@ class Trainer:
             self.ddp_model = DistributedDataParallel(model, device_ids=ids, **({"init_sync": False} if skip_sync else {}))
         self.optimizer = creators.build_optimizer(model)
         self.scheduler = creators.build_scheduler(self.optimizer)
-        self.loss_fn = creators.build_loss()
-        self.validation = MetricAccumulator(self.loss_fn, creators.metrics, self.device)
+        self.loss_fn = Loss(creators.build_loss())
+        self.val_metrics = MetricAccumulator(self.loss_fn, creators.metrics, self.device)
         self.progress = resume.progress if resume is not None else Progress()
         self.history: list[dict] = resume.history if resume is not None else []
         carried = self.rank == 0 and self.progress.batch_in_epoch > 0
@@ -151,46 +155,58 @@ class Trainer:
 
     def _shape_labels(self, model: nn.Module) -> list[int]:
         """Runs the model on two rows (eval mode, no RNG drawn) to learn its output shape,
-        and shapes the labels to match."""
-        shard = self.shard
+        and shapes the labels to match (see :func:`data.shape_labels`)."""
         was_training = model.training
         model.eval()
         with torch.no_grad():
-            output_shape = list(model(shard.features[:2].to(self.device)).shape[1:])
+            inputs, _, _ = self.train.slice(0, 2)
+            output_shape = list(self._forward(self._on_device(inputs), model).shape[1:])
         model.train(was_training)
-        shard.labels = shape_labels(shard.labels, output_shape, self.spec.columns.label)
-        shard.val_labels = shape_labels(shard.val_labels, output_shape, self.spec.columns.label)
+        for table in (self.train, self.validation):
+            table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, self.spec.columns.label))
         return output_shape
 
     def _agree_on_rows(self) -> None:
-        """Shares every rank's row counts and shapes, evens the rows out (see
-        :mod:`balance`), and fixes the steps per epoch that all ranks take."""
+        """Shares every rank's row counts and column layouts, gives each column one layout
+        on all ranks (arrays padded per batch where lengths differ), evens the training
+        rows out (see :mod:`balance`), and fixes the steps per epoch all ranks take."""
         self.stage = "collective"
-        shard, labels = self.shard, self.shard.labels
-        info = torch.zeros(5, self.world_size, dtype=torch.int64)
-        info[:, self.rank] = torch.tensor([
-            len(shard.features), len(shard.val_features),
-            shard.features.shape[1] if len(shard.features) else 0,
-            labels.shape[1] if labels.dim() > 1 else 0,
-            int(len(labels) > 0 and not labels.is_floating_point()),
-        ])
+        schema, columns = self.spec.schema, self.spec.columns
+        tables = (self.shard.train, self.shard.validation)
+        width = len(schema.columns) + 1 + (columns.weight is not None)
+        info = torch.zeros(self.world_size, 2, 2 + width * LAYOUT_SIZE, dtype=torch.int64)
+        for role, table in enumerate(tables):
+            info[self.rank, role, 0] = len(table) if table is not None else 0
+            for c, rows in enumerate(table.columns() if table is not None else [None] * width):
+                info[self.rank, role, 2 + c * LAYOUT_SIZE:2 + (c + 1) * LAYOUT_SIZE] = torch.tensor(layout(rows))
         info = self._all_reduce(info, dist.ReduceOp.SUM)
-        self.train_rows = [int(n) for n in info[0]]
-        self.val_rows = int(info[1].sum())
-        widths = sorted({int(w) for w in info[2] if w})
-        if len(widths) > 1:
-            raise InputDataError(
-                f"featuresCol {self.spec.columns.features!r} holds rows of {widths[0]} values in some partitions "
-                f"and of {widths[-1]} in others (by rank: {[int(w) for w in info[2]]}); every row needs the same "
-                "number of features"
-            )
+        self.train_rows = [int(n) for n in info[:, 0, 0]]
+        self.val_rows = int(info[:, 1, 0].sum())
+        names = [f"featuresCol {c.name!r}" if schema.layout == FEATURES_LAYOUT else f"inputCols column {c.name!r}"
+                 for c in schema.columns] + [f"labelCol {columns.label!r}", f"weightCol {columns.weight!r}"]
+        agreed = [agree(info[:, :, 2 + c * LAYOUT_SIZE:2 + (c + 1) * LAYOUT_SIZE].reshape(-1, LAYOUT_SIZE), names[c],
+                        may_be_ragged=schema.layout != FEATURES_LAYOUT and c < len(schema.columns))
+                  for c in range(width)]
+        dtypes = [TORCH_DTYPES[c.dtype] for c in schema.columns]
+        dtypes += [torch.int64 if agreed[len(schema.columns)].integer else torch.float32, torch.float32]
+        count = len(schema.columns)
+
+        def conformed(table: Table | None) -> Table:
+            rows = table.columns() if table is not None else [None] * width
+            done = [conform(r, a, d, schema.padding_value) for r, a, d in zip(rows, agreed, dtypes)]
+            return Table(done[:count], done[count], done[count + 1] if columns.weight is not None else None)
+
+        self.train, self.validation = conformed(tables[0]), conformed(tables[1])
+        self.shard = None  # the tables above hold the rows from here on
+        for column, rows in zip(schema.columns, self.train.inputs):
+            if column.shape is not None:
+                if rows.row_shape is None:
+                    raise InputDataError(f"inputShapes[{column.name!r}] needs rows of one size, but column "
+                                         f"{column.name!r} holds arrays of different lengths")
+                column.check_row_size(math.prod(rows.row_shape))
         plan = transfer_plan(self.train_rows)
         if plan:
-            shard.features, shard.labels = rebalance(
-                shard.features, shard.labels, plan, self.rank, feature_shape=(widths[0],),
-                label_shape=(int(info[3].max()),) if int(info[3].max()) else (),
-                label_dtype=torch.int64 if int(info[4].max()) else torch.float32, device=self.device,
-            )
+            self.train = rebalance(self.train, plan, self.rank, self.device)
             logger.info("rank %d: evened out %s training rows per rank", self.rank, self.train_rows)
             for source, destination, rows in plan:
                 self.train_rows[source] -= rows
@@ -243,14 +259,13 @@ class Trainer:
 
     def _train_epoch(self) -> bool:
         """Runs batches until the epoch ends (True) or the fit must stop mid-epoch (False)."""
-        spec, shard = self.spec, self.shard
+        spec = self.spec
         plan = EpochPlan(self.train_rows, spec.batch_size, self._offset)
-        order = epoch_order(len(shard.features), spec.seed, self.progress.epoch, self.rank)
+        order = epoch_order(len(self.train), spec.seed, self.progress.epoch, self.rank)
         for step in range(plan.steps):
             if spec.target.reached(self.progress):
                 return False
-            rows = plan.positions(order, step)
-            self._train_step(shard.features[rows], shard.labels[rows], plan.samples(step))
+            self._train_step(*self.train.take(plan.positions(order, step)), plan.samples(step))
             self._maybe_write_checkpoint("ba")
             if self._sync_step_flags:
                 self._agree_on_flags()
@@ -260,14 +275,28 @@ class Trainer:
                 return True
         return True
 
-    def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor, samples: int) -> None:
+    def _on_device(self, inputs: list[torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """A batch's inputs as the model takes them: one tensor (``featuresCol`` /
+        ``featureCols``) or a tuple in ``inputCols`` order, reshaped by ``inputShapes``."""
+        moved = tuple(x.to(self.device, non_blocking=True).reshape(len(x), *column.shape)
+                      if column.shape is not None else x.to(self.device, non_blocking=True)
+                      for x, column in zip(inputs, self.spec.schema.columns))
+        return moved[0] if self.spec.schema.layout == FEATURES_LAYOUT else moved
+
+    def _batch(self, inputs: list[torch.Tensor], labels: torch.Tensor, weights: torch.Tensor | None) -> dict[str, Any]:
+        """A batch's hook arguments, on the rank's device."""
+        inputs = self._on_device(inputs)
+        labels = labels.to(self.device, non_blocking=True)
+        weights = weights.to(self.device, non_blocking=True) if weights is not None else None
+        return {"batch": (inputs, labels), "inputs": inputs, "labels": labels, "weights": weights}
+
+    def _train_step(self, inputs: list[torch.Tensor], labels: torch.Tensor, weights: torch.Tensor | None,
+                    samples: int) -> None:
         batch_idx = self._last_batch_idx = self.progress.batch_in_epoch
-        inputs, labels = inputs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
-        step = {"batch": (inputs, labels), "inputs": inputs, "labels": labels}
+        step = self._batch(inputs, labels, weights)
         replaced = self._call("before_train_iter", batch_idx, **step)
         if replaced is not None:
-            inputs, labels = replaced
-            step = {"batch": (inputs, labels), "inputs": inputs, "labels": labels}
+            step.update(batch=tuple(replaced), inputs=replaced[0], labels=replaced[1])
         if self.hooks.train_step is not None:
             self.stage = "train_step"
             result = self.hooks.run_train_step(self._arguments(batch_idx, step, model=self.ddp_model))
@@ -285,7 +314,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         outputs = self._forward(step["inputs"])
         self.stage = "loss"
-        loss = _scalar_loss(self.loss_fn(outputs, step["labels"]))
+        loss = _scalar_loss(self.loss_fn(outputs, step["labels"], step["weights"]))
         step.update(outputs=outputs, loss=loss)
         replaced = self._call("before_backward", batch_idx, **step)
         if replaced is not None:
@@ -302,11 +331,14 @@ class Trainer:
         self._call("after_optimizer_step", batch_idx, **step)
         return loss, outputs
 
-    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+    def _forward(self, inputs: torch.Tensor | tuple[torch.Tensor, ...], model: nn.Module | None = None) -> torch.Tensor:
+        """The model on one batch: ``model(features)`` or ``model(*inputs)``."""
+        model = model if model is not None else self.ddp_model
         try:
-            return self.ddp_model(inputs)
+            return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
         except ValueError as error:
-            if _ONE_ROW_BATCH_NORM not in str(error) or len(inputs) != 1:
+            rows = len(inputs[0] if isinstance(inputs, tuple) else inputs)
+            if _ONE_ROW_BATCH_NORM not in str(error) or rows != 1:
                 raise
             raise ValueError(
                 f"{error}: a batch of this epoch has a single row (batchSize={self.spec.batch_size}, training rows "
@@ -315,14 +347,17 @@ class Trainer:
             ) from None
 
     def _account(self, batch_idx: int, step: dict[str, Any]) -> None:
-        """Adds the step's loss to the epoch's mean; a NaN or infinite loss fails the fit
-        (unless ``allowNonFinite``), before it can reach a checkpoint."""
+        """Adds the step's loss to the epoch's mean (weighted by the rows' weights); a NaN or
+        infinite loss fails the fit (unless ``allowNonFinite``), before it can reach a
+        checkpoint."""
         value = float(_scalar_loss(step["loss"]).detach())
         if not math.isfinite(value) and not self.spec.allow_non_finite:
-            columns = self.spec.columns
-            bad = [name for name, tensor in ((f"featuresCol {columns.features!r}", step["inputs"]),
-                                             (f"labelCol {columns.label!r}", step["labels"]))
-                   if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+            inputs = step["inputs"] if isinstance(step["inputs"], tuple) else (step["inputs"],)
+            named = [(f"column {c.name!r}", x) for c, x in zip(self.spec.schema.columns, inputs)]
+            named.append((f"labelCol {self.spec.columns.label!r}", step["labels"]))
+            bad = [name for name, tensor in named
+                   if isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+                   and not bool(torch.isfinite(tensor).all())]
             raise NonFiniteLossError(
                 f"non-finite loss ({value}) at epoch {self.progress.epoch + 1}, batch {batch_idx} (global step "
                 f"{self.progress.global_step}) on rank {self.rank}: "
@@ -330,7 +365,8 @@ class Trainer:
                    "the model diverged (lower the learning rate, clip gradients)")
                 + "; set allowNonFinite=True to train on regardless"
             )
-        rows = len(step["inputs"])
+        weights = step["weights"]
+        rows = float(weights.sum()) if weights is not None else len(step["labels"])
         self.loss_sum += value * rows
         self.loss_count += rows
 
@@ -358,26 +394,25 @@ class Trainer:
     # ----------------------------------------------------------------- validation
 
     def _validate(self) -> dict[str, float]:
-        """Loss and metrics over every rank's validation rows, weighted by rows."""
+        """Loss and metrics over every rank's validation rows, weighted by rows (or by
+        their weights)."""
         self._call("before_val_epoch", self._last_batch_idx)
         self.stage = "validation"
-        model, shard, size, validation = self.model, self.shard, self.spec.batch_size, self.validation
-        validation.reset()
+        model, table, size, metrics = self.model, self.validation, self.spec.batch_size, self.val_metrics
+        metrics.reset()
         model.eval()
         with torch.no_grad():
-            for start in range(0, len(shard.val_features), size):
-                inputs = shard.val_features[start:start + size].to(self.device)
-                labels = shard.val_labels[start:start + size].to(self.device)
-                step = {"batch": (inputs, labels), "inputs": inputs, "labels": labels}
+            for start in range(0, len(table), size):
+                step = self._batch(*table.slice(start, start + size))
                 self._call("before_val_iter", start // size, **step)
                 self.stage = "validation"
-                outputs = model(inputs)
-                step.update(outputs=outputs, loss=validation.update(outputs, labels))
+                outputs = self._forward(step["inputs"], model)
+                step.update(outputs=outputs, loss=metrics.update(outputs, step["labels"], step["weights"]))
                 self._call("after_val_iter", start // size, **step)
                 self.stage = "validation"
         model.train()
         self.stage = "collective"
-        results = validation.results(self._all_reduce(validation.totals(), dist.ReduceOp.SUM))
+        results = metrics.results(self._all_reduce(metrics.totals(), dist.ReduceOp.SUM))
         values = {f"val_{name}": value for name, value in results.items()}
         self._call("after_val_epoch", self._last_batch_idx, metrics=values)  # hooks may add to the entry
         return values
@@ -473,9 +508,10 @@ class Trainer:
             run_id=self.spec.run_id, progress=self.progress, history=self.history,
             partial_loss=(float(partial[0]), float(partial[1])), epoch_rows=sum(self.train_rows),
             world_size=self.world_size, seed=self.spec.seed, config_digest=config_digest(self.creators.config),
-            output_shape=self.output_shape,
-            label_kind="float" if self.shard.labels.is_floating_point() else "int",
-            num_features=int(self.shard.features.shape[1]),
+            output_shape=self.output_shape, label_kind="float" if self.train.labels.dtype.is_floating_point else "int",
+            input_schema=self.spec.schema.to_dict(),
+            input_rows=[list(c.shape) if c.shape is not None else list(rows.row_shape) if rows.row_shape is not None
+                        else None for c, rows in zip(self.spec.schema.columns, self.train.inputs)],
             model={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             optimizer=_to_cpu(self.optimizer.state_dict()),
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,

@@ -27,13 +27,18 @@ def is_stateful(metric: Any) -> bool:
 class MetricAccumulator:
     """Sums of the loss and of function metrics, and updates of stateful metrics.
 
+    With sample weights, the loss and function metrics are weighted means (each batch
+    counts with its total weight; the loss is exact, function metrics exact when they are
+    per-row means); stateful metrics see the rows unweighted.
+
     Args:
-        loss_fn: The loss, called on each batch.
+        loss_fn: The loss, called on each batch (a :class:`spark_torch_est.losses.Loss`
+            when weights are given).
         metrics: ``{name: metric}``; names come out sorted.
         device: Where stateful metrics keep their state.
     """
 
-    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], metrics: Mapping[str, Any],
+    def __init__(self, loss_fn: Callable[..., torch.Tensor], metrics: Mapping[str, Any],
                  device: torch.device) -> None:
         self.loss_fn = loss_fn
         self.names = sorted(metrics)
@@ -48,10 +53,12 @@ class MetricAccumulator:
             if hasattr(metric, "reset"):
                 metric.reset()
 
-    def update(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Adds one batch; returns its loss."""
-        rows = len(outputs)
-        loss = self.loss_fn(outputs, labels)
+    def update(self, outputs: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Adds one batch (with its rows' weights, if any); returns its loss."""
+        if weights is None:
+            loss, rows = self.loss_fn(outputs, labels), len(outputs)
+        else:
+            loss, rows = self.loss_fn(outputs, labels, weights), float(weights.sum())
         self._sums[0] += rows
         self._sums[1] += float(loss) * rows
         for i, name in enumerate(self.names, start=2):
@@ -63,7 +70,8 @@ class MetricAccumulator:
         return loss
 
     def totals(self) -> torch.Tensor:
-        """``[rows, loss sum, metric sums...]`` in float64, to add up across ranks or partitions."""
+        """``[rows (or weight), loss sum, metric sums...]`` in float64, to add up across ranks
+        or partitions."""
         return self._sums.clone()
 
     def results(self, totals: torch.Tensor) -> dict[str, float]:

@@ -18,12 +18,13 @@ from pyspark.sql import types as T
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
 from spark_torch_est.errors import InvalidInputError, SparkTorchError
-from spark_torch_est.frames import feature_column, features_kind, label_column
+from spark_torch_est.frames import check_inputs, input_schema, label_kind, weight_column
 from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
+from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.params import MODEL_DEFAULTS, ModelParams
 from spark_torch_est.persistence import TorchPersistence
-from spark_torch_est.protocol import FEATURES, LABEL
+from spark_torch_est.schema import FEATURES_LAYOUT
 from spark_torch_est.udf import arrow_predict_function
 
 __all__ = ["TorchModel"]
@@ -92,16 +93,22 @@ class TorchModel(Model, ModelParams, TorchPersistence):
             return "class"
         return "scalar" if width == 1 else "vector"
 
-    def _features(self, dataset: DataFrame) -> tuple[DataFrame, dict[str, Any]]:
-        """The dataset with its features readable by the scoring tasks, and where they are:
-        array and numeric columns are read as they are; only Vectors are converted."""
-        kind = features_kind(dataset.schema, self.getFeaturesCol(), self.getFeatureCols())
-        if kind == "columns":
-            return dataset, {"feature_cols": tuple(self.getFeatureCols())}
-        if kind == "array":
-            return dataset, {"features_col": self.getFeaturesCol()}
-        features = feature_column(dataset, self.getFeaturesCol(), self.getFeatureCols())
-        return dataset.withColumn(FEATURES, features), {"features_col": FEATURES}
+    def _inputs(self, dataset: DataFrame) -> dict[str, Any]:
+        """Where the model's inputs are in ``dataset`` (read as they are, no copy), after
+        checking them against the inputs the model was trained on.
+
+        Raises:
+            InvalidInputError: A column is missing, or its type differs from training.
+        """
+        trained = self._checkpoint.input_schema
+        derived = input_schema(dataset.schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
+                               input_cols=self.getInputCols(),
+                               input_shapes={c.name: list(c.shape) for c in trained.columns if c.shape is not None}
+                               if self.getInputCols() else None)
+        check_inputs(dataset.schema, trained, derived)
+        columns = tuple(self.getFeatureCols()) if derived.layout == FEATURES_LAYOUT and self.getFeatureCols() \
+            else tuple(derived.names)
+        return {"schema": trained.to_dict(), "columns": columns}
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         types = _output_types(self._output_kind())
@@ -112,10 +119,10 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         for param, name in outputs.items():
             if name in dataset.columns:
                 raise InvalidInputError(f"the DataFrame already has a column {name!r}; set {param} to another name")
-        prepared, where = self._features(dataset)
+        where = self._inputs(dataset)
         schema = T.StructType(list(dataset.schema.fields) +
                               [T.StructField(name, types[param], False) for param, name in outputs.items()])
-        return prepared.mapInArrow(predict_task(self._scoring_spec(outputs, **where)), schema)
+        return dataset.mapInArrow(predict_task(self._scoring_spec(outputs, **where)), schema)
 
     def predict_udf(self, output: str = "prediction") -> Any:
         """The model as a batched column function, for ``withColumn``, ``select`` and SQL.
@@ -151,8 +158,15 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         except ImportError:
             raise SparkTorchError("predict_udf() needs pyspark >= 4.1 (pyspark.sql.functions.arrow_udf); "
                                   "use model.transform(df) instead") from None
-        arguments = len(self.getFeatureCols()) if self.getFeatureCols() else 1
-        return arrow_udf(arrow_predict_function(self._scoring_spec({param: output}), arguments), types[param])
+        spec = self._scoring_spec({param: output}, schema=self._checkpoint.input_schema.to_dict(),
+                                  columns=self._argument_names())
+        return arrow_udf(arrow_predict_function(spec), types[param])
+
+    def _argument_names(self) -> tuple[str, ...]:
+        """What predict_udf's arguments are: the model's input columns, in order."""
+        if self.getInputCols():
+            return tuple(self.getInputCols())
+        return tuple(self.getFeatureCols()) if self.getFeatureCols() else (self.getFeaturesCol(),)
 
     def evaluate(self, dataset: DataFrame) -> dict[str, float]:
         """The loss and metrics over every row of ``dataset``, computed by Spark tasks.
@@ -165,14 +179,19 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         Raises:
             InvalidInputError: Missing or unusable columns (before any Spark job).
         """
-        frame = dataset.select(feature_column(dataset, self.getFeaturesCol(), self.getFeatureCols()).alias(FEATURES),
-                               label_column(dataset, self.getLabelCol()).alias(LABEL))
-        spec = self._scoring_spec(label_name=self.getLabelCol())
+        where = self._inputs(dataset)
+        label_kind(dataset.schema, self.getLabelCol())
+        weight = self.getWeightCol()
+        needed = list(dict.fromkeys([*where["columns"], self.getLabelCol(), *([weight] if weight else [])]))
+        if weight:
+            weight_column(dataset, weight)
+        frame = dataset.select(*needed)
+        spec = self._scoring_spec(label_col=self.getLabelCol(), weight_col=weight, **where)
         rows = frame.mapInArrow(evaluate_task(spec), EVALUATION_SCHEMA).collect()
         totals = torch.tensor([r["totals"] for r in rows], dtype=torch.float64).sum(dim=0)
         if not rows or totals[0] == 0:
             raise InvalidInputError("evaluate() got a DataFrame without rows")
-        accumulator = MetricAccumulator(self._creators.build_loss(), self._creators.metrics, torch.device("cpu"))
+        accumulator = MetricAccumulator(Loss(self._creators.build_loss()), self._creators.metrics, torch.device("cpu"))
         for i, name in enumerate(accumulator.names):
             for row in rows:
                 if row["totals"][0] and row["metric_states"][i]:

@@ -28,11 +28,22 @@ def _to_optional_string_list(value: object) -> list[str] | None:
     return None if value is None else TypeConverters.toListString(value)
 
 
+def _to_shapes(value: object) -> dict[str, list[int]] | None:
+    """``{column: [sizes]}``, JSON-serializable; None for no reshaping."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"inputShapes must be a dict of column name -> list of sizes, got {type(value).__name__}")
+    return {str(name): TypeConverters.toListInt(shape) for name, shape in value.items()}
+
+
 #: Defaults shared by TorchEstimator and TorchModel.
 MODEL_DEFAULTS: dict[str, object] = {
     "featuresCol": "features",
     "labelCol": "label",
     "featureCols": None,
+    "inputCols": None,
+    "weightCol": None,
     "predictionCol": "prediction",
     "rawPredictionCol": "rawPrediction",
     "probabilityCol": "probability",
@@ -55,6 +66,8 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "showProgress": True,
     "memoryBudgetMB": 4096.0,
     "allowNonFinite": False,
+    "inputShapes": None,
+    "paddingValue": 0.0,
 }
 
 
@@ -74,6 +87,18 @@ class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPredictio
         Params._dummy(), "featureCols",
         "numeric columns to use as features, instead of featuresCol",
         typeConverter=_to_optional_string_list,
+    )
+    inputCols: Param = Param(
+        Params._dummy(), "inputCols",
+        "columns given to the model as separate typed inputs, model(*inputs), in this order (instead of "
+        "featuresCol/featureCols): integers as int64 (ids stay exact), floats as float32, booleans, binary as uint8, "
+        "arrays and Vectors with their shapes, arrays of different lengths padded per batch",
+        typeConverter=_to_optional_string_list,
+    )
+    weightCol: Param = Param(
+        Params._dummy(), "weightCol",
+        "numeric column of per-row sample weights: losses and metrics become weighted means; None = unweighted",
+        typeConverter=_to_optional_string,
     )
     rawPredictionCol: Param = Param(
         Params._dummy(), "rawPredictionCol",
@@ -163,6 +188,13 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                   "MB of a partition's rows a rank keeps in RAM; beyond that they spill to "
                                   "local files read per batch (0: never spill)",
                                   typeConverter=TypeConverters.toFloat)
+    inputShapes: Param = Param(Params._dummy(), "inputShapes",
+                               "{column: [sizes]}: reshape each row of an inputCols column, e.g. {'image': [1, 8, 8]} "
+                               "for 64 bytes; None = rows as they are",
+                               typeConverter=_to_shapes)
+    paddingValue: Param = Param(Params._dummy(), "paddingValue",
+                                "what arrays shorter than the longest row of their batch are padded with",
+                                typeConverter=TypeConverters.toFloat)
     allowNonFinite: Param = Param(Params._dummy(), "allowNonFinite",
                                   "train on when the loss is NaN or infinite (default False: the fit fails at "
                                   "that step and the run keeps its last good state)",
@@ -180,15 +212,17 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
         return self._set(validationIndicatorCol=value)
 
 
-def _accessors(name: str, doc: str) -> None:
-    cap = name[0].upper() + name[1:]
-    setattr(EstimatorParams, f"get{cap}", lambda self: self.getOrDefault(getattr(self, name)))
-    setattr(EstimatorParams, f"set{cap}", lambda self, value: self._set(**{name: value}))
-    getattr(EstimatorParams, f"get{cap}").__doc__ = f"Gets the value of {name} or its default ({doc})."
-    getattr(EstimatorParams, f"set{cap}").__doc__ = f"Sets {name} ({doc})."
+def _accessors(cls: type, name: str) -> None:
+    cap, doc = name[0].upper() + name[1:], getattr(cls, name).doc
+    setattr(cls, f"get{cap}", lambda self: self.getOrDefault(getattr(self, name)))
+    setattr(cls, f"set{cap}", lambda self, value: self._set(**{name: value}))
+    getattr(cls, f"get{cap}").__doc__ = f"Gets the value of {name} or its default ({doc})."
+    getattr(cls, f"set{cap}").__doc__ = f"Sets {name} ({doc})."
 
 
+for _name in ("inputCols", "weightCol"):
+    _accessors(ModelParams, _name)
 for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
-              "allowNonFinite"):
-    _accessors(_name, getattr(EstimatorParams, _name).doc)
+              "allowNonFinite", "inputShapes", "paddingValue"):
+    _accessors(EstimatorParams, _name)

@@ -3,11 +3,20 @@ rows a training job returns, and the store keys of failure reports."""
 
 from __future__ import annotations
 
-__all__ = ["FEATURES", "LABEL", "IS_VALIDATION", "RESULT_SCHEMA", "DELIVERED", "failure_key"]
+__all__ = ["input_column", "FEATURES", "LABEL", "WEIGHT", "IS_VALIDATION", "RESULT_SCHEMA", "DELIVERED",
+           "failure_key"]
 
-#: The training frame's columns (see :mod:`spark_torch_est.frames` and :mod:`spark_torch_est.data`).
-FEATURES = "__ste_features"
+
+def input_column(index: int) -> str:
+    """The training frame's column of the model's input ``index``."""
+    return f"__ste_input_{index}"
+
+
+#: The training frame's columns (see :mod:`spark_torch_est.frames` and :mod:`spark_torch_est.data`):
+#: the inputs, then these. ``featuresCol`` / ``featureCols`` make the one input FEATURES.
+FEATURES = input_column(0)
 LABEL = "__ste_label"
+WEIGHT = "__ste_weight"
 IS_VALIDATION = "__ste_is_validation"
 
 #: Rows rank 0 returns: the checkpoint split into ordered binary chunks, or one row with

@@ -7,21 +7,56 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spark_torch_est.progress import Target
+from spark_torch_est.schema import InputSchema
 
-__all__ = ["TaskSpec", "Launch", "Columns"]
+__all__ = ["TaskSpec", "Launch", "Columns", "FilePart", "FileSource"]
 
 
 @dataclass(frozen=True)
 class Columns:
-    """The user's names for the columns behind the training frame, for messages.
+    """The user's names for the label and weight columns behind the training frame.
 
     Attributes:
-        features: The features column (or the featureCols joined by commas).
         label: The label column.
+        weight: The sample-weight column, or None without ``weightCol``.
     """
 
-    features: str = "features"
     label: str = "label"
+    weight: str | None = None
+
+
+@dataclass(frozen=True)
+class FilePart:
+    """Rows ``start`` to ``stop`` of one row group of a Parquet file.
+
+    Attributes:
+        path: The file's URL.
+        row_group: The row group's index in the file.
+        start: First row, within the row group.
+        stop: One past the last row.
+    """
+
+    path: str
+    row_group: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """A Parquet table the ranks read themselves, one part per rank.
+
+    Attributes:
+        outputs: The training frame's columns: ``(name, file columns, how)`` with ``how``
+            ``"as_is"`` (the file's column), ``"wrap"`` (a number per row as a one-value
+            array) or ``"stack"`` (numeric columns side by side as one array per row).
+        parts: For each rank, the file parts it reads, in order.
+        digest: A short digest of the parts, to tell one split from another.
+    """
+
+    outputs: tuple[tuple[str, tuple[str, ...], str], ...]
+    parts: tuple[tuple[FilePart, ...], ...]
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -33,6 +68,7 @@ class TaskSpec:
         payload: cloudpickled ``Creators``.
         resume: Checkpoint bytes to continue from, or None for a fresh run.
         target: Where to stop.
+        schema: The model's inputs: how each input column becomes a tensor.
         world_size: Number of ranks (barrier tasks).
         batch_size: Rows per rank per step.
         seed: Base seed for initialization, shuffles and RNG streams.
@@ -40,18 +76,21 @@ class TaskSpec:
         use_gpu: True/False, or None to use a GPU when Spark assigned the task one.
         checkpoint_dir: URL for periodic checkpoints, or None.
         checkpoint_every: ``(count, unit)`` from ``checkpointInterval``, e.g. ``(1, "ep")``.
-        columns: The user's column names, for messages.
+        columns: The user's label and weight columns.
         memory_budget: Bytes of a partition's rows held in RAM before they spill to
             local files read per batch (None: never spill).
         allow_non_finite: Train on when the loss is NaN or infinite (``allowNonFinite``).
         fresh_hooks: Hooks added since ``resume`` was saved: they keep the state they
             were pickled with, even where ``resume`` holds one under the same name.
+        source: The Parquet files the ranks read themselves, or None when the rows come
+            from the Spark job's input.
     """
 
     run_id: str
     payload: bytes
     resume: bytes | None
     target: Target
+    schema: InputSchema
     world_size: int
     batch_size: int
     seed: int
@@ -63,6 +102,7 @@ class TaskSpec:
     memory_budget: int | None = None
     allow_non_finite: bool = False
     fresh_hooks: tuple[str, ...] = ()
+    source: FileSource | None = None
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     try:
-        shard = read_shard(batches, spec.columns, spec.memory_budget)
+        shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
         stage = "rendezvous"
         device = _device(spec, barrier)
         store = connect_store(launch, barrier, spec.timeout_s)

@@ -14,7 +14,8 @@ from spark_torch_est import Hook, TorchEstimator
 from spark_torch_est.creators import Creators
 from spark_torch_est.hooks import normalize_hooks
 from spark_torch_est.progress import Target
-from spark_torch_est.protocol import FEATURES, LABEL
+from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
+from spark_torch_est.schema import FEATURES_LAYOUT, InputColumn, InputSchema
 from spark_torch_est.spec import Launch, TaskSpec
 
 
@@ -78,13 +79,34 @@ def task_spec(target: Target = Target(epoch=1), *, hooks=None, creators: Creator
     creators = creators or Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), scheduler=step_lr,
                                     hooks=normalize_hooks(hooks), config={"dropout": 0.3})
     settings = dict(run_id="0123456789abcdef", payload=cloudpickle.dumps(creators), resume=None, target=target,
-                    world_size=1, batch_size=16, seed=3, timeout_s=30)
+                    schema=features_schema(8), world_size=1, batch_size=16, seed=3, timeout_s=30)
     settings.update(fields)
     return TaskSpec(**settings)
 
 
+def features_schema(width: int, name: str = "features") -> InputSchema:
+    """The input schema of a float features column of ``width`` values per row."""
+    return InputSchema(FEATURES_LAYOUT, (InputColumn(name, "float32", 1, "array<float>"),))
+
+
 #: A Launch for a lone rank (no store, no channel).
 LOCAL_LAUNCH = Launch(job_id="unit", secret=b"s" * 32)
+
+
+def features_batches(rows: int, width: int = 16, per_batch: int = 1000, seed: int = 0,
+                     validation_every: int | None = None):
+    """Training-frame batches of random features, a label and (every ``validation_every``th
+    row) validation flags, as the tasks receive them."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, rows, per_batch):
+        n = min(per_batch, rows - start)
+        x = rng.normal(size=(n, width)).astype(np.float32)
+        arrays = [pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), width), pa.array(x.sum(axis=1))]
+        names = [FEATURES, LABEL]
+        if validation_every:
+            arrays.append(pa.array(np.arange(start, start + n) % validation_every == 0))
+            names.append(IS_VALIDATION)
+        yield pa.RecordBatch.from_arrays(arrays, names)
 
 
 def arrow_batches(rows: int = 200, seed: int = 0, width: int = 8) -> list[pa.RecordBatch]:

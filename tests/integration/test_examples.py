@@ -17,6 +17,9 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
     ("notebook.py", "reloaded: 8000 rows scored"),
     ("custom_training.py", "epoch  1: train_loss"),
     ("train_classifier.py", "best model: test AUC 0.9"),
+    ("recommender.py", "test AUC 0.8"),
+    ("text_classifier.py", "test accuracy 0.9"),
+    ("image_classifier.py", "test accuracy 0.9"),
 ])
 def test_example_runs(script, expected):
     result = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=600,

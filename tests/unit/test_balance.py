@@ -26,27 +26,30 @@ def test_a_plan_evens_counts_to_within_one_row_and_each_rank_only_sends_or_recei
 
 
 def _rank(rank: int, store_path: str, spill: bool, results) -> None:
-    import tempfile
     from datetime import timedelta
 
+    import numpy as np
     import torch
     import torch.distributed as dist
 
     from spark_torch_est.balance import rebalance, transfer_plan
-    from spark_torch_est.rowstore import SpilledRows
+    from spark_torch_est.columns import Budget, DenseRows, RowsBuilder
+    from spark_torch_est.data import Table
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
                             timeout=timedelta(seconds=20))
     try:
         counts = [10, 2]
-        features = torch.arange(counts[rank] * 3, dtype=torch.float32).reshape(-1, 3) + 100 * rank
-        labels = torch.arange(counts[rank], dtype=torch.int64) + 100 * rank
-        if spill and rank == 1:  # a spilled rank receives rows into its file
-            rows = SpilledRows(tempfile.TemporaryFile(), 0, 3)
-            features = rows.extend(features)
-        features, labels = rebalance(features, labels, transfer_plan(counts), rank, feature_shape=(3,),
-                                     label_shape=(), label_dtype=torch.int64, device=torch.device("cpu"))
-        results.put((rank, features[0:len(features)].tolist(), labels.tolist()))
+        features = RowsBuilder(torch.float32, Budget(0 if spill and rank == 1 else None))  # spilled: into its file
+        features.append(np.arange(counts[rank] * 3, dtype=np.float32) + 100 * rank, np.full(counts[rank], 3))
+        tokens = RowsBuilder(torch.int64, Budget(None))  # arrays of different lengths move as lengths and values
+        lengths = np.arange(counts[rank]) % 3 + 1
+        tokens.append(np.arange(lengths.sum()) + 1000 * rank, lengths)
+        labels = DenseRows(torch.arange(counts[rank], dtype=torch.int64) + 100 * rank)
+        table = Table([features.finish(), tokens.finish(padding=-1)], labels)
+        table = rebalance(table, transfer_plan(counts), rank, device=torch.device("cpu"))
+        results.put((rank, table.inputs[0].slice(0, len(table)).tolist(), table.labels.tensor.tolist(),
+                     table.inputs[1].slice(0, len(table)).tolist()))
     finally:
         dist.destroy_process_group()
 
@@ -58,9 +61,10 @@ def test_rows_move_from_the_larger_rank_to_the_smaller_one(tmp_path, spill):
     processes = [context.Process(target=_rank, args=(r, str(tmp_path / "store"), spill, results)) for r in range(2)]
     for process in processes:
         process.start()
-    outcome = {rank: (features, labels) for rank, features, labels in (results.get(timeout=60) for _ in processes)}
+    outcome = {rank: rest for rank, *rest in (results.get(timeout=60) for _ in processes)}
     for process in processes:
         process.join(30)
     assert outcome[0][1] == list(range(6))                          # rank 0 keeps its first rows
     assert outcome[1][1] == [100, 101, 6, 7, 8, 9]                  # rank 1: its own, then rank 0's last
     assert outcome[1][0][2] == [18.0, 19.0, 20.0]                   # features travel with their labels
+    assert outcome[1][2][0][:1] == [1000] and outcome[1][2][2] == [12, -1, -1]  # so do ragged tokens

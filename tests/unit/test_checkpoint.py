@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from spark_torch_est import Checkpoint, Progress
+from tests.helpers import features_schema
 from spark_torch_est.checkpoint import FORMAT_VERSION, check_compatible, iter_chunks
 from spark_torch_est.errors import IncompatibleCheckpointError
 
@@ -15,7 +16,8 @@ def _checkpoint(**override) -> Checkpoint:
     fields = dict(run_id="0123456789abcdef", progress=Progress(epoch=1, global_step=5, samples=50),
                   history=[{"epoch": 1, "train_loss": 0.5}], partial_loss=(2.0, 4.0), epoch_rows=100, world_size=2,
                   seed=7, config_digest="c0ff33",
-                  output_shape=[1], label_kind="float", num_features=8, model={"w": torch.ones(2)},
+                  output_shape=[1], label_kind="float", input_schema=features_schema(8).to_dict(),
+                  input_rows=[[8]], model={"w": torch.ones(2)},
                   optimizer={"state": {}, "param_groups": []}, scheduler=None,
                   rng=[torch.zeros(3, dtype=torch.float64)], hooks={"h": {"n": 1}})
     fields.update(override)
@@ -27,7 +29,7 @@ def test_what_is_built_reads_back_through_its_properties_weights_only():
     assert loaded.progress == Progress(epoch=1, global_step=5, samples=50)
     assert (loaded.run_id, loaded.partial_loss, loaded.epoch_rows, loaded.world_size, loaded.seed,
             loaded.config_digest) == ("0123456789abcdef", (2.0, 4.0), 100, 2, 7, "c0ff33")
-    assert (loaded.output_shape, loaded.label_kind, loaded.num_features) == ([1], "float", 8)
+    assert (loaded.output_shape, loaded.label_kind, loaded.input_schema) == ([1], "float", features_schema(8))
     assert torch.equal(loaded.model_state["w"], torch.ones(2)) and loaded.hook_states == {"h": {"n": 1}}
     assert loaded.history == [{"epoch": 1, "train_loss": 0.5}] and loaded.scheduler_state is None
 

@@ -1,12 +1,20 @@
+"""Arrow batches to typed columns, label shapes, and which rows each step takes."""
+
+import decimal
+
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
-from spark_torch_est.data import EpochPlan, epoch_order, list_column_to_matrix, read_shard
+from spark_torch_est.columns import DenseRows, RaggedRows
+from spark_torch_est.data import (EpochPlan, arrow_values, epoch_order, list_column_to_matrix, read_shard,
+                                  shape_labels, vectors_to_matrix)
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
+from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
+from spark_torch_est.schema import INPUTS_LAYOUT, InputColumn, InputSchema
 from spark_torch_est.spec import Columns
+from tests.helpers import features_schema
 
 
 def _batch(features, labels, flags=None):
@@ -23,11 +31,6 @@ def test_list_column_becomes_matrix_also_when_sliced():
     np.testing.assert_array_equal(list_column_to_matrix(array.slice(1), "f"), [[3, 4], [5, 6]])
 
 
-def test_ragged_rows_are_rejected_with_lengths():
-    with pytest.raises(InputDataError, match="different lengths \\(1 to 2\\)"):
-        list_column_to_matrix(pa.array([[1.0, 2.0], [3.0]]), "f")
-
-
 def test_null_rows_and_elements_are_rejected():
     with pytest.raises(InputDataError, match="1 null rows"):
         list_column_to_matrix(pa.array([[1.0], None]), "f")
@@ -35,35 +38,91 @@ def test_null_rows_and_elements_are_rejected():
         list_column_to_matrix(pa.array([[1.0], [None]]), "f")
 
 
+@pytest.mark.parametrize("array, values, lengths, inner", [
+    (pa.array([1, 2, 3], pa.int8()), [1, 2, 3], None, ()),
+    (pa.array([decimal.Decimal("1.5"), decimal.Decimal("2.25")]), [1.5, 2.25], None, ()),
+    (pa.array([True, False]), [True, False], None, ()),
+    (pa.array([b"ab", b"", b"xyz"]).slice(1), list(b"xyz"), [0, 3], ()),
+    (pa.array([[1, 2], [3]], pa.list_(pa.int64())), [1, 2, 3], [2, 1], ()),
+    (pa.array([[[1, 2], [3, 4]], [[5, 6]]]), [[1, 2], [3, 4], [5, 6]], [2, 1], (2,)),
+])
+def test_arrow_columns_become_values_lengths_and_inner_shapes(array, values, lengths, inner):
+    got_values, got_lengths, got_inner = arrow_values(array, "c")
+    assert got_values.tolist() == values and got_inner == inner
+    assert (got_lengths.tolist() if got_lengths is not None else None) == lengths
+
+
+def test_arrays_of_arrays_need_one_inner_size():
+    with pytest.raises(InputDataError, match="'c' holds arrays of arrays whose inner arrays differ"):
+        arrow_values(pa.array([[[1, 2], [3]]]), "c")
+
+
 def test_read_shard_concatenates_batches_and_splits_validation():
     batches = [_batch([[1, 1], [2, 2]], [1.0, 2.0], [False, True]),
                _batch([[3, 3]], [3.0], [False])]
-    shard = read_shard(iter(batches))
-    assert shard.features.dtype == torch.float32 and shard.features.is_contiguous()
-    np.testing.assert_array_equal(shard.features.numpy(), [[1, 1], [3, 3]])
-    np.testing.assert_array_equal(shard.labels.numpy(), [1.0, 3.0])
-    np.testing.assert_array_equal(shard.val_features.numpy(), [[2, 2]])
-    assert shard.labels.dtype == torch.float32
+    shard = read_shard(iter(batches), features_schema(2))
+    features = shard.train.inputs[0]
+    assert isinstance(features, DenseRows) and features.dtype == torch.float32
+    np.testing.assert_array_equal(features.tensor.numpy(), [[1, 1], [3, 3]])
+    np.testing.assert_array_equal(shard.train.labels.tensor.numpy(), [1.0, 3.0])
+    np.testing.assert_array_equal(shard.validation.inputs[0].tensor.numpy(), [[2, 2]])
+    assert shard.train.labels.dtype == torch.float32
 
 
-def test_integer_labels_become_int64_class_indices():
-    shard = read_shard(iter([_batch([[1.0]], pa.array([3], pa.int64()))]))
-    assert shard.labels.dtype == torch.int64
+def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
+    schema = InputSchema(INPUTS_LAYOUT, (InputColumn("user", "int64", 0, "bigint"),
+                                         InputColumn("tokens", "int64", 1, "array<int>"),
+                                         InputColumn("image", "uint8", 1, "binary")), padding_value=-1)
+    ids = [2 ** 40 + 1, 2 ** 53 + 3]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(ids), pa.array([[5, 6, 7], [8]], pa.list_(pa.int64())), pa.array([b"\x01\x02", b"\xff\x00"]),
+         pa.array([1.0, 0.0]), pa.array([0.5, 2.0], pa.float32())],
+        [input_column(0), input_column(1), input_column(2), LABEL, WEIGHT])
+    train = read_shard(iter([batch]), schema, Columns(weight="w")).train
+    user, tokens, image = train.inputs
+    assert user.tensor.tolist() == ids, "ids above 2**24 stay exact"
+    assert isinstance(tokens, RaggedRows) and tokens.take(torch.tensor([1, 0])).tolist() == [[8, -1, -1], [5, 6, 7]]
+    assert image.dtype == torch.uint8 and image.tensor.tolist() == [[1, 2], [255, 0]]
+    assert train.weights.tensor.tolist() == [0.5, 2.0]
+
+
+def test_integer_labels_stay_integers_until_the_model_says_what_they_are():
+    shard = read_shard(iter([_batch([[1.0]], pa.array([3], pa.int64()))]), features_schema(1))
+    assert shard.train.labels.dtype == torch.int64
+
+
+@pytest.mark.parametrize("labels, output_shape, expected_dtype, expected_shape", [
+    (torch.tensor([1, 2]), [1], torch.float32, (2, 1)),      # integer labels, one output: regression
+    (torch.tensor([1, 2]), [3], torch.int64, (2,)),          # integer labels, k outputs: class indices
+    (torch.tensor([1.5, 2.5]), [1], torch.float32, (2, 1)),
+    (torch.tensor([1.5, 2.5]), [], torch.float32, (2,)),
+    (torch.ones(2, 4), [2, 2], torch.float32, (2, 2, 2)),    # as many values per row: reshaped
+])
+def test_labels_take_the_outputs_shape_never_by_broadcasting(labels, output_shape, expected_dtype, expected_shape):
+    shaped = shape_labels(labels, output_shape, "y")
+    assert shaped.dtype == expected_dtype and tuple(shaped.shape) == expected_shape
+
+
+@pytest.mark.parametrize("labels, output_shape", [(torch.tensor([1.5]), [3]), (torch.ones(2, 3), [2])])
+def test_labels_that_would_broadcast_are_refused(labels, output_shape):
+    with pytest.raises(InputDataError, match="labelCol 'y'"):
+        shape_labels(labels, output_shape, "y")
 
 
 def test_null_labels_are_rejected_naming_the_column():
     with pytest.raises(InputDataError, match="'target'"):
-        read_shard(iter([_batch([[1.0], [2.0]], [1.0, None])]), Columns(label="target"))
+        read_shard(iter([_batch([[1.0], [2.0]], [1.0, None])]), features_schema(1), Columns(label="target"))
 
 
-def test_ragged_features_name_the_users_column():
-    with pytest.raises(InputDataError, match="column 'data' holds arrays of different lengths"):
-        read_shard(iter([_batch([[1.0, 2.0], [2.0]], [1.0, 2.0])]), Columns(features="data"))
+def test_negative_weights_are_refused_naming_the_column():
+    batch = _batch([[1.0], [2.0]], [1.0, 2.0]).append_column(WEIGHT, pa.array([1.0, -1.0]))
+    with pytest.raises(InputDataError, match="weightCol 'w' holds negative"):
+        read_shard(iter([batch]), features_schema(1), Columns(weight="w"))
 
 
-def test_epoch_order_depends_on_seed_epoch_and_rank_only():
-    a = epoch_order(100, seed=1, epoch=2, rank=0)
-    assert torch.equal(a, epoch_order(100, seed=1, epoch=2, rank=0))
+def test_epoch_order_depends_on_seed_epoch_and_part_only():
+    a = epoch_order(100, seed=1, epoch=2, part=0)
+    assert torch.equal(a, epoch_order(100, seed=1, epoch=2, part=0))
     assert sorted(a.tolist()) == list(range(100))
     for other in (epoch_order(100, 2, 2, 0), epoch_order(100, 1, 3, 0), epoch_order(100, 1, 2, 1)):
         assert not torch.equal(a, other)
@@ -83,3 +142,40 @@ def test_an_epoch_plan_from_an_offset_takes_what_is_left():
     plan = EpochPlan([10, 10], batch_size=3, offset=4)
     assert plan.steps == 2 and plan.positions(torch.arange(10), 0).tolist() == [4, 5, 6]
     assert [plan.samples(k) for k in range(2)] == [6, 6]
+
+
+def _vectors(rows) -> pa.StructArray:
+    """Rows given as a list of values (dense) or (size, {index: value}) (sparse)."""
+    types, sizes, indices, values = [], [], [], []
+    for row in rows:
+        if isinstance(row, list):
+            types.append(1), sizes.append(None), indices.append(None), values.append(row)
+        else:
+            size, entries = row
+            types.append(0), sizes.append(size), indices.append(list(entries)), values.append(list(entries.values()))
+    return pa.StructArray.from_arrays(
+        [pa.array(types, pa.int8()), pa.array(sizes, pa.int32()), pa.array(indices, pa.list_(pa.int32())),
+         pa.array(values, pa.list_(pa.float64()))], names=["type", "size", "indices", "values"])
+
+
+def test_dense_and_sparse_rows_become_one_matrix_also_when_sliced():
+    array = _vectors([[9.0, 9.0, 9.0], (3, {2: 5.0}), [1.0, 2.0, 3.0], (3, {0: 4.0, 1: 6.0}), (3, {})])
+    np.testing.assert_array_equal(vectors_to_matrix(array, "v"), [[9, 9, 9], [0, 0, 5], [1, 2, 3], [4, 6, 0],
+                                                                 [0, 0, 0]])
+    np.testing.assert_array_equal(vectors_to_matrix(array.slice(2), "v"), [[1, 2, 3], [4, 6, 0], [0, 0, 0]])
+    assert vectors_to_matrix(array, "v").dtype == np.float32
+
+
+def test_all_dense_and_empty():
+    np.testing.assert_array_equal(vectors_to_matrix(_vectors([[1.0, 2.0], [3.0, 4.0]]), "v"), [[1, 2], [3, 4]])
+    assert vectors_to_matrix(_vectors([]), "v").shape[0] == 0
+
+
+def test_vectors_of_different_sizes_and_null_rows_are_refused():
+    with pytest.raises(InputDataError, match="'v' holds vectors of sizes 2 to 3"):
+        vectors_to_matrix(_vectors([[1.0, 2.0], (3, {0: 1.0})]), "v")
+    array = _vectors([[1.0, 2.0], [3.0, 4.0]])
+    nulled = pa.StructArray.from_arrays(array.flatten(), names=["type", "size", "indices", "values"],
+                                        mask=pa.array([False, True]))
+    with pytest.raises(InputDataError, match="1 null rows"):
+        vectors_to_matrix(nulled, "v")

@@ -6,7 +6,7 @@ import torch
 from spark_torch_est import TorchEstimator
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.progress import Target
-from tests.helpers import linear_model, sgd
+from tests.helpers import features_schema, linear_model, sgd
 
 def _est(**kw):
     settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss())
@@ -54,4 +54,4 @@ def test_unpicklable_creators_are_reported():
     lock = threading.Lock()
     est = _est(model=lambda c: (lock, torch.nn.Linear(1, 1))[1])
     with pytest.raises(InvalidInputError, match="cannot be pickled"):
-        est._spec(Target(epoch=1), None)
+        est._spec(Target(epoch=1), features_schema(1), None)

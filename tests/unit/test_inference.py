@@ -13,32 +13,40 @@ import torchmetrics
 from spark_torch_est.creators import Creators
 from spark_torch_est.inference import ScoringSpec, evaluate_task, load_model, predict_task
 from spark_torch_est.metrics import MetricAccumulator
-from spark_torch_est.protocol import FEATURES, LABEL
-from tests.helpers import adam, arrow_batches, mlp
+from spark_torch_est.schema import INPUTS_LAYOUT, InputColumn, InputSchema
+from tests.helpers import adam, features_schema, mlp
 
 
-def _spec(**fields) -> tuple[ScoringSpec, torch.nn.Module]:
+def _spec(model_creator=mlp, schema=None, columns=("x",), **fields) -> tuple[ScoringSpec, torch.nn.Module]:
     torch.manual_seed(0)
-    model = mlp({})
-    creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(),
+    model = model_creator({})
+    creators = Creators(model=model_creator, optimizer=adam, loss=torch.nn.MSELoss(),
                         metrics={"mse": torchmetrics.MeanSquaredError()})
     weights = io.BytesIO()
     torch.save(model.state_dict(), weights)
     spec = ScoringSpec(key=hashlib.sha256(weights.getvalue()).hexdigest(), creators=cloudpickle.dumps(creators),
-                       weights=weights.getvalue(), batch_size=7, **fields)
+                       weights=weights.getvalue(), batch_size=7, schema=(schema or features_schema(8)).to_dict(),
+                       columns=tuple(columns), **fields)
     return spec, model.eval()
+
+
+def _table(rows: int = 50, seed: int = 0) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 8)).astype(np.float32)
+    y = (x.sum(axis=1) + 1).astype(np.float32)
+    batch = pa.RecordBatch.from_arrays([pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 8), pa.array(y)],
+                                       ["x", "y"])
+    return batch, x, y
 
 
 def test_predictions_equal_the_models_forward_in_any_chunking():
     spec, model = _spec()
-    batches = arrow_batches(50)
-    out = list(predict_task(spec)(iter(batches)))
-    predicted = np.concatenate([b.column("prediction").to_numpy() for b in out])
-    x = torch.from_numpy(np.stack(batches[0].column(FEATURES).to_numpy(zero_copy_only=False)))
+    batch, x, _ = _table()
+    out = list(predict_task(spec)(iter([batch])))
     with torch.no_grad():
-        expected = model(x).reshape(-1).numpy()
-    np.testing.assert_allclose(predicted, expected, rtol=1e-6)
-    assert FEATURES not in out[0].schema.names and LABEL in out[0].schema.names
+        expected = model(torch.from_numpy(x)).reshape(-1).numpy()
+    np.testing.assert_allclose(out[0].column("prediction").to_numpy(), expected, rtol=1e-6)
+    assert out[0].schema.names == ["x", "y", "prediction"], "the input's columns are kept as they are"
 
 
 def test_the_model_is_built_once_per_process_and_weights():
@@ -46,28 +54,61 @@ def test_the_model_is_built_once_per_process_and_weights():
     assert load_model(spec) is load_model(spec)
 
 
-def test_evaluation_totals_combine_to_the_loss_over_every_row():
-    spec, model = _spec(features_col=FEATURES)
-    batches = arrow_batches(50)
-    row = next(evaluate_task(spec)(iter(batches)))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_evaluation_totals_combine_to_the_loss_over_every_row(weighted):
+    spec, model = _spec(label_col="y", weight_col="w" if weighted else None)
+    batch, x, y = _table()
+    w = np.linspace(0.0, 2.0, len(x)).astype(np.float32)
+    row = next(evaluate_task(spec)(iter([batch.append_column("w", pa.array(w))])))
     totals = torch.tensor(row.column("totals")[0].as_py(), dtype=torch.float64)
-    x = torch.from_numpy(np.stack(batches[0].column(FEATURES).to_numpy(zero_copy_only=False)))
-    y = torch.tensor(batches[0].column(LABEL).to_numpy()).reshape(-1, 1)
     with torch.no_grad():
-        expected = float(torch.nn.functional.mse_loss(model(x), y))
+        errors = ((model(torch.from_numpy(x)).reshape(-1) - torch.from_numpy(y)) ** 2).numpy()
+    expected = float((errors * w).sum() / w.sum()) if weighted else float(errors.mean())
     accumulator = MetricAccumulator(torch.nn.MSELoss(), {"mse": torchmetrics.MeanSquaredError()}, torch.device("cpu"))
     accumulator.merge("mse", row.column("metric_states")[0][0].as_py())
     results = accumulator.results(totals)
-    assert totals[0] == 50 and results["loss"] == pytest.approx(expected, rel=1e-5)
-    assert results["mse"] == pytest.approx(expected, rel=1e-5)
+    assert results["loss"] == pytest.approx(expected, rel=1e-5)
+    assert float(totals[0]) == pytest.approx(w.sum() if weighted else 50, rel=1e-6)
+    assert results["mse"] == pytest.approx(float(errors.mean()), rel=1e-5)  # stateful metrics see rows unweighted
 
 
 def test_numeric_feature_columns_are_stacked():
-    spec, model = _spec(feature_cols=tuple(f"x{i}" for i in range(8)))
+    names = tuple(f"x{i}" for i in range(8))
+    spec, model = _spec(columns=names)
     x = np.random.default_rng(1).normal(size=(9, 8)).astype(np.float32)
-    batch = pa.RecordBatch.from_arrays([pa.array(x[:, i]) for i in range(8)], [f"x{i}" for i in range(8)])
+    batch = pa.RecordBatch.from_arrays([pa.array(x[:, i]) for i in range(8)], list(names))
     out = next(predict_task(spec)(iter([batch])))
     with torch.no_grad():
         expected = model(torch.from_numpy(x)).reshape(-1).numpy()
     np.testing.assert_allclose(out.column("prediction").to_numpy(), expected, rtol=1e-6)
-    assert out.schema.names == [f"x{i}" for i in range(8)] + ["prediction"]
+    assert out.schema.names == [*names, "prediction"]
+
+
+class _Bag(torch.nn.Module):
+    """Sums an id's embedding, the mean of a ragged token array's embeddings, and a byte image."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids = torch.nn.Embedding(100, 1)
+        self.tokens = torch.nn.Embedding(10, 1, padding_idx=0)
+
+    def forward(self, user, tokens, image):
+        return self.ids(user % 100) + self.tokens(tokens).sum(1) + image.float().mean(dim=(1, 2, 3)).unsqueeze(1)
+
+
+def test_typed_inputs_are_scored_each_with_its_type_ragged_ones_padded_per_forward_pass():
+    schema = InputSchema(INPUTS_LAYOUT, (InputColumn("user", "int64", 0, "bigint"),
+                                         InputColumn("tokens", "int64", 1, "array<int>"),
+                                         InputColumn("image", "uint8", 1, "binary", shape=(1, 2, 2))))
+    spec, model = _spec(lambda c: _Bag(), schema, ("user", "tokens", "image"))
+    users = [2 ** 40 + 7, 3, 5]
+    tokens = [[1, 2, 3], [4], []]
+    images = [bytes([0, 1, 2, 3]), bytes([4, 4, 4, 4]), bytes([9, 9, 9, 9])]
+    batch = pa.RecordBatch.from_arrays([pa.array(users), pa.array(tokens, pa.list_(pa.int64())), pa.array(images)],
+                                       ["user", "tokens", "image"])
+    out = next(predict_task(spec)(iter([batch])))
+    with torch.no_grad():
+        expected = [float(model(torch.tensor([u]), torch.tensor([t or [0]]),
+                                torch.tensor(list(i), dtype=torch.uint8).reshape(1, 1, 2, 2)))
+                    for u, t, i in zip(users, tokens, images)]
+    np.testing.assert_allclose(out.column("prediction").to_numpy(), expected, rtol=1e-6)

@@ -1,0 +1,307 @@
+"""[executor] The rows of one column on a rank, whatever their type and shape.
+
+:class:`DenseRows` keep rows of one shape in a tensor. Past the memory budget, rows go to
+a file under Spark's local directories and :class:`SpilledRows` reads back only the rows
+of each batch, with ``pread``, so a rank's peak RSS stays near the budget however large
+its partition. (Memory-mapping the file does not bound RSS: on current kernels one page
+fault maps a whole large folio of the page cache.) Both keep the column's own dtype:
+bytes stay uint8, ids int64. :class:`RaggedRows` hold arrays of different lengths as
+their values and offsets, and pad each batch to its longest row.
+
+A :class:`RowsBuilder` collects a column batch by batch; builders that share a
+:class:`Budget` spill together once their rows pass it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Union
+
+import numpy as np
+import torch
+
+__all__ = ["DenseRows", "SpilledRows", "RaggedRows", "Rows", "Budget", "RowsBuilder"]
+
+
+def _local_dir() -> str:
+    """Spark's first local directory in this Python worker, else the temp directory."""
+    return os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+class DenseRows:
+    """Rows of one shape, in one tensor.
+
+    Args:
+        tensor: ``(rows, *row_shape)``.
+    """
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensor.dtype
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape[1:])
+
+    def __len__(self) -> int:
+        return len(self.tensor)
+
+    def take(self, positions: torch.Tensor) -> torch.Tensor:
+        """The rows at ``positions``, as one tensor."""
+        return self.tensor[positions]
+
+    def slice(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start`` to ``stop``."""
+        return self.tensor[start:stop]
+
+    def head(self, rows: int) -> DenseRows:
+        """The first ``rows`` rows."""
+        return DenseRows(self.tensor[:rows].contiguous())
+
+    def extend(self, rows: torch.Tensor) -> DenseRows:
+        """These rows followed by ``rows``."""
+        return DenseRows(torch.cat([self.tensor, rows.to(self.dtype)]))
+
+    def to_ragged(self, padding: float) -> RaggedRows:
+        """The same arrays as :class:`RaggedRows` (for a column other ranks hold ragged)."""
+        width = self.row_shape[0]
+        return RaggedRows(DenseRows(self.tensor.reshape(-1)), torch.arange(len(self) + 1) * width, padding)
+
+
+class SpilledRows:
+    """Rows of one shape in a local file, read back per batch.
+
+    Args:
+        file: The open file, rows one after the other.
+        rows: Number of rows.
+        row_shape: Shape of one row.
+        dtype: The rows' dtype.
+    """
+
+    def __init__(self, file, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self._file = file
+        self._rows = rows
+        self.row_shape = tuple(row_shape)
+        self.dtype = dtype
+        self._numpy = _numpy_dtype(dtype)
+        self._row_bytes = math.prod(self.row_shape) * self._numpy.itemsize
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def take(self, positions: torch.Tensor) -> torch.Tensor:
+        """The rows at ``positions``: one ``pread`` per row, nothing else enters memory."""
+        out = np.empty((len(positions), *self.row_shape), dtype=self._numpy)
+        view, size, descriptor = memoryview(out).cast("B"), self._row_bytes, self._file.fileno()
+        for i, row in enumerate(positions.tolist()):
+            os.preadv(descriptor, [view[i * size:(i + 1) * size]], row * size)
+        return torch.from_numpy(out)
+
+    def slice(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start`` to ``stop``, in one read."""
+        start, stop = max(start, 0), min(stop, len(self))
+        out = np.empty((max(stop - start, 0), *self.row_shape), dtype=self._numpy)
+        if out.size:
+            os.preadv(self._file.fileno(), [memoryview(out).cast("B")], start * self._row_bytes)
+        return torch.from_numpy(out)
+
+    def head(self, rows: int) -> SpilledRows:
+        """The first ``rows`` rows, in the same file (extending them overwrites the rows after)."""
+        return SpilledRows(self._file, rows, self.row_shape, self.dtype)
+
+    def extend(self, rows: torch.Tensor) -> SpilledRows:
+        """Appends rows to the file; returns self."""
+        data = rows.to(self.dtype).contiguous().numpy()
+        os.pwrite(self._file.fileno(), data.tobytes(), len(self) * self._row_bytes)
+        self._rows += len(rows)
+        return self
+
+    def to_ragged(self, padding: float) -> RaggedRows:
+        """The same arrays as :class:`RaggedRows` over the same file."""
+        width = self.row_shape[0]
+        values = SpilledRows(self._file, len(self) * width, (), self.dtype)
+        return RaggedRows(values, torch.arange(len(self) + 1) * width, padding)
+
+
+class RaggedRows:
+    """Arrays of different lengths: their values one after the other, and offsets.
+
+    Args:
+        values: The values of every row, as rows of one value (dense or spilled).
+        offsets: ``(rows + 1,)`` int64: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+        padding: What shorter rows of a batch are padded with.
+    """
+
+    row_shape = None
+
+    def __init__(self, values: DenseRows | SpilledRows, offsets: torch.Tensor, padding: float = 0) -> None:
+        self.values = values
+        self.offsets = offsets
+        self.padding = padding
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The lengths of rows ``start`` to ``stop``."""
+        offsets = self.offsets[start:(len(self) if stop is None else stop) + 1]
+        return offsets[1:] - offsets[:-1]
+
+    def take(self, positions: torch.Tensor) -> torch.Tensor:
+        """The rows at ``positions`` as ``(B, longest)``, shorter rows padded at the end."""
+        starts = self.offsets[positions]
+        lengths = self.offsets[positions + 1] - starts
+        longest = int(lengths.max()) if len(positions) else 0
+        out = torch.full((len(positions), longest), self.padding, dtype=self.dtype)
+        if isinstance(self.values, DenseRows):
+            columns = torch.arange(longest)
+            mask = columns < lengths.unsqueeze(1)
+            out[mask] = self.values.tensor[(starts.unsqueeze(1) + columns)[mask]]
+            return out
+        for i, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            out[i, :length] = self.values.slice(start, start + length)
+        return out
+
+    def slice(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start`` to ``stop``, padded."""
+        return self.take(torch.arange(start, min(stop, len(self))))
+
+    def flat(self, start: int, stop: int) -> torch.Tensor:
+        """The values of rows ``start`` to ``stop``, unpadded, one after the other."""
+        return self.values.slice(int(self.offsets[start]), int(self.offsets[stop]))
+
+    def head(self, rows: int) -> RaggedRows:
+        """The first ``rows`` rows."""
+        return RaggedRows(self.values.head(int(self.offsets[rows])), self.offsets[:rows + 1].clone(), self.padding)
+
+    def extend_flat(self, values: torch.Tensor, lengths: torch.Tensor) -> RaggedRows:
+        """These rows followed by rows of ``lengths``, whose values are ``values``."""
+        offsets = torch.cat([self.offsets, self.offsets[-1] + torch.cumsum(lengths.to(torch.int64), 0)])
+        return RaggedRows(self.values.extend(values), offsets, self.padding)
+
+
+Rows = Union[DenseRows, SpilledRows, RaggedRows]
+
+
+class Budget:
+    """Bytes of spillable rows a rank keeps in RAM, shared by its builders.
+
+    Args:
+        limit: The bytes; None never spills.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.used = 0
+        self.exceeded = False
+        self.builders: list[RowsBuilder] = []
+
+    def add(self, nbytes: int) -> None:
+        """Counts ``nbytes`` more; past the limit every spillable builder spills."""
+        self.used += nbytes
+        if self.limit is not None and not self.exceeded and self.used > self.limit:
+            self.exceeded = True
+            for builder in self.builders:
+                builder.spill()
+
+
+class RowsBuilder:
+    """Collects one column of a rank, batch by batch.
+
+    Args:
+        dtype: The column's tensor dtype.
+        budget: The shared budget of spillable rows, or None to keep this column in RAM.
+    """
+
+    def __init__(self, dtype: torch.dtype, budget: Budget | None = None) -> None:
+        self.dtype = dtype
+        self._numpy = _numpy_dtype(dtype)
+        self.budget = budget
+        self.parts: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+        self.inner: tuple[int, ...] | None = None
+        self.rows = 0
+        self.file = None
+        if budget is not None:
+            budget.builders.append(self)
+
+    def append(self, values: np.ndarray, lengths: np.ndarray | None = None,
+               inner: tuple[int, ...] = ()) -> None:
+        """Appends rows: ``values`` holds one value (or element of ``inner`` shape) per
+        row, or, with ``lengths``, every row's values one after the other."""
+        if self.inner is None:
+            self.inner = tuple(inner)
+        values = np.asarray(values).astype(self._numpy, copy=False).reshape(-1, *self.inner)
+        self.rows += len(values) if lengths is None else len(lengths)
+        if lengths is not None:
+            self.lengths.append(np.asarray(lengths, dtype=np.int64))
+        elif self.lengths:
+            raise ValueError("a column cannot mix rows with and without lengths")
+        if self.file is not None:
+            self.file.write(np.ascontiguousarray(values).tobytes())
+            self._written += len(values)
+            return
+        self.parts.append(values)
+        if self.budget is not None:
+            self.budget.add(values.nbytes)
+
+    def spill(self) -> None:
+        """Moves the rows collected so far to a file; later rows go there directly."""
+        if self.budget is None or self.file is not None:
+            return
+        self.file = tempfile.TemporaryFile(dir=_local_dir(), prefix="spark_torch_est-")
+        self._written = 0
+        for part in self.parts:
+            self.file.write(np.ascontiguousarray(part).tobytes())
+            self._written += len(part)
+        self.parts = []
+
+    def finish(self, padding: float = 0) -> Rows | None:
+        """The column: rows of one shape as :class:`DenseRows` or :class:`SpilledRows`,
+        rows of different lengths as :class:`RaggedRows`; None without rows."""
+        if self.rows == 0:
+            return None
+        inner = self.inner or ()
+        values = self._values(inner)
+        if not self.lengths:
+            return values
+        lengths = np.concatenate(self.lengths)
+        self.lengths = []
+        if (lengths == lengths[0]).all():
+            width = int(lengths[0])
+            if isinstance(values, DenseRows):
+                return DenseRows(values.tensor.reshape(self.rows, width, *inner))
+            return SpilledRows(self.file, self.rows, (width, *inner), self.dtype)
+        if inner:
+            raise ValueError("arrays of arrays must all have the same sizes")
+        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
+        return RaggedRows(values, offsets, padding)
+
+    def _values(self, inner: tuple[int, ...]) -> DenseRows | SpilledRows:
+        """Every value collected, as rows of ``inner`` shape: one copy into a tensor,
+        releasing each part once copied."""
+        if self.file is not None:
+            self.file.flush()
+            return SpilledRows(self.file, self._written, inner, self.dtype)
+        total = sum(len(part) for part in self.parts)
+        out = np.empty((total, *inner), dtype=self._numpy)
+        position = 0
+        for i, part in enumerate(self.parts):
+            out[position:position + len(part)] = part
+            position += len(part)
+            self.parts[i] = None  # let the Arrow buffer behind it go
+        self.parts = []
+        return DenseRows(torch.from_numpy(out))

@@ -1,0 +1,65 @@
+"""[both] The loss as the loop, validation and ``evaluate()`` call it.
+
+Without sample weights it is the user's loss. With ``weightCol`` every row's loss is
+weighted: a loss module is called with ``reduction="none"`` (a copy; the user's object is
+left alone), a callable loss must itself return one value per row, and the batch's loss
+is the weighted mean ``sum(w * l) / sum(w)``. Summed over batches and ranks with the
+batches' total weight, that gives exact weighted means per epoch.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+from torch import nn
+
+__all__ = ["Loss"]
+
+LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Loss:
+    """Calls the user's loss, weighted when weights are given.
+
+    Args:
+        function: The user's loss: an ``nn.Module`` or ``callable(outputs, labels)``.
+    """
+
+    def __init__(self, function: LossFunction) -> None:
+        self.function = function
+        self._per_row: LossFunction | None = None
+
+    def __call__(self, outputs: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The batch's loss: the user's loss, or with ``weights`` the weighted mean of its
+        per-row values.
+
+        Raises:
+            TypeError: With weights, the loss does not give one value per row.
+        """
+        if weights is None:
+            return self.function(outputs, labels)
+        values = self.per_row(outputs, labels)
+        if not isinstance(values, torch.Tensor) or values.dim() == 0 or len(values) != len(outputs):
+            shape = list(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+            raise TypeError(
+                f"with weightCol the loss must give one value per row, got {shape} for a batch of {len(outputs)}: "
+                "pass a loss module (it is called with reduction='none'), or a callable that returns a (batch,) "
+                "tensor of per-row losses"
+            )
+        values = values.reshape(len(values), -1).mean(dim=1)
+        weights = weights.to(values.dtype)
+        return (values * weights).sum() / weights.sum().clamp_min(torch.finfo(values.dtype).tiny)
+
+    @property
+    def per_row(self) -> LossFunction:
+        """The loss without reduction: a copy of a loss module with ``reduction="none"``,
+        else the callable itself."""
+        if self._per_row is None:
+            function = self.function
+            if isinstance(function, nn.Module) and hasattr(function, "reduction"):
+                function = copy.copy(function)
+                function.reduction = "none"
+            self._per_row = function
+        return self._per_row

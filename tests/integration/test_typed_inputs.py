@@ -1,0 +1,267 @@
+"""Typed inputs end to end: every column type of the table keeps its type through fit
+(uneven partitions, spill, validation, exact resume, relaunch), transform, evaluate,
+save/load and a Pipeline; ragged arrays padded per batch; sample weights; labels."""
+
+from __future__ import annotations
+
+import decimal
+import os
+
+import numpy as np
+import pytest
+import torch
+from pyspark.ml import Pipeline, PipelineModel
+from pyspark.ml.feature import SQLTransformer
+from pyspark.ml.linalg import Vectors
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from torch import nn
+
+from spark_torch_est import Hook, TorchEstimator, TorchModel
+from spark_torch_est.errors import InvalidInputError, TrainingFailedError
+from tests.helpers import spark_jobs_started
+
+pytestmark = pytest.mark.spark
+
+ROWS = 1200
+PADDING = -7
+INPUTS = ["id_byte", "id_int", "id_long", "f_float", "f_double", "f_decimal", "flag", "arr_int", "arr_double", "vec",
+          "nested", "img", "tokens"]
+SCHEMA = T.StructType([
+    T.StructField("id_byte", T.ByteType()), T.StructField("id_int", T.IntegerType()),
+    T.StructField("id_long", T.LongType()), T.StructField("f_float", T.FloatType()),
+    T.StructField("f_double", T.DoubleType()), T.StructField("f_decimal", T.DecimalType(10, 3)),
+    T.StructField("flag", T.BooleanType()), T.StructField("arr_int", T.ArrayType(T.IntegerType())),
+    T.StructField("arr_double", T.ArrayType(T.DoubleType())), T.StructField("vec", Vectors.dense([0.0]).__UDT__),
+    T.StructField("nested", T.ArrayType(T.ArrayType(T.FloatType()))), T.StructField("img", T.BinaryType()),
+    T.StructField("tokens", T.ArrayType(T.LongType())), T.StructField("label", T.DoubleType()),
+    T.StructField("w", T.DoubleType()), T.StructField("is_val", T.BooleanType()),
+])
+
+
+def _rows(count: int = ROWS, seed: int = 0) -> list[tuple]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(count):
+        id_long = 2 ** 24 + 2 ** 40 * (i % 3) + i  # parity is exact only in int64
+        arr_double = rng.normal(size=4)
+        vec = Vectors.dense(rng.normal(size=4)) if i % 2 else Vectors.sparse(4, {1: float(rng.normal())})
+        img = bytes(rng.integers(0, 256, size=16, dtype=np.uint8))
+        tokens = [int(t) for t in rng.integers(1, 20, size=i % 6)]
+        f_double = float(rng.normal())
+        label = float(id_long % 2) + 0.5 * f_double - 0.25 * float(arr_double[0]) + 0.1 * len(tokens)
+        rows.append((i % 100, i * 7, id_long, float(rng.normal()), f_double, decimal.Decimal(f"{rng.normal():.3f}"),
+                     bool(i % 3 == 0), [i % 5, 1, 2], arr_double.tolist(), vec,
+                     rng.normal(size=(2, 3)).astype(np.float32).tolist(), img, tokens, label,
+                     float(1 + i % 4), i % 10 == 0))
+    return rows
+
+
+class Wide(nn.Module):
+    """Takes every column type and refuses the wrong dtype or shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parity = nn.Embedding(2, 1)
+        self.tokens = nn.Embedding(20, 1)
+        self.dense = nn.Linear(40, 1)
+
+    def forward(self, id_byte, id_int, id_long, f_float, f_double, f_decimal, flag, arr_int, arr_double, vec, nested,
+                img, tokens):
+        expected = [(id_byte, torch.int64, 1), (id_int, torch.int64, 1), (id_long, torch.int64, 1),
+                    (f_float, torch.float32, 1), (f_double, torch.float32, 1), (f_decimal, torch.float32, 1),
+                    (flag, torch.bool, 1), (arr_int, torch.int64, 2), (arr_double, torch.float32, 2),
+                    (vec, torch.float32, 2), (nested, torch.float32, 3), (img, torch.uint8, 4),
+                    (tokens, torch.int64, 2)]
+        for i, (x, dtype, dims) in enumerate(expected):
+            if x.dtype != dtype or x.dim() != dims:
+                raise TypeError(f"input {INPUTS[i]}: {x.dtype} {list(x.shape)}, expected {dtype} with {dims} dims")
+        if list(nested.shape[1:]) != [2, 3] or list(img.shape[1:]) != [1, 4, 4] or arr_int.shape[1] != 3:
+            raise TypeError(f"shapes {list(nested.shape)} {list(img.shape)} {list(arr_int.shape)}")
+        present = tokens != PADDING
+        token_count = present.sum(1, keepdim=True).float()
+        dense = torch.cat([f_float[:, None], f_double[:, None], f_decimal[:, None], flag[:, None].float(),
+                           arr_int.float(), arr_double, vec, nested.flatten(1), img.float().flatten(1) / 255,
+                           (id_byte % 7)[:, None].float(), (id_int % 5)[:, None].float(), token_count], 1)
+        embedded = (self.tokens(tokens.clamp_min(0)) * present.unsqueeze(2)).sum(1)
+        return self.parity(id_long % 2) + self.dense(dense) + 0.0 * embedded
+
+
+def _adam(model, config):
+    return torch.optim.Adam(model.parameters(), lr=config.get("lr", 0.03))
+
+
+def _estimator(**params) -> TorchEstimator:
+    settings = dict(model=lambda c: Wide(), optimizer=_adam, loss=nn.MSELoss(), inputCols=INPUTS,
+                    inputShapes={"img": [1, 4, 4]}, paddingValue=PADDING, labelCol="label", batchSize=64,
+                    maxEpochs=4, numWorkers=2, seed=3, showProgress=False)
+    settings.update(params)
+    return TorchEstimator(**settings)
+
+
+@pytest.fixture(scope="module")
+def wide_df(spark):
+    """The table in two partitions: the first full, the second mostly filtered away, so the
+    ranks must even out their rows (every column type moves between them)."""
+    df = spark.createDataFrame(_rows(), SCHEMA)
+    return df.filter((F.col("id_int") < 7 * ROWS // 2) | (F.col("id_int") % 70 == 0)).cache()
+
+
+def _weights(source) -> dict[str, torch.Tensor]:
+    return source.checkpoint.model_state
+
+
+def test_every_column_type_trains_transforms_and_evaluates(spark, wide_df):
+    est = _estimator(validationIndicatorCol="is_val", memoryBudgetMB=0.01, maxEpochs=15)  # every input spills
+    model = est.fit(wide_df)
+    scored = model.transform(wide_df).select("label", "prediction").toPandas()
+    rmse = float(np.sqrt(((scored["label"] - scored["prediction"]) ** 2).mean()))
+    assert rmse < 0.2 * float(scored["label"].std()), rmse  # ids' parity learned: they stayed exact
+    assert "val_loss" in est.history[-1]
+    mse = float(((scored["label"] - scored["prediction"]) ** 2).mean())
+    assert model.evaluate(wide_df)["loss"] == pytest.approx(mse, rel=1e-4)
+    assert [c.name for c in model.checkpoint.input_schema.columns] == INPUTS
+    assert model.checkpoint.input_row_shapes[INPUTS.index("img")] == (1, 4, 4)
+    assert model.checkpoint.input_row_shapes[INPUTS.index("tokens")] is None  # padded per batch
+
+
+def test_two_plus_two_epochs_equal_four_and_a_relaunch_changes_nothing(spark, wide_df, tmp_path):
+    whole = _estimator()
+    whole.fit(wide_df)
+    split = _estimator()
+    split.fit(wide_df, duration="2ep")
+    split.fit(wide_df, duration="2ep")
+    crashed = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], checkpointDir=str(tmp_path / "ckpt"),
+                         maxRetries=1)
+    crashed.fit(wide_df)
+    assert (tmp_path / "crashed").exists()
+    for key, value in _weights(whole).items():
+        assert torch.equal(value, _weights(split)[key]), key
+        assert torch.equal(value, _weights(crashed)[key]), key
+
+
+class CrashOnce(Hook):
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def after_train_iter(self, rank, state):
+        if rank == 1 and state.epoch == 2 and state.batch_in_epoch == 2 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+
+
+class PaddingCheck(Hook):
+    """Checks each batch's tokens: each row its tokens then padding, the longest row unpadded."""
+
+    def __init__(self) -> None:
+        self.batches = self.padded = self.wrong = 0
+
+    def before_train_iter(self, inputs):
+        tokens = inputs[INPUTS.index("tokens")]
+        present = tokens != PADDING
+        ordered = bool((present[:, :-1] | ~present[:, 1:]).all()) if tokens.shape[1] > 1 else True
+        longest = tokens.shape[1] == 0 or bool(present[:, -1].any())
+        self.batches += 1
+        self.padded += int(bool((~present).any()))
+        self.wrong += int(not (ordered and longest))
+
+    def state_dict(self):
+        return {"batches": self.batches, "padded": self.padded, "wrong": self.wrong}
+
+    def load_state_dict(self, state):
+        self.batches, self.padded, self.wrong = state["batches"], state["padded"], state["wrong"]
+
+
+def test_ragged_arrays_are_padded_to_each_batchs_longest_row(spark, wide_df):
+    est = _estimator(maxEpochs=1, hooks={"check": PaddingCheck()})
+    est.fit(wide_df)
+    state = est.hooks["check"].state_dict()
+    assert state["batches"] > 5 and state["padded"] > 0 and state["wrong"] == 0
+
+
+def test_save_load_and_a_pipeline_keep_the_typed_model(spark, wide_df, tmp_path):
+    pipeline = Pipeline(stages=[SQLTransformer(statement="SELECT *, f_double * 2 AS unused FROM __THIS__"),
+                                _estimator(maxEpochs=1)])
+    fitted = pipeline.fit(wide_df)
+    fitted.write().overwrite().save(str(tmp_path / "pipeline"))
+    loaded = PipelineModel.load(str(tmp_path / "pipeline"))
+    before = fitted.transform(wide_df).select("prediction").toPandas()["prediction"]
+    after = loaded.transform(wide_df).select("prediction").toPandas()["prediction"]
+    np.testing.assert_allclose(before, after, rtol=1e-6)
+    model = fitted.stages[-1]
+    model.save(str(tmp_path / "model"))
+    assert TorchModel.load(str(tmp_path / "model")).getInputCols() == INPUTS
+
+
+def test_weighted_losses_are_exact_weighted_means_over_all_ranks(spark, wide_df):
+    est = _estimator(weightCol="w", validationIndicatorCol="is_val", maxEpochs=2)
+    model = est.fit(wide_df)
+    scored = model.transform(wide_df).select("label", "prediction", "w", "is_val").toPandas()
+    errors = (scored["label"] - scored["prediction"]) ** 2
+    val = scored["is_val"]
+    expected_val = float((errors[val] * scored["w"][val]).sum() / scored["w"][val].sum())
+    assert est.history[-1]["val_loss"] == pytest.approx(expected_val, rel=1e-4)
+    expected_all = float((errors * scored["w"]).sum() / scored["w"].sum())
+    assert model.evaluate(wide_df)["loss"] == pytest.approx(expected_all, rel=1e-4)
+    unweighted = float(errors.mean())
+    assert abs(expected_all - unweighted) > 1e-6 * unweighted  # the weights did change the figure
+
+
+def test_a_callable_loss_without_per_row_values_is_refused_with_the_fix(spark, wide_df):
+    est = _estimator(weightCol="w", loss=lambda outputs, labels: ((outputs - labels) ** 2).mean(), maxEpochs=1)
+    with pytest.raises(TrainingFailedError, match="with weightCol the loss must give one value per row"):
+        est.fit(wide_df)
+    assert est.checkpoint is None
+
+
+def test_integer_labels_of_a_one_output_model_train_as_regression(spark):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2000, 4))
+    y = np.rint(x @ np.array([3.0, -2.0, 1.0, 4.0]) + 10).astype(int)
+    ints = spark.createDataFrame([(r.tolist(), int(t)) for r, t in zip(x, y)], ["features", "label"])
+    models = [TorchEstimator(model=lambda c: nn.Linear(4, 1), optimizer=_adam, loss=nn.MSELoss(), batchSize=32,
+                             maxEpochs=5, config={"lr": 0.1}, showProgress=False).fit(df)
+              for df in (ints, ints.withColumn("label", F.col("label").cast("double")))]
+    for key, value in models[0].checkpoint.model_state.items():  # the same training as for the same doubles
+        assert torch.equal(value, models[1].checkpoint.model_state[key]), key
+    scored = models[0].transform(ints).select("label", "prediction").toPandas()
+    assert float(((scored["label"] - scored["prediction"]) ** 2).mean()) < 1.0  # not 71: nothing broadcast
+    assert models[0].checkpoint.label_kind == "float"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda df: df.withColumn("name", F.lit("x")), "column 'name' has type string.*StringIndexer"),
+    (lambda df: df, "inputShapes\\['f_double'\\]=\\[2\\] needs 2 values per row.*has 1"),
+])
+def test_bad_typed_inputs_fail_on_the_driver_before_any_job(spark, wide_df, change, message):
+    inputs = INPUTS + ["name"] if "string" in message else INPUTS
+    shapes = {"img": [1, 4, 4], "f_double": [2]} if "f_double" in message else {"img": [1, 4, 4]}
+    est = _estimator(inputCols=inputs, inputShapes=shapes)
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match=message):
+        est.fit(change(wide_df))
+    assert spark_jobs_started(spark) == jobs
+
+
+def test_a_shape_the_rows_do_not_fill_fails_at_ingest_naming_the_column(spark, wide_df):
+    with pytest.raises(InvalidInputError, match="inputShapes\\['img'\\]=\\[1, 3, 3\\] needs 9 values.*'img'.*16"):
+        _estimator(inputShapes={"img": [1, 3, 3]}, maxEpochs=1).fit(wide_df)
+
+
+def test_transform_names_a_missing_or_retyped_column_before_any_job(spark, wide_df):
+    model = _estimator(maxEpochs=1).fit(wide_df)
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match="inputCols=.*'tokens': no such column"):
+        model.transform(wide_df.drop("tokens"))
+    with pytest.raises(InvalidInputError, match="column 'id_long' has type double, but the model was trained on "
+                                                "bigint"):
+        model.evaluate(wide_df.withColumn("id_long", F.col("id_long").cast("double")))
+    assert spark_jobs_started(spark) == jobs
+
+
+def test_a_ragged_features_column_names_the_users_column(spark):
+    df = spark.createDataFrame([([1.0, 2.0], 1.0), ([1.0], 2.0)] * 10, ["data", "label"])
+    est = TorchEstimator(model=lambda c: nn.Linear(2, 1), optimizer=_adam, loss=nn.MSELoss(), featuresCol="data",
+                         maxEpochs=1, showProgress=False)
+    with pytest.raises(InvalidInputError, match="'data' holds arrays of different lengths"):
+        est.fit(df)
