@@ -14,7 +14,6 @@ import os
 import sys
 import tempfile
 
-import numpy as np
 import torch
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F

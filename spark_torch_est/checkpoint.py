@@ -12,6 +12,7 @@ runs code::
     partial_epoch   {"loss_sum": float, "count": float} of an epoch stopped mid-way
     epoch_rows      training rows of the epoch in progress, all ranks together
     world_size      ranks of the fit that wrote it
+    data_source     which rows each rank read: the digest of a table's file parts, or "spark"
     seed            the seed of the epoch orders (the ``seed`` Param)
     config_digest   SHA-256 of the config the creators were called with
     outputs         {"shape": [dims per row], "label_kind": "int" | "float"}
@@ -42,7 +43,8 @@ __all__ = ["Checkpoint", "FORMAT_VERSION", "check_compatible", "iter_chunks"]
 
 FORMAT_VERSION = 2
 CHUNK_BYTES = 8 << 20
-_REQUIRED = ("format_version", "run_id", "progress", "history", "partial_epoch", "epoch_rows", "world_size", "seed",
+_REQUIRED = ("format_version", "run_id", "progress", "history", "partial_epoch", "epoch_rows", "world_size",
+             "data_source", "seed",
              "config_digest", "outputs", "inputs", "model", "optimizer", "scheduler", "rng", "hooks")
 
 
@@ -73,7 +75,8 @@ class Checkpoint:
 
     @classmethod
     def build(cls, *, run_id: str, progress: Progress, history: list[dict], partial_loss: tuple[float, float],
-              epoch_rows: int, world_size: int, seed: int, config_digest: str, output_shape: list[int],
+              epoch_rows: int, world_size: int, data_source: str, seed: int, config_digest: str,
+              output_shape: list[int],
               label_kind: str, input_schema: dict, input_rows: list[list[int] | None],
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict]) -> Checkpoint:
@@ -81,7 +84,8 @@ class Checkpoint:
         return cls({
             "format_version": FORMAT_VERSION, "run_id": run_id, "progress": progress.to_dict(),
             "history": history, "partial_epoch": {"loss_sum": float(partial_loss[0]), "count": float(partial_loss[1])},
-            "epoch_rows": int(epoch_rows), "world_size": int(world_size), "seed": int(seed),
+            "epoch_rows": int(epoch_rows), "world_size": int(world_size), "data_source": data_source,
+            "seed": int(seed),
             "config_digest": config_digest,
             "outputs": {"shape": list(output_shape), "label_kind": label_kind},
             "inputs": {"schema": input_schema, "rows": input_rows},
@@ -120,6 +124,11 @@ class Checkpoint:
     def world_size(self) -> int:
         """Ranks of the fit that saved the state."""
         return int(self._state["world_size"])
+
+    @property
+    def data_source(self) -> str:
+        """Which rows each rank read in the fit that saved the state (see ``TaskSpec.source``)."""
+        return self._state["data_source"]
 
     @property
     def seed(self) -> int:

@@ -221,20 +221,30 @@ class Budget:
 class RowsBuilder:
     """Collects one column of a rank, batch by batch.
 
+    When the rank knows how many rows it will get (``capacity``, e.g. reading a table's
+    files itself), rows of one size go straight into one buffer of that many rows, so no
+    batch is kept past its copy; pages of the buffer that no row reaches are never
+    touched and take no memory. Otherwise, and once rows differ in size, the batches are
+    kept and copied into one tensor at the end, each released once copied.
+
     Args:
         dtype: The column's tensor dtype.
         budget: The shared budget of spillable rows, or None to keep this column in RAM.
+        capacity: At most how many rows will come, if known.
     """
 
-    def __init__(self, dtype: torch.dtype, budget: Budget | None = None) -> None:
+    def __init__(self, dtype: torch.dtype, budget: Budget | None = None, capacity: int | None = None) -> None:
         self.dtype = dtype
         self._numpy = _numpy_dtype(dtype)
         self.budget = budget
+        self.capacity = capacity
         self.parts: list[np.ndarray] = []
         self.lengths: list[np.ndarray] = []
         self.inner: tuple[int, ...] | None = None
         self.rows = 0
         self.file = None
+        self._buffer: np.ndarray | None = None  # capacity rows' values, filled up to _filled
+        self._filled = 0
         if budget is not None:
             budget.builders.append(self)
 
@@ -244,19 +254,40 @@ class RowsBuilder:
         row, or, with ``lengths``, every row's values one after the other."""
         if self.inner is None:
             self.inner = tuple(inner)
-        values = np.asarray(values).astype(self._numpy, copy=False).reshape(-1, *self.inner)
+        values = np.asarray(values).reshape(-1, *self.inner)
         self.rows += len(values) if lengths is None else len(lengths)
         if lengths is not None:
             self.lengths.append(np.asarray(lengths, dtype=np.int64))
         elif self.lengths:
             raise ValueError("a column cannot mix rows with and without lengths")
         if self.file is not None:
-            self.file.write(np.ascontiguousarray(values).tobytes())
+            self.file.write(np.ascontiguousarray(values, dtype=self._numpy).tobytes())
             self._written += len(values)
             return
-        self.parts.append(values)
+        if not self._buffered(values, lengths):
+            self.parts.append(values.astype(self._numpy, copy=False))
         if self.budget is not None:
-            self.budget.add(values.nbytes)
+            self.budget.add(len(values) * self._numpy.itemsize * math.prod(self.inner))
+
+    def _buffered(self, values: np.ndarray, lengths: np.ndarray | None) -> bool:
+        """Copies ``values`` into the capacity buffer when they fit it (making the buffer
+        on the first rows); False when they cannot go there."""
+        if self.capacity is None:
+            return False
+        per_row = 1 if lengths is None else int(lengths[0]) if len(lengths) else 0
+        uniform = lengths is None or (lengths == per_row).all()
+        if self._buffer is None and not self.parts and uniform:
+            self._buffer = np.empty((self.capacity * per_row, *self.inner), dtype=self._numpy)
+            self._per_row = per_row
+        if self._buffer is not None and uniform and per_row == self._per_row \
+                and self._filled + len(values) <= len(self._buffer):
+            self._buffer[self._filled:self._filled + len(values)] = values
+            self._filled += len(values)
+            return True
+        if self._buffer is not None:  # rows of another size: from here on, batches are kept
+            self.parts.append(self._buffer[:self._filled])
+            self._buffer, self.capacity = None, None
+        return False
 
     def spill(self) -> None:
         """Moves the rows collected so far to a file; later rows go there directly."""
@@ -264,6 +295,9 @@ class RowsBuilder:
             return
         self.file = tempfile.TemporaryFile(dir=_local_dir(), prefix="spark_torch_est-")
         self._written = 0
+        if self._buffer is not None:
+            self.parts.insert(0, self._buffer[:self._filled])
+            self._buffer, self.capacity = None, None
         for part in self.parts:
             self.file.write(np.ascontiguousarray(part).tobytes())
             self._written += len(part)
@@ -291,11 +325,13 @@ class RowsBuilder:
         return RaggedRows(values, offsets, padding)
 
     def _values(self, inner: tuple[int, ...]) -> DenseRows | SpilledRows:
-        """Every value collected, as rows of ``inner`` shape: one copy into a tensor,
-        releasing each part once copied."""
+        """Every value collected, as rows of ``inner`` shape: the capacity buffer as it is,
+        or one copy of the kept batches into a tensor, releasing each once copied."""
         if self.file is not None:
             self.file.flush()
             return SpilledRows(self.file, self._written, inner, self.dtype)
+        if self._buffer is not None:
+            return DenseRows(torch.from_numpy(self._buffer[:self._filled]))
         total = sum(len(part) for part in self.parts)
         out = np.empty((total, *inner), dtype=self._numpy)
         position = 0

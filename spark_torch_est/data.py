@@ -191,16 +191,18 @@ class Shard:
 
 
 def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: Columns = Columns(),
-               memory_budget: int | None = None) -> Shard:
+               memory_budget: int | None = None, rows: int | None = None) -> Shard:
     """Collects a partition's record batches (training-frame columns) into a
-    :class:`Shard`; input rows past ``memory_budget`` bytes go to local files.
+    :class:`Shard`; input rows past ``memory_budget`` bytes go to local files. When the
+    partition's ``rows`` are known, each column fills one buffer as the batches come (see
+    :class:`columns.RowsBuilder`).
 
     Raises:
         InputDataError: Nulls, arrays that cannot be stacked, labels of mixed lengths,
             negative or non-finite weights.
     """
     budget = Budget(memory_budget)
-    parts = {role: _Builders(schema, budget) for role in ("train", "validation")}
+    parts = {role: _Builders(schema, budget, rows) for role in ("train", "validation")}
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -243,17 +245,19 @@ def _rows_where(columns, mask: np.ndarray):
 class _Builders:
     """The builders of one role's columns."""
 
-    def __init__(self, schema: InputSchema, budget: Budget) -> None:
-        self.inputs = [RowsBuilder(TORCH_DTYPES[column.dtype], budget) for column in schema.columns]
+    def __init__(self, schema: InputSchema, budget: Budget, capacity: int | None) -> None:
+        self.inputs = [RowsBuilder(TORCH_DTYPES[column.dtype], budget, capacity) for column in schema.columns]
         self.labels: RowsBuilder | None = None
-        self.weights = RowsBuilder(torch.float32)
+        self.weights = RowsBuilder(torch.float32, capacity=capacity)
+        self.capacity = capacity
 
     def append(self, inputs: list[_Values], labels: _Values, weights: _Values | None) -> None:
         for builder, (values, lengths, inner) in zip(self.inputs, inputs):
             builder.append(values, lengths, inner)
         values, lengths, inner = labels
         if self.labels is None:
-            self.labels = RowsBuilder(torch.int64 if values.dtype.kind in "iu" else torch.float32)
+            self.labels = RowsBuilder(torch.int64 if values.dtype.kind in "iu" else torch.float32,
+                                      capacity=self.capacity)
         self.labels.append(values, lengths, inner)
         if weights is not None:
             self.weights.append(weights[0])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.creators import CreatorError, Creators
 from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.frames import check_inputs, input_schema, training_frame
+from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.logger_dispatch import LoggerDispatch
@@ -31,7 +30,8 @@ from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, Estimator
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
-from spark_torch_est.spec import Columns, TaskSpec
+from spark_torch_est.sources import parquet_source
+from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, read_bytes
 from spark_torch_est.view import DriverView
 
@@ -95,6 +95,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
         allowNonFinite: Train on when the loss is NaN or infinite (default False: the fit
             fails at that step with ``TrainingFailedError`` and the run keeps its last state).
+        directRead: Let the tasks read a plain Parquet table on a local or mounted
+            filesystem themselves, with pyarrow (default True; see docs/ingest.md).
     """
 
     @keyword_only
@@ -112,7 +114,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
                  memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
-                 allowNonFinite: bool = False) -> None:
+                 allowNonFinite: bool = False, directRead: bool = True) -> None:
         super().__init__()
         self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
         kwargs = dict(self._input_kwargs)
@@ -260,8 +262,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         schema = self._input_schema(dataset)
         if start is not None:
             check_inputs(dataset.schema, start.input_schema, schema)
-        frame = self._checked_frame(dataset, schema, start)
-        spec = self._spec(target, schema, start)
+        frame, source = self._checked_frame(dataset, schema, start)
+        spec = self._spec(target, schema, start, source)
         view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
         loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
         loggers.start({p.name: v for p, v in self.extractParamMap().items()}, dict(self._creators.config), progress)
@@ -343,18 +345,24 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             "or call est.reset() to start a new run"
         )
 
-    def _checked_frame(self, dataset: DataFrame, schema: InputSchema, start: Checkpoint | None) -> DataFrame:
+    def _checked_frame(self, dataset: DataFrame, schema: InputSchema,
+                       start: Checkpoint | None) -> tuple[DataFrame, FileSource | None]:
         """Checks the creators and prepares the training frame side by side: the JVM plans
         the frame (slow in a fresh session) while Python builds the model and optimizer
         (the first optimizer in a process imports ``torch._dynamo``, ~1.5 s). A creator
         error wins over a column error. Under Spark Connect the client plans nothing, so
-        both run in turn."""
-        plan = functools.partial(
-            training_frame, dataset, schema=schema, features_col=self.getFeaturesCol(),
-            feature_cols=self.getFeatureCols(), label_col=self.getLabelCol(),
-            validation_col=self.getValidationIndicatorCol(), weight_col=self.getWeightCol(),
-            num_workers=self.getNumWorkers(),
-        )
+        both run in turn. A plain Parquet table is read by the ranks themselves (see
+        :mod:`spark_torch_est.sources`): the job's frame is then one empty-handed row per rank."""
+        columns = dict(schema=schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
+                       label_col=self.getLabelCol(), validation_col=self.getValidationIndicatorCol(),
+                       weight_col=self.getWeightCol())
+        workers, direct = self.getNumWorkers(), self.getDirectRead()
+
+        def plan() -> tuple[DataFrame, FileSource | None]:
+            frame = training_frame(dataset, num_workers=workers, **columns)
+            source = parquet_source(dataset, frame_outputs(dataset, **columns), workers) if direct else None
+            return (dataset.sparkSession.range(0, workers, 1, workers), source) if source else (frame, None)
+
         if is_remote():
             self._check_creators(start)
             return plan()
@@ -392,7 +400,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         except CreatorError as error:
             raise InvalidInputError(f"{error} (check the {error.creator}= argument)") from error
 
-    def _spec(self, target: Target, schema: InputSchema, start: Checkpoint | None) -> TaskSpec:
+    def _spec(self, target: Target, schema: InputSchema, start: Checkpoint | None,
+              source: FileSource | None) -> TaskSpec:
         try:
             payload = cloudpickle.dumps(self._creators)
         except Exception as error:
@@ -408,7 +417,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             checkpoint_every=(interval.value, interval.unit),
             columns=Columns(label=self.getLabelCol(), weight=self.getWeightCol()),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
-            allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)),
+            allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)), source=source,
         )
 
 

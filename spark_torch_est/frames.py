@@ -18,7 +18,7 @@ from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, inp
 from spark_torch_est.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema
 
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
-           "input_schema", "check_inputs", "weight_column", "training_frame"]
+           "input_schema", "check_inputs", "weight_column", "training_frame", "frame_outputs"]
 
 ROW_ORDER = "__ste_row_order"
 _RUNS_JOBS = re.compile(r"Broadcast|Subquery")  # plan nodes whose preparation starts Spark jobs
@@ -274,6 +274,26 @@ def training_frame(df: DataFrame, *, schema: InputSchema, features_col: str | No
     # position in the input makes every job (every fit, every relaunch) see the same order.
     order = F.monotonically_increasing_id().alias(ROW_ORDER)
     return df.select(*columns, order).repartition(num_workers).sortWithinPartitions(ROW_ORDER).drop(ROW_ORDER)
+
+
+def frame_outputs(df: DataFrame, *, schema: InputSchema, features_col: str | None, feature_cols: list[str] | None,
+                  label_col: str, validation_col: str | None,
+                  weight_col: str | None) -> list[tuple[str, tuple[str, ...], str]]:
+    """The training frame's columns as the ranks build them from a table's own columns
+    when they read its files (see :class:`spec.FileSource`): what :func:`training_frame`
+    computes in the JVM, but done per batch in the tasks."""
+    if schema.layout == FEATURES_LAYOUT:
+        kind = features_kind(df.schema, features_col, feature_cols)
+        outputs = [(FEATURES, tuple(feature_cols), "stack") if kind == "columns" else
+                   (FEATURES, (features_col,), "wrap" if kind == "scalar" else "as_is")]
+    else:
+        outputs = [(input_column(i), (c.name,), "as_is") for i, c in enumerate(schema.columns)]
+    outputs.append((LABEL, (label_col,), "as_is"))
+    if weight_col is not None:
+        outputs.append((WEIGHT, (weight_col,), "as_is"))
+    if validation_col is not None:
+        outputs.append((IS_VALIDATION, (validation_col,), "as_is"))
+    return outputs
 
 
 def _partitions(df: DataFrame) -> int | None:

@@ -220,6 +220,10 @@ class Trainer:
         self.stage = "setup"
         self.steps_per_epoch = EpochPlan(self.train_rows, self.spec.batch_size).steps
 
+    @property
+    def _data_source(self) -> str:
+        return self.spec.source.digest if self.spec.source is not None else "spark"
+
     def _resume_offset(self, resume: Checkpoint | None) -> int:
         """Rows of its order each rank already trained on in the current epoch.
 
@@ -231,15 +235,19 @@ class Trainer:
         if resume is None or progress.sample_in_epoch == 0:
             return 0
         rows = sum(self.train_rows)
-        if resume.epoch_rows == rows and resume.world_size == self.world_size:
+        if (resume.epoch_rows, resume.world_size, resume.data_source) == (rows, self.world_size, self._data_source):
             return progress.sample_in_epoch // self.world_size
         fraction = progress.sample_in_epoch / max(resume.epoch_rows, 1)
         offset = min(int(fraction * max(self.train_rows)), max(self.train_rows) - 1)
         if self.rank == 0:
+            def read(source: str) -> str:
+                return "read through Spark" if source == "spark" else "read from the table's files"
+
             logger.warning(
-                "the epoch in progress began with %d training rows on %d workers and continues with %d rows on %d: "
-                "it goes on from the same fraction (%.1f%%) of each worker's rows", resume.epoch_rows,
-                resume.world_size, rows, self.world_size, 100 * fraction)
+                "the epoch in progress began with %d training rows on %d workers (%s) and continues with %d rows on "
+                "%d (%s): it goes on from the same fraction (%.1f%%) of each worker's rows", resume.epoch_rows,
+                resume.world_size, read(resume.data_source), rows, self.world_size, read(self._data_source),
+                100 * fraction)
         return offset
 
     # ------------------------------------------------------------------- training
@@ -507,7 +515,7 @@ class Trainer:
         return Checkpoint.build(
             run_id=self.spec.run_id, progress=self.progress, history=self.history,
             partial_loss=(float(partial[0]), float(partial[1])), epoch_rows=sum(self.train_rows),
-            world_size=self.world_size, seed=self.spec.seed, config_digest=config_digest(self.creators.config),
+            world_size=self.world_size, data_source=self._data_source, seed=self.spec.seed, config_digest=config_digest(self.creators.config),
             output_shape=self.output_shape, label_kind="float" if self.train.labels.dtype.is_floating_point else "int",
             input_schema=self.spec.schema.to_dict(),
             input_rows=[list(c.shape) if c.shape is not None else list(rows.row_shape) if rows.row_shape is not None

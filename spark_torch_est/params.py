@@ -68,6 +68,7 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "allowNonFinite": False,
     "inputShapes": None,
     "paddingValue": 0.0,
+    "directRead": True,
 }
 
 
@@ -192,6 +193,10 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                "{column: [sizes]}: reshape each row of an inputCols column, e.g. {'image': [1, 8, 8]} "
                                "for 64 bytes; None = rows as they are",
                                typeConverter=_to_shapes)
+    directRead: Param = Param(Params._dummy(), "directRead",
+                              "a plain Parquet table on a local or mounted filesystem is read by the tasks "
+                              "themselves with pyarrow, not through the JVM (False: always through Spark)",
+                              typeConverter=TypeConverters.toBoolean)
     paddingValue: Param = Param(Params._dummy(), "paddingValue",
                                 "what arrays shorter than the longest row of their batch are padded with",
                                 typeConverter=TypeConverters.toFloat)
@@ -224,5 +229,5 @@ for _name in ("inputCols", "weightCol"):
     _accessors(ModelParams, _name)
 for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
-              "allowNonFinite", "inputShapes", "paddingValue"):
+              "allowNonFinite", "inputShapes", "paddingValue", "directRead"):
     _accessors(EstimatorParams, _name)

@@ -30,6 +30,7 @@ from spark_torch_est.creators import Creators
 from spark_torch_est.data import Shard, read_shard
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.failure import Failure, RankFailure, describe
+from spark_torch_est.files import read_part
 from spark_torch_est.protocol import DELIVERED, failure_key
 from spark_torch_est.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.spec import Launch, TaskSpec
@@ -80,7 +81,14 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     try:
-        shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
+        rows = None
+        if spec.source is not None:  # the rank reads its part of the table itself
+            for _ in batches:  # the job's input: one row per rank, nothing to train on
+                pass
+            batches = read_part(spec.source, rank)
+            rows = sum(part.stop - part.start for part in spec.source.parts[rank])
+        shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget, rows)
+        pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system
         stage = "rendezvous"
         device = _device(spec, barrier)
         store = connect_store(launch, barrier, spec.timeout_s)

@@ -54,4 +54,4 @@ def test_unpicklable_creators_are_reported():
     lock = threading.Lock()
     est = _est(model=lambda c: (lock, torch.nn.Linear(1, 1))[1])
     with pytest.raises(InvalidInputError, match="cannot be pickled"):
-        est._spec(Target(epoch=1), features_schema(1), None)
+        est._spec(Target(epoch=1), features_schema(1), None, None)

@@ -1,0 +1,113 @@
+"""[driver] Reading a plain Parquet table straight from its files, at the speed of pyarrow.
+
+Most training DataFrames are a Parquet table as it is: ``spark.read.parquet(path)``,
+maybe with some columns selected. For those, sending every row through the JVM (row
+format, a shuffle into ``numWorkers`` partitions, conversion to Arrow) costs several times
+what reading the files costs. So when the plan is exactly such a scan, the driver reads
+the files' footers, splits the table's rows evenly into one part per rank (row groups
+and row ranges, in file order), and each rank reads its part with pyarrow: no shuffle, no
+JVM conversion, exactly even parts. Anything else (a filter, a join, a cache, Delta or
+other table formats, partition columns, files on a remote store such as S3 or HDFS,
+Spark Connect, files the driver cannot open, ``directRead=False``) takes the general path
+through Spark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+
+from pyspark.sql import DataFrame
+
+from spark_torch_est.spec import FilePart, FileSource
+
+__all__ = ["parquet_source"]
+
+logger = logging.getLogger(__name__)
+
+_PASS_THROUGH = ("ColumnarToRowExec", "InputAdapter", "WholeStageCodegenExec")
+_PLAIN_ATTRIBUTE = re.compile(r"^[^#()]+#\d+L?$")
+
+
+def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], str]],
+                   num_workers: int) -> FileSource | None:
+    """A :class:`FileSource` split into ``num_workers`` parts, when ``df`` is a plain scan of
+    Parquet files the driver can read; else None.
+
+    Args:
+        df: The training DataFrame.
+        outputs: The training frame's columns: ``(name, file columns, how)`` (see
+            :class:`spec.FileSource`).
+        num_workers: The ranks.
+    """
+    columns = list(dict.fromkeys(name for _, sources, _ in outputs for name in sources))
+    files = _scanned_files(df.select(*[df[name] for name in columns]), columns)  # a fresh plan: caches count
+    if not files:
+        return None
+    try:
+        return _split(files, tuple(outputs), num_workers)
+    except Exception as error:  # unreadable files, unknown URL schemes: Spark reads them instead
+        logger.info("reading the table through Spark: its files cannot be read directly (%s: %s)",
+                    type(error).__name__, error)
+        return None
+
+
+def _scanned_files(df: DataFrame, columns: list[str]) -> list[str] | None:
+    """The files of a plain Parquet scan (nothing but column selection above it), sorted; else None."""
+    try:
+        node = df._jdf.queryExecution().executedPlan()
+    except Exception:  # Spark Connect: no JVM handles
+        return None
+    while True:
+        name = node.getClass().getSimpleName()
+        if name in _PASS_THROUGH:
+            node = node.child()
+        elif name == "ProjectExec":
+            projected = [node.projectList().apply(i).toString() for i in range(node.projectList().size())]
+            if not all(_PLAIN_ATTRIBUTE.match(p) for p in projected):
+                return None
+            node = node.child()
+        else:
+            break
+    if node.getClass().getSimpleName() != "FileSourceScanExec":
+        return None
+    relation = node.relation()
+    if (relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat"
+            or relation.location().getClass().getSimpleName() != "InMemoryFileIndex"
+            or relation.partitionSchema().size() or not relation.bucketSpec().isEmpty()
+            or node.partitionFilters().size() or node.dataFilters().size()):
+        return None
+    data_columns = set(relation.dataSchema().fieldNames())
+    if not set(columns) <= data_columns:
+        return None
+    return sorted(df.inputFiles())
+
+
+def _split(files: list[str], outputs: tuple, parts: int) -> FileSource:
+    """Rows ``[r * n / parts, (r + 1) * n / parts)`` of the files, in file order, for each rank."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    groups = []  # (file, row group, rows)
+    for url in files:
+        fs, path = fsspec.core.url_to_fs(url)
+        if "file" not in fs.protocol:  # executors may lack this store's library or credentials: Spark reads it
+            raise ValueError(f"{url} is not on a local or mounted filesystem")
+        with fs.open(path, "rb") as handle:
+            metadata = pq.ParquetFile(handle).metadata
+        groups.extend((url, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups))
+    total = sum(rows for _, _, rows in groups)
+    bounds = [rank * total // parts for rank in range(parts + 1)]
+    assigned: list[list[FilePart]] = [[] for _ in range(parts)]
+    first = 0
+    for url, group, rows in groups:
+        for rank in range(parts):
+            start, stop = max(first, bounds[rank]), min(first + rows, bounds[rank + 1])
+            if start < stop:
+                assigned[rank].append(FilePart(url, group, start - first, stop - first))
+        first += rows
+    plan = json.dumps([[list(map(str, (p.path, p.row_group, p.start, p.stop))) for p in part] for part in assigned])
+    return FileSource(outputs=outputs, parts=tuple(tuple(part) for part in assigned),
+                      digest=hashlib.sha256(plan.encode()).hexdigest()[:16])

@@ -1,0 +1,138 @@
+"""Plain Parquet tables are read by the ranks themselves: only those, the same rows, exact resume."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from pyspark.ml.linalg import Vectors
+from pyspark.sql import functions as F
+
+from spark_torch_est import Hook
+from spark_torch_est.frames import frame_outputs, input_schema
+from spark_torch_est.sources import parquet_source
+from tests.helpers import estimator, linear_estimator
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def table(spark, linear_data, tmp_path_factory):
+    """The linear data as a Parquet table of 3 files, a row id beside each row."""
+    x, y, _, _ = linear_data
+    path = str(tmp_path_factory.mktemp("table") / "linear")
+    rows = [(i, row.tolist(), Vectors.dense(row.tolist()), float(t), i % 7 == 0) for i, (row, t) in enumerate(zip(x, y))]
+    spark.createDataFrame(rows, ["id", "features", "vec", "label", "is_val"]).repartition(3).write.parquet(path)
+    return path
+
+
+def _source(df, **params):
+    settings = dict(features_col="features", feature_cols=None, label_col="label", validation_col=None,
+                    weight_col=None)
+    settings.update(params)
+    schema = input_schema(df.schema, features_col=settings["features_col"], feature_cols=settings["feature_cols"],
+                          input_cols=settings.pop("input_cols", None))
+    return parquet_source(df, frame_outputs(df, schema=schema, **settings), 2)
+
+
+def test_only_a_plain_scan_of_parquet_files_is_read_directly(spark, table, tmp_path):
+    df = spark.read.parquet(table)
+    source = _source(df)
+    assert source is not None and len(source.parts) == 2
+    rows = [sum(p.stop - p.start for p in part) for part in source.parts]
+    assert rows == [1500, 1500] and {p.path for part in source.parts for p in part} == set(df.inputFiles())
+    assert _source(df.select("features", "label")) is not None
+    assert _source(df, input_cols=["id", "vec"]) is not None
+    for other in (df.filter("label > 0"), df.withColumn("label", F.col("label") * 2), df.cache(),
+                  df.union(df), df.select("*", F.lit(1).alias("one"))):
+        assert _source(other) is None, other._jdf.queryExecution().executedPlan().toString()
+    df.unpersist()
+    spark.read.parquet(table).write.partitionBy("is_val").parquet(str(tmp_path / "partitioned"))
+    assert _source(spark.read.parquet(str(tmp_path / "partitioned"))) is None
+
+
+class SeenRows(Hook):
+    """Appends the ids of the rows each rank trains on to ``<directory>/epoch<e>-rank<r>-<pid>``."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def after_train_iter(self, inputs, rank, epoch):
+        with open(os.path.join(self.directory, f"epoch{epoch}-rank{rank}-{os.getpid()}"), "a") as out:
+            out.write("".join(f"{int(v)}\n" for v in inputs[0].tolist()))
+
+
+def test_typed_columns_from_the_files_every_row_once_per_epoch(spark, table, tmp_path):
+    df = spark.read.parquet(table)
+    model = estimator(model=lambda c: _IdAndVector(), optimizer=_sgd, inputCols=["id", "vec"], maxEpochs=2,
+                      hooks=[SeenRows(str(tmp_path))]).fit(df)
+    for epoch in (0, 1):
+        seen = sorted(int(line) for path in tmp_path.glob(f"epoch{epoch}-*") for line in path.read_text().split())
+        assert seen == list(range(3000)), "ids read as exact int64, every row once"
+    scored = model.transform(df).select("label", "prediction").toPandas()
+    assert float(((scored["label"] - scored["prediction"]) ** 2).mean()) < 0.5
+
+
+class _IdAndVector(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+
+    def forward(self, row_id, vec):
+        if row_id.dtype != torch.int64:
+            raise TypeError(f"ids must stay int64, got {row_id.dtype}")
+        return self.linear(vec)
+
+
+def _sgd(model, config):
+    return torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+def test_a_table_read_from_its_files_learns_and_resumes_exactly(spark, table, linear_data, tmp_path):
+    _, _, w, b = linear_data
+    df = spark.read.parquet(table)
+    whole = linear_estimator(maxEpochs=4, validationIndicatorCol="is_val")
+    model = whole.fit(df)
+    np.testing.assert_allclose(model.torch_model().weight.detach().numpy().ravel(), w, atol=0.05)
+    split = linear_estimator(maxEpochs=4, validationIndicatorCol="is_val")
+    split.fit(df, duration="30ba")
+    split.fit(df)
+    crashed = linear_estimator(maxEpochs=4, validationIndicatorCol="is_val", checkpointDir=str(tmp_path / "ckpt"),
+                               hooks=[CrashOnce(str(tmp_path / "crashed"))])
+    crashed.fit(df)
+    assert (tmp_path / "crashed").exists()
+    for other in (split, crashed):
+        for key, value in whole.checkpoint.model_state.items():
+            assert torch.equal(value, other.checkpoint.model_state[key]), key
+    assert "val_loss" in whole.history[-1] and whole.checkpoint.data_source != "spark"
+
+
+class CrashOnce(Hook):
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def after_train_iter(self, rank, state):
+        if rank == 1 and state.epoch == 2 and state.batch_in_epoch == 3 and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+
+
+def test_switching_paths_mid_epoch_continues_from_the_same_fraction_and_says_so(spark, table, caplog):
+    df = spark.read.parquet(table)
+    est = linear_estimator(maxEpochs=2)
+    est.fit(df, duration="10ba")
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
+        est.fit(df.cache(), duration="1ep")
+    df.unpersist()
+    assert est.progress.epoch == 1
+    assert any("(read from the table's files) and continues with 3000 rows on 2 (read through Spark)" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_direct_read_can_be_switched_off(spark, table):
+    est = linear_estimator(maxEpochs=1, directRead=False)
+    est.fit(spark.read.parquet(table))
+    assert est.checkpoint.data_source == "spark"
