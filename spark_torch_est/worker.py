@@ -9,7 +9,9 @@ holds the process group (the DDP Reducer above all) must be gone before
 from __future__ import annotations
 
 import gc
+import hashlib
 import importlib
+import json
 import logging
 import os
 import sys
@@ -19,6 +21,7 @@ from datetime import timedelta
 from typing import Callable, Iterator, Sequence
 
 import cloudpickle
+import fsspec
 import pyarrow as pa
 import torch
 import torch.distributed as dist
@@ -40,6 +43,8 @@ __all__ = ["train_task", "run_rank", "choose_device"]
 logger = logging.getLogger(__name__)
 
 _ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
+#: The last part of a table this worker read itself, by :func:`_part_key` (see :func:`_ingest`).
+_INGESTED: dict[str, Shard] = {}
 #: DDP models something still referenced at teardown: never freed (see _teardown).
 _KEPT_ALIVE: list[object] = []
 #: Modules the loop imports lazily and slowly in a fresh process (see _import_in_background).
@@ -81,14 +86,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     try:
-        rows = None
-        if spec.source is not None:  # the rank reads its part of the table itself
-            for _ in batches:  # the job's input: one row per rank, nothing to train on
-                pass
-            batches = read_part(spec.source, rank)
-            rows = sum(part.stop - part.start for part in spec.source.parts[rank])
-        shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget, rows)
-        pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system
+        shard = _ingest(spec, batches, rank)
         stage = "rendezvous"
         device = _device(spec, barrier)
         store = connect_store(launch, barrier, spec.timeout_s)
@@ -126,6 +124,44 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         _report(store, failure, launch.secret)
         raise RankFailure(failure, launch.secret)
     return blob
+
+
+def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Shard:
+    """This rank's rows: from the job's input, or read from the table's files (see
+    :mod:`spark_torch_est.sources`). A worker keeps the last part of a table it read: the
+    next fit that gives this worker the same part of the same unchanged files (same size
+    and modification time), columns and budget trains on it again without reading."""
+    if spec.source is None:
+        shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
+        pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system
+        return shard
+    for _ in batches:  # the job's input: one row per rank, nothing to train on
+        pass
+    key = _part_key(spec, rank)
+    shard = _INGESTED.get(key)
+    if shard is not None:
+        logger.info("rank %d: training on the rows this worker read in an earlier fit (the files are unchanged)", rank)
+        return shard
+    _INGESTED.clear()  # at most one part per worker
+    rows = sum(part.stop - part.start for part in spec.source.parts[rank])
+    shard = read_shard(read_part(spec.source, rank), spec.schema, spec.columns, spec.memory_budget, rows)
+    pa.default_memory_pool().release_unused()
+    _INGESTED[key] = shard
+    return shard
+
+
+def _part_key(spec: TaskSpec, rank: int) -> str:
+    """What a rank's part depends on: its rows, the files' sizes and modification times,
+    the input schema, the label and weight columns and the memory budget."""
+    part = spec.source.parts[rank]
+    files = []
+    for path in sorted({p.path for p in part}):
+        fs, local = fsspec.core.url_to_fs(path)
+        info = fs.info(local)
+        files.append([path, info.get("size"), str(info.get("mtime", info.get("LastModified", "")))])
+    described = [spec.source.outputs, [[p.path, p.row_group, p.start, p.stop] for p in part], files,
+                 spec.schema.to_dict(), [spec.columns.label, spec.columns.weight], spec.memory_budget]
+    return hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()
 
 
 def _import_in_background(modules: tuple[str, ...]) -> threading.Thread | None:

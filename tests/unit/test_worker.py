@@ -94,3 +94,32 @@ def test_teardown_keeps_a_model_a_global_still_holds_instead_of_freeing_it_later
     assert ref() is not None and ref() in worker._KEPT_ALIVE
     assert not dist.is_initialized() and "still referenced after training" in caplog.text
     worker._KEPT_ALIVE.remove(ref())
+
+
+def test_a_worker_reuses_the_table_part_it_read_until_the_files_change(tmp_path):
+    import os
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_torch_est import worker
+    from spark_torch_est.protocol import FEATURES, LABEL
+    from spark_torch_est.spec import FilePart, FileSource
+    from tests.helpers import features_schema, task_spec
+
+    path = str(tmp_path / "t.parquet")
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    pq.write_table(pa.table({"f": pa.array(list(x), pa.list_(pa.float32())), "y": np.arange(20.0)}), path)
+    source = FileSource(outputs=((FEATURES, ("f",), "as_is"), (LABEL, ("y",), "as_is")),
+                        parts=((FilePart(path, 0, 0, 20),),), digest="d")
+    spec = task_spec(schema=features_schema(2), source=source)
+    first = worker._ingest(spec, iter([]), 0)
+    assert worker._ingest(spec, iter([]), 0) is first, "the same part of the same files: read once"
+    assert worker._ingest(task_spec(schema=features_schema(2), source=source, memory_budget=1), iter([]), 0) \
+        is not first, "another budget: read again"
+    pq.write_table(pa.table({"f": pa.array(list(x * 2), pa.list_(pa.float32())), "y": np.arange(20.0)}), path)
+    os.utime(path, ns=(10**18, 10**18))
+    changed = worker._ingest(spec, iter([]), 0)
+    assert changed is not first and float(changed.train.inputs[0].tensor[1, 0]) == 4.0, "changed files: read again"
+    worker._INGESTED.clear()
