@@ -57,7 +57,8 @@ def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | N
         return values[offsets[0]:offsets[-1]], np.diff(offsets).astype(np.int64), ()
     if pa.types.is_fixed_size_binary(kind):
         width = kind.byte_width
-        values = np.frombuffer(array.buffers()[1], dtype=np.uint8)[array.offset * width:(array.offset + len(array)) * width]
+        start = array.offset * width
+        values = np.frombuffer(array.buffers()[1], dtype=np.uint8)[start:start + len(array) * width]
         return values, np.full(len(array), width, dtype=np.int64), ()
     if pa.types.is_struct(kind):  # a Spark ML Vector
         matrix = vectors_to_matrix(array, name)

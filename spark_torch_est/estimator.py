@@ -312,7 +312,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchEstimator:
         instance = cls()
-        instance._creators, instance._initial_hook_states, instance._fresh_hooks = cloudpickle.loads(read("creators.pkl"))
+        creators = cloudpickle.loads(read("creators.pkl"))
+        instance._creators, instance._initial_hook_states, instance._fresh_hooks = creators
         loggers = read("loggers.pkl")
         instance._loggers = cloudpickle.loads(loggers) if loggers is not None else []
         blob = read("checkpoint.pt")

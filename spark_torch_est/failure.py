@@ -124,8 +124,10 @@ class Failure:
         if text["kind"] not in KINDS or not all(isinstance(v, str) for v in text.values()):
             raise ValueError("bad kind or text fields")
         rank, hook = data.get("rank"), data.get("hook")
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0 or not (hook is None or isinstance(hook, str)):
-            raise ValueError("bad rank or hook")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ValueError("bad rank")
+        if not (hook is None or isinstance(hook, str)):
+            raise ValueError("bad hook")
         return cls(kind=text["kind"], message=text["message"][:_MAX_MESSAGE], rank=rank, stage=text["stage"][:200],
                    hook=hook[:200] if hook else None, traceback=text["traceback"][-_MAX_TRACEBACK:])
 

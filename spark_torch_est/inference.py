@@ -87,7 +87,8 @@ def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Rows]:
     """
     schema = spec.input_schema
     if spec.stacked:
-        values = [arrow_values(array, name)[0].astype(np.float32, copy=False) for array, name in zip(arrays, spec.columns)]
+        values = [arrow_values(array, name)[0].astype(np.float32, copy=False)
+                  for array, name in zip(arrays, spec.columns)]
         return [DenseRows(torch.from_numpy(np.stack(values, axis=1)))]
     inputs = []
     for array, name, column in zip(arrays, spec.columns, schema.columns):

@@ -123,7 +123,8 @@ class Trainer:
             # Resumed, every rank has just loaded the same checked state: DDP's broadcast of
             # all parameters and buffers from rank 0 would only copy it again (~0.5 s for 200 MB).
             skip_sync = resume is not None and "init_sync" in inspect.signature(DistributedDataParallel).parameters
-            self.ddp_model = DistributedDataParallel(model, device_ids=ids, **({"init_sync": False} if skip_sync else {}))
+            self.ddp_model = DistributedDataParallel(model, device_ids=ids,
+                                                     **({"init_sync": False} if skip_sync else {}))
         self.optimizer = creators.build_optimizer(model)
         self.scheduler = creators.build_scheduler(self.optimizer)
         self.loss_fn = Loss(creators.build_loss())
@@ -515,7 +516,8 @@ class Trainer:
         return Checkpoint.build(
             run_id=self.spec.run_id, progress=self.progress, history=self.history,
             partial_loss=(float(partial[0]), float(partial[1])), epoch_rows=sum(self.train_rows),
-            world_size=self.world_size, data_source=self._data_source, seed=self.spec.seed, config_digest=config_digest(self.creators.config),
+            world_size=self.world_size, data_source=self._data_source, seed=self.spec.seed,
+            config_digest=config_digest(self.creators.config),
             output_shape=self.output_shape, label_kind="float" if self.train.labels.dtype.is_floating_point else "int",
             input_schema=self.spec.schema.to_dict(),
             input_rows=[list(c.shape) if c.shape is not None else list(rows.row_shape) if rows.row_shape is not None

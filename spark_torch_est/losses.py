@@ -31,7 +31,8 @@ class Loss:
         self.function = function
         self._per_row: LossFunction | None = None
 
-    def __call__(self, outputs: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, outputs: torch.Tensor, labels: torch.Tensor,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
         """The batch's loss: the user's loss, or with ``weights`` the weighted mean of its
         per-row values.
 

@@ -26,7 +26,8 @@ _TAIL = 1 + (_MT_WORDS + 1) + 2 + _MT_WORDS + 3  # python and numpy parts
 def capture(device: torch.device) -> torch.Tensor:
     """This process's RNG states (and ``device``'s CUDA state) as one tensor."""
     torch_state = torch.get_rng_state().double()
-    cuda_state = torch.cuda.get_rng_state(device).double() if device.type == "cuda" else torch.zeros(0, dtype=torch.float64)
+    cuda_state = (torch.cuda.get_rng_state(device).double() if device.type == "cuda"
+                  else torch.zeros(0, dtype=torch.float64))
     version, words, gauss = random.getstate()
     _, keys, pos, has_gauss, cached = np.random.get_state()
     tail = [version, *words, gauss is not None, gauss or 0.0, *keys.tolist(), pos, has_gauss, cached]

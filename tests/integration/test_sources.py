@@ -24,7 +24,8 @@ def table(spark, linear_data, tmp_path_factory):
     """The linear data as a Parquet table of 3 files, a row id beside each row."""
     x, y, _, _ = linear_data
     path = str(tmp_path_factory.mktemp("table") / "linear")
-    rows = [(i, row.tolist(), Vectors.dense(row.tolist()), float(t), i % 7 == 0) for i, (row, t) in enumerate(zip(x, y))]
+    rows = [(i, row.tolist(), Vectors.dense(row.tolist()), float(t), i % 7 == 0)
+            for i, (row, t) in enumerate(zip(x, y))]
     spark.createDataFrame(rows, ["id", "features", "vec", "label", "is_val"]).repartition(3).write.parquet(path)
     return path
 

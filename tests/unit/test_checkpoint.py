@@ -14,7 +14,8 @@ from spark_torch_est.errors import IncompatibleCheckpointError
 
 def _checkpoint(**override) -> Checkpoint:
     fields = dict(run_id="0123456789abcdef", progress=Progress(epoch=1, global_step=5, samples=50),
-                  history=[{"epoch": 1, "train_loss": 0.5}], partial_loss=(2.0, 4.0), epoch_rows=100, world_size=2, data_source="spark",
+                  history=[{"epoch": 1, "train_loss": 0.5}], partial_loss=(2.0, 4.0), epoch_rows=100, world_size=2,
+                  data_source="spark",
                   seed=7, config_digest="c0ff33",
                   output_shape=[1], label_kind="float", input_schema=features_schema(8).to_dict(),
                   input_rows=[[8]], model={"w": torch.ones(2)},
