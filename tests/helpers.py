@@ -55,6 +55,40 @@ class DumpWeights(Hook):
         np.save(os.path.join(self.directory, f"rank{rank}.npy"), flat_weights(model))
 
 
+class CountSteps(Hook):
+    """Counts the fits it saw start (``runs``) and the steps they trained (``steps``)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.steps = start
+        self.runs = 0
+
+    def before_run(self):
+        self.runs += 1
+
+    def after_train_iter(self):
+        self.steps += 1
+
+    def state_dict(self):
+        return {"steps": self.steps, "runs": self.runs}
+
+    def load_state_dict(self, state):
+        self.steps, self.runs = state["steps"], state["runs"]
+
+
+class CrashOnce(Hook):
+    """Hard-exits rank 1's Python worker after batch ``batch`` of epoch ``epoch`` (0-based
+    completed epochs), the first time only (``marker`` remembers it)."""
+
+    def __init__(self, marker: str, epoch: int = 2, batch: int = 4) -> None:
+        self.marker, self.epoch, self.batch = marker, epoch, batch
+
+    def after_train_iter(self, rank, state):
+        if (rank == 1 and state.epoch == self.epoch and state.batch_in_epoch == self.batch
+                and not os.path.exists(self.marker)):
+            open(self.marker, "w").close()
+            os._exit(3)
+
+
 def estimator(**params) -> TorchEstimator:
     """The tests' estimator: an MLP on 8 features with Adam and a StepLR schedule, 2 ranks,
     no progress bar; ``params`` override any argument."""

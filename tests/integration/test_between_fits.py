@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 
 from spark_torch_est import Hook
 from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
-from tests.helpers import estimator, spark_jobs_started
+from tests.helpers import CountSteps, estimator, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -108,22 +108,6 @@ def test_a_new_loss_is_used_by_the_next_fit_and_its_model(spark, indexed_df):
     assert model.evaluate(indexed_df)["loss"] == pytest.approx(mae, rel=1e-4)
 
 
-class CountSteps(Hook):
-    def __init__(self) -> None:
-        self.steps = 0
-        self.runs = 0
-
-    def before_run(self):
-        self.runs += 1
-
-    def after_train_iter(self):
-        self.steps += 1
-
-    def state_dict(self):
-        return {"steps": self.steps, "runs": self.runs}
-
-    def load_state_dict(self, state):
-        self.steps, self.runs = state["steps"], state["runs"]
 
 
 def test_hooks_added_and_removed_between_fits(spark, indexed_df):

@@ -11,7 +11,7 @@ import torch
 
 from spark_torch_est import Hook, TorchEstimator
 from spark_torch_est.errors import TrainingFailedError
-from tests.helpers import estimator
+from tests.helpers import CrashOnce, estimator
 
 pytestmark = pytest.mark.spark
 
@@ -20,16 +20,6 @@ def _estimator(**params) -> TorchEstimator:
     return estimator(**{"seed": 5, **params})
 
 
-class CrashOnce(Hook):
-    """Hard-exits rank 1's Python worker in epoch 3, the first time only."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def after_train_iter(self, rank, state):
-        if rank == 1 and state.epoch == 2 and state.batch_in_epoch == 4 and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os._exit(3)
 
 
 def test_a_crashed_rank_is_relaunched_from_the_newest_checkpoint(spark, linear_df, tmp_path, caplog):

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from spark_torch_est import Hook
 from spark_torch_est.frames import frame_outputs, input_schema
 from spark_torch_est.sources import parquet_source
-from tests.helpers import estimator, linear_estimator
+from tests.helpers import CrashOnce, estimator, linear_estimator
 
 pytestmark = pytest.mark.spark
 
@@ -102,7 +102,7 @@ def test_a_table_read_from_its_files_learns_and_resumes_exactly(spark, table, li
     split.fit(df, duration="30ba")
     split.fit(df)
     crashed = linear_estimator(maxEpochs=4, validationIndicatorCol="is_val", checkpointDir=str(tmp_path / "ckpt"),
-                               hooks=[CrashOnce(str(tmp_path / "crashed"))])
+                               hooks=[CrashOnce(str(tmp_path / "crashed"), batch=3)])
     crashed.fit(df)
     assert (tmp_path / "crashed").exists()
     for other in (split, crashed):
@@ -111,14 +111,6 @@ def test_a_table_read_from_its_files_learns_and_resumes_exactly(spark, table, li
     assert "val_loss" in whole.history[-1] and whole.checkpoint.data_source != "spark"
 
 
-class CrashOnce(Hook):
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def after_train_iter(self, rank, state):
-        if rank == 1 and state.epoch == 2 and state.batch_in_epoch == 3 and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os._exit(3)
 
 
 def test_switching_paths_mid_epoch_continues_from_the_same_fraction_and_says_so(spark, table, caplog):

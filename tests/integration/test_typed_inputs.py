@@ -5,7 +5,6 @@ save/load and a Pipeline; ragged arrays padded per batch; sample weights; labels
 from __future__ import annotations
 
 import decimal
-import os
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from torch import nn
 
 from spark_torch_est import Hook, TorchEstimator, TorchModel
 from spark_torch_est.errors import InvalidInputError, TrainingFailedError
-from tests.helpers import spark_jobs_started
+from tests.helpers import CrashOnce, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -131,7 +130,7 @@ def test_two_plus_two_epochs_equal_four_and_a_relaunch_changes_nothing(spark, wi
     split = _estimator()
     split.fit(wide_df, duration="2ep")
     split.fit(wide_df, duration="2ep")
-    crashed = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], checkpointDir=str(tmp_path / "ckpt"),
+    crashed = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"), batch=2)], checkpointDir=str(tmp_path / "ckpt"),
                          maxRetries=1)
     crashed.fit(wide_df)
     assert (tmp_path / "crashed").exists()
@@ -140,14 +139,6 @@ def test_two_plus_two_epochs_equal_four_and_a_relaunch_changes_nothing(spark, wi
         assert torch.equal(value, _weights(crashed)[key]), key
 
 
-class CrashOnce(Hook):
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def after_train_iter(self, rank, state):
-        if rank == 1 and state.epoch == 2 and state.batch_in_epoch == 2 and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os._exit(3)
 
 
 class PaddingCheck(Hook):

@@ -17,7 +17,7 @@ from spark_torch_est.hooks import STAGES, STAGE_ARGUMENTS
 from spark_torch_est.progress import Target
 from spark_torch_est.protocol import IS_VALIDATION, LABEL
 from spark_torch_est.worker import run_rank
-from tests.helpers import LOCAL_LAUNCH, adam, arrow_batches, flat_weights, mlp, sgd, task_spec
+from tests.helpers import LOCAL_LAUNCH, CountSteps, adam, arrow_batches, flat_weights, mlp, sgd, task_spec
 
 
 def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200, **fields) -> Checkpoint:
@@ -234,24 +234,13 @@ def test_a_changed_config_sets_the_optimizers_hyperparameters_and_keeps_its_stat
     assert not np.array_equal(_weights(first), _weights(same))
 
 
-class CountSteps(Hook):
-    def __init__(self, start=0):
-        self.steps = start
-
-    def after_train_iter(self):
-        self.steps += 1
-
-    def state_dict(self):
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state):
-        self.steps = state["steps"]
 
 
 def test_a_hook_added_under_an_old_name_starts_from_its_own_state():
     first = _run(Target(epoch=1), hooks={"count": CountSteps()})
-    assert first.hook_states["count"] == {"steps": 13}
+    assert first.hook_states["count"] == {"steps": 13, "runs": 1}
     kept = _run(Target(epoch=2), resume=first.to_bytes(), hooks={"count": CountSteps()})
     fresh = _run(Target(epoch=2), resume=first.to_bytes(), hooks={"count": CountSteps(start=100)},
                  fresh_hooks=("count",))
-    assert kept.hook_states["count"] == {"steps": 26} and fresh.hook_states["count"] == {"steps": 113}
+    assert kept.hook_states["count"] == {"steps": 26, "runs": 2}
+    assert fresh.hook_states["count"] == {"steps": 113, "runs": 1}
