@@ -47,6 +47,11 @@ def test_fit_transform_and_evaluate_for_each_feature_layout(ml, layout):
     assert found["prediction_error"] < 1e-5 and found["evaluate_error"] < 1e-4
 
 
+def test_typed_inputs_fit_transform_and_evaluate(ml):
+    found = ml["typed"]
+    assert found["prediction_error"] < 1e-5 and found["evaluate_error"] < 1e-4
+
+
 def test_classifier_outputs_spark_evaluators_and_predict_udf(ml):
     found = ml["classifier"]
     assert found["types"]["prediction"] == "double"

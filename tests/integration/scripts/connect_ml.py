@@ -43,6 +43,30 @@ for layout in FEATURE_LAYOUTS:
         "evaluate_error": abs(model.evaluate(df)["loss"] - float(np.mean((expected - y) ** 2))),
     }
 
+# Typed inputs: an int64 id beside an array of floats and a ragged token array, model(*inputs).
+class Typed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+        self.tokens = torch.nn.Embedding(10, 1, padding_idx=0)
+
+    def forward(self, row_id, features, tokens):
+        return self.linear(features) + (row_id % 2).float().unsqueeze(1) + self.tokens(tokens).sum(1)
+
+
+x, y = layout_data(8)
+typed_rows = [(i, r.tolist(), list(range(1, 1 + i % 4)), float(t)) for i, (r, t) in enumerate(zip(x, y))]
+typed = spark.createDataFrame(typed_rows, "id long, features array<double>, tokens array<int>, label double")
+typed_model = TorchEstimator(model=lambda c: Typed(), optimizer=sgd, loss=torch.nn.MSELoss(),
+                             inputCols=["id", "features", "tokens"], maxEpochs=1, showProgress=False).fit(typed)
+module = typed_model.torch_model()
+expected = np.array([float(module(torch.tensor([i]), torch.tensor([f], dtype=torch.float32),
+                                  torch.tensor([t or [0]]))) for i, f, t, _ in typed_rows])
+result["typed"] = {
+    "prediction_error": float(np.abs(_predictions(typed_model.transform(typed)) - expected).max()),
+    "evaluate_error": abs(typed_model.evaluate(typed)["loss"] - float(np.mean((expected - y) ** 2))),
+}
+
 # A classifier on featureCols through a Pipeline, scored by Spark's evaluators and tuned by CrossValidator.
 rng = np.random.default_rng(0)
 x = rng.normal(size=(600, 4))
