@@ -119,11 +119,11 @@ class SpilledRows:
         return SpilledRows(self._file, rows, self.row_shape, self.dtype)
 
     def extend(self, rows: torch.Tensor) -> SpilledRows:
-        """Appends rows to the file; returns self."""
+        """These rows followed by ``rows``, written to the file after them (this object is
+        left as it is: a worker may keep it for a later fit)."""
         data = rows.to(self.dtype).contiguous().numpy()
         os.pwrite(self._file.fileno(), data.tobytes(), len(self) * self._row_bytes)
-        self._rows += len(rows)
-        return self
+        return SpilledRows(self._file, len(self) + len(rows), self.row_shape, self.dtype)
 
     def to_ragged(self, padding: float) -> RaggedRows:
         """The same arrays as :class:`RaggedRows` over the same file."""

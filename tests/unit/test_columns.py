@@ -108,9 +108,10 @@ def test_spilled_rows_can_be_cut_and_extended_in_place():
     spilled = read_shard(features_batches(2000), features_schema(16), memory_budget=16 * 1024).train.inputs[0]
     head = spilled.head(100)
     extra = torch.arange(32, dtype=torch.float32).reshape(2, 16)
-    head = head.extend(extra)
-    assert len(head) == 102 and torch.equal(head.slice(100, 102), extra)
-    assert torch.equal(head.slice(0, 100), spilled.slice(0, 100))
+    grown = head.extend(extra)
+    assert len(grown) == 102 and torch.equal(grown.slice(100, 102), extra)
+    assert torch.equal(grown.slice(0, 100), spilled.slice(0, 100))
+    assert len(head) == 100 and len(spilled) == 2000, "extending leaves the rows it started from as they were"
 
 
 def test_an_image_column_takes_a_quarter_of_the_memory_of_the_same_pixels_as_floats():
