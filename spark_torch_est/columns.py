@@ -20,9 +20,12 @@ import tempfile
 from typing import Union
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 __all__ = ["DenseRows", "SpilledRows", "RaggedRows", "Rows", "Budget", "RowsBuilder"]
+
+_RELEASE_EVERY = 32 << 20  # bytes of copied batches after which Arrow returns freed memory
 
 
 def _local_dir() -> str:
@@ -334,10 +337,14 @@ class RowsBuilder:
             return DenseRows(torch.from_numpy(self._buffer[:self._filled]))
         total = sum(len(part) for part in self.parts)
         out = np.empty((total, *inner), dtype=self._numpy)
-        position = 0
+        position = released = 0
         for i, part in enumerate(self.parts):
             out[position:position + len(part)] = part
             position += len(part)
-            self.parts[i] = None  # let the Arrow buffer behind it go
+            released += part.nbytes
+            self.parts[i] = None  # let the Arrow buffer behind it go ...
+            if released > _RELEASE_EVERY:  # ... back to the system, as the copy grows
+                pa.default_memory_pool().release_unused()
+                released = 0
         self.parts = []
         return DenseRows(torch.from_numpy(out))
