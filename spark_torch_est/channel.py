@@ -66,7 +66,7 @@ class ChannelServer:
         self._socket.listen(64)
         self.address: tuple[str, int] = self._socket.getsockname()[:2]
         self._connections: list[Connection] = []
-        self._pending = 0
+        self._pending: dict[socket.socket, float] = {}  # authenticating connections, by when they came
         self._blobs: dict[tuple[str, str], bytes] = {}  # (key, SHA-256 hex) -> bytes
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="spark_torch_est-channel", daemon=True)
@@ -82,40 +82,61 @@ class ChannelServer:
                 sock.close()
                 break
             with self._lock:
-                crowded = self._pending >= _MAX_PENDING
-                self._pending += not crowded
-            if crowded:
-                self._refuse(sock, "too many connections are authenticating at once")
-                continue
-            threading.Thread(target=self._serve, args=(sock,), name="spark_torch_est-channel-reader",
+                if len(self._pending) >= _MAX_PENDING:  # the oldest gives way: a rank's handshake takes
+                    oldest = min(self._pending, key=self._pending.get)  # milliseconds, a stalling one seconds
+                    self._refuse(oldest, "too many connections were authenticating at once; dropped the oldest")
+                # One deadline for the whole handshake, however slowly the peer drips bytes:
+                deadline = threading.Timer(self.handshake_timeout, self._expire, args=(sock,))
+                self._pending[sock] = time.monotonic()
+            deadline.daemon = True
+            deadline.start()
+            threading.Thread(target=self._serve, args=(sock, deadline), name="spark_torch_est-channel-reader",
                              daemon=True).start()
 
-    def _refuse(self, sock: socket.socket | Connection, why: str) -> None:
-        sock.close()
+    def _expire(self, sock: socket.socket) -> None:
         with self._lock:
-            self.rejected += 1
-        logger.warning("refused a connection to the driver's channel: %s", why)
+            if sock in self._pending:
+                self._refuse(sock, f"it did not authenticate within {self.handshake_timeout:.0f}s")
 
-    def _serve(self, sock: socket.socket) -> None:
-        """Authenticates one connection within the deadline, then reads its messages."""
-        _limit_waits(sock, self.handshake_timeout)
-        connection = Connection(sock.detach())
+    def _refuse(self, sock: socket.socket, why: str) -> None:
+        """Ends a connection that did not authenticate; its reader's waits return at once.
+        Callers hold the lock."""
+        self._pending.pop(sock, None)
         try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already gone
+            pass
+        sock.close()
+        self.rejected += 1
+        logger.debug("refused a connection to the driver's channel: %s", why)
+        if self.rejected in (1, 100, 10_000):  # a flood would otherwise flood the log too
+            logger.warning("refused %d connection(s) to the driver's channel: %s", self.rejected, why)
+
+    def _serve(self, sock: socket.socket, deadline: threading.Timer) -> None:
+        """Authenticates one connection before its deadline, then reads its messages."""
+        connection = None
+        try:
+            _limit_waits(sock, self.handshake_timeout)
+            connection = Connection(os.dup(sock.fileno()))  # shutting sock down (_refuse) ends its reads
             deliver_challenge(connection, self.secret)
             answer_challenge(connection, self.secret)
-            with socket.socket(fileno=os.dup(connection.fileno())) as same:
-                _limit_waits(same, 0)  # authenticated: from now on wait as long as the fit runs
+            _limit_waits(sock, 0)  # authenticated: from now on wait as long as the fit runs
         except (AuthenticationError, OSError, EOFError, ValueError) as error:
-            self._refuse(connection, f"it did not prove it holds the job's secret ({type(error).__name__})")
+            with self._lock:
+                if sock in self._pending:
+                    self._refuse(sock, f"it did not prove it holds the job's secret ({type(error).__name__})")
+            if connection is not None:
+                connection.close()
             return
         finally:
-            with self._lock:
-                self._pending -= 1
+            deadline.cancel()
         with self._lock:
-            if self._closed.is_set():
+            if self._pending.pop(sock, None) is None or self._closed.is_set():  # dropped meanwhile
                 connection.close()
+                sock.close()
                 return
             self._connections.append(connection)
+        sock.close()  # the connection holds its own descriptor of the same socket
         self._read(connection)
 
     def _read(self, connection: Connection) -> None:

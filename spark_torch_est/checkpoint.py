@@ -7,6 +7,7 @@ runs code::
 
     format_version  int (2)
     run_id          str: the run this state belongs to (kept across its fits)
+    fit_id          str: the fit that wrote it
     progress        Progress.to_dict()
     history         [{"epoch": 1, "train_loss": ..., ...}, ...]
     partial_epoch   {"loss_sum": float, "count": float} of an epoch stopped mid-way
@@ -14,7 +15,8 @@ runs code::
     world_size      ranks of the fit that wrote it
     data_source     which rows each rank read: the digest of a table's file parts, or "spark"
     seed            the seed of the epoch orders (the ``seed`` Param)
-    config_digest   SHA-256 of the config the creators were called with
+    optimizer_made  each param group's hyper-parameters as the optimizer creator made them (before
+                    the state was restored and before a scheduler changed them)
     outputs         {"shape": [dims per row], "label_kind": "int" | "float"}
     inputs          {"schema": the input schema (see :mod:`spark_torch_est.schema`),
                      "rows": each input's row shape as trained (None: padded per batch)}
@@ -43,9 +45,9 @@ __all__ = ["Checkpoint", "FORMAT_VERSION", "check_compatible", "iter_chunks"]
 
 FORMAT_VERSION = 2
 CHUNK_BYTES = 8 << 20
-_REQUIRED = ("format_version", "run_id", "progress", "history", "partial_epoch", "epoch_rows", "world_size",
+_REQUIRED = ("format_version", "run_id", "fit_id", "progress", "history", "partial_epoch", "epoch_rows", "world_size",
              "data_source", "seed",
-             "config_digest", "outputs", "inputs", "model", "optimizer", "scheduler", "rng", "hooks")
+             "optimizer_made", "outputs", "inputs", "model", "optimizer", "scheduler", "rng", "hooks")
 
 
 class Checkpoint:
@@ -74,19 +76,19 @@ class Checkpoint:
         self._blob = blob
 
     @classmethod
-    def build(cls, *, run_id: str, progress: Progress, history: list[dict], partial_loss: tuple[float, float],
-              epoch_rows: int, world_size: int, data_source: str, seed: int, config_digest: str,
+    def build(cls, *, run_id: str, fit_id: str, progress: Progress, history: list[dict], partial_loss: tuple[float, float],
+              epoch_rows: int, world_size: int, data_source: str, seed: int, optimizer_made: list[dict],
               output_shape: list[int],
               label_kind: str, input_schema: dict, input_rows: list[list[int] | None],
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict]) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
         return cls({
-            "format_version": FORMAT_VERSION, "run_id": run_id, "progress": progress.to_dict(),
+            "format_version": FORMAT_VERSION, "run_id": run_id, "fit_id": fit_id, "progress": progress.to_dict(),
             "history": history, "partial_epoch": {"loss_sum": float(partial_loss[0]), "count": float(partial_loss[1])},
             "epoch_rows": int(epoch_rows), "world_size": int(world_size), "data_source": data_source,
             "seed": int(seed),
-            "config_digest": config_digest,
+            "optimizer_made": optimizer_made,
             "outputs": {"shape": list(output_shape), "label_kind": label_kind},
             "inputs": {"schema": input_schema, "rows": input_rows},
             "model": dict(model), "optimizer": optimizer, "scheduler": scheduler, "rng": list(rng), "hooks": hooks,
@@ -98,6 +100,11 @@ class Checkpoint:
     def run_id(self) -> str:
         """The run this state belongs to."""
         return self._state["run_id"]
+
+    @property
+    def fit_id(self) -> str:
+        """The fit that wrote this state."""
+        return self._state["fit_id"]
 
     @property
     def progress(self) -> Progress:
@@ -136,9 +143,9 @@ class Checkpoint:
         return int(self._state["seed"])
 
     @property
-    def config_digest(self) -> str:
-        """SHA-256 (hex) of the config the run's creators were last called with."""
-        return self._state["config_digest"]
+    def optimizer_made(self) -> list[dict]:
+        """Each param group's hyper-parameters as the optimizer creator made them."""
+        return [dict(group) for group in self._state["optimizer_made"]]
 
     @property
     def output_shape(self) -> list[int]:

@@ -63,8 +63,9 @@ class DenseRows:
         return self.tensor[positions]
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
-        """Rows ``start`` to ``stop``."""
-        return self.tensor[start:stop]
+        """A copy of rows ``start`` to ``stop`` (a model that changes its input in place
+        must not change the rows)."""
+        return self.tensor[start:stop].clone()
 
     def head(self, rows: int) -> DenseRows:
         """The first ``rows`` rows."""

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -13,7 +11,7 @@ from torch import nn
 
 from spark_torch_est.hooks import Hook
 
-__all__ = ["Creators", "CreatorError", "config_digest"]
+__all__ = ["Creators", "CreatorError"]
 
 
 class CreatorError(Exception):
@@ -84,12 +82,6 @@ class Creators:
         if isinstance(self.loss, type) and issubclass(self.loss, nn.Module):
             return _call("loss", self.loss)
         return self.loss
-
-
-def config_digest(config: Mapping[str, Any]) -> str:
-    """A digest of a config, to tell whether it changed between fits (values that are not
-    JSON are compared by their ``repr``)."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 def _call(creator: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -78,7 +78,7 @@ def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | N
                 f"({int(inner_lengths.min())} to {int(inner_lengths.max())}); only the outer arrays may differ"
             )
         width = int(inner_lengths[0]) if len(inner_lengths) else 0
-        return values.reshape(-1, width, *inner), lengths, (width, *inner)
+        return values.reshape(len(inner_lengths), width, *inner), lengths, (width, *inner)
     if pa.types.is_decimal(kind):
         array = array.cast(pa.float64())
     return array.to_numpy(zero_copy_only=False), None, ()

@@ -312,8 +312,9 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchEstimator:
         instance = cls()
-        creators = cloudpickle.loads(read("creators.pkl"))
-        instance._creators, instance._initial_hook_states, instance._fresh_hooks = creators
+        creators, initial_states, *fresh = cloudpickle.loads(read("creators.pkl"))  # fresh hooks: saved since 0.2
+        instance._creators, instance._initial_hook_states = creators, initial_states
+        instance._fresh_hooks = fresh[0] if fresh else set()
         loggers = read("loggers.pkl")
         instance._loggers = cloudpickle.loads(loggers) if loggers is not None else []
         blob = read("checkpoint.pt")
@@ -411,7 +412,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             ) from error
         interval = Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
         return TaskSpec(
-            run_id=start.run_id if start is not None else uuid.uuid4().hex, payload=payload,
+            run_id=start.run_id if start is not None else uuid.uuid4().hex, fit_id=uuid.uuid4().hex, payload=payload,
             resume=start.to_bytes() if start is not None else None, target=target, schema=schema,
             world_size=self.getNumWorkers(), batch_size=self.getBatchSize(), seed=self.getSeed(),
             timeout_s=self.getTimeout(), use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),

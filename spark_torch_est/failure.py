@@ -50,7 +50,6 @@ UNREACHABLE = "unreachable"  # the driver's rendezvous store could not be reache
 KINDS = (USER, INPUT, CHECKPOINT, SYSTEM, UNREACHABLE)
 
 _BEGIN, _END = "<<spark_torch_est-failure ", " spark_torch_est-failure>>"
-_SEALED = re.compile(re.escape(_BEGIN) + r"([0-9a-f]{64}) (\{.*?\})" + re.escape(_END), re.DOTALL)
 #: Text of errors raised by the transports and collectives (gloo, NCCL, the TCPStore):
 #: the same communication failures surface as plain RuntimeErrors in any stage.
 _COMMUNICATION = re.compile(
@@ -58,8 +57,10 @@ _COMMUNICATION = re.compile(
     r"|Broken pipe|Timed out waiting|Socket Timeout|DistNetworkError|DistStoreError|connection to the store",
     re.IGNORECASE,
 )
+_MISUSE = re.compile(r"enforce fail|invalid usage|invalid argument|Duplicate GPU", re.IGNORECASE)
 _MAX_MESSAGE = 4000
 _MAX_TRACEBACK = 20000
+_MAX_REPORT = 4 * (_MAX_MESSAGE + _MAX_TRACEBACK)  # JSON escapes included
 
 
 class StoreUnreachableError(TrainingFailedError):
@@ -94,18 +95,26 @@ class Failure:
     def seal(self, secret: bytes) -> str:
         """The failure as one line that survives Spark's error wrapping, with an HMAC
         of the job's secret (also what the store holds)."""
-        body = json.dumps(asdict(self))
+        fields = dict(asdict(self), message=self.message[:_MAX_MESSAGE], traceback=self.traceback[-_MAX_TRACEBACK:])
+        body = json.dumps(fields).replace(">", "\\u003e")  # so the end marker cannot occur inside
         return f"{_BEGIN}{_tag(secret, body)} {body}{_END}"
 
     @classmethod
     def unseal(cls, text: str | bytes, secret: bytes) -> Failure | None:
         """The first failure in ``text`` whose HMAC verifies and whose fields are well
         formed; None if there is none. Reports that fail either check are logged and
-        ignored: whoever can reach the store can write one."""
+        ignored: whoever can reach the store can write one. The scan is linear in the
+        text: each begin marker is paired with the next end marker."""
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
-        for tag, body in _SEALED.findall(text):
-            if not hmac.compare_digest(tag, _tag(secret, body)):
+        position = 0
+        while (begin := text.find(_BEGIN, position)) >= 0:
+            end = text.find(_END, begin)
+            if end < 0:
+                break
+            position = end + len(_END)
+            tag, _, body = text[begin + len(_BEGIN):end].partition(" ")
+            if len(body) > _MAX_REPORT or not hmac.compare_digest(tag.encode(), _tag(secret, body).encode()):
                 logger.warning("ignored a failure report that does not carry this job's secret")
                 continue
             try:
@@ -168,7 +177,10 @@ def is_communication_error(error: BaseException) -> bool:
 
     if isinstance(error, (dist.DistError, PeerAuthenticationError, ConnectionError, TimeoutError)):
         return True
-    return isinstance(error, RuntimeError) and bool(_COMMUNICATION.search(str(error)))
+    text = str(error)
+    if _MISUSE.search(text):  # collectives called wrongly by user code fail the same way again
+        return False
+    return isinstance(error, RuntimeError) and bool(_COMMUNICATION.search(text))
 
 
 def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> Failure:
@@ -180,6 +192,8 @@ def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> F
     elif isinstance(error, StoreUnreachableError):
         kind = UNREACHABLE
     elif is_communication_error(error) or isinstance(error, KeyboardInterrupt):  # KeyboardInterrupt: task killed
+        kind = SYSTEM
+    elif isinstance(error, OSError) and stage == "ingest":  # reading a table's files: storage hiccups pass
         kind = SYSTEM
     else:
         kind = USER

@@ -137,6 +137,10 @@ def _input_column(data_type: T.DataType, name: str, shape: list[int] | None) -> 
     while isinstance(element, T.ArrayType):
         depth, element = depth + 1, element.elementType
     if isinstance(element, VectorUDT):
+        if depth:
+            raise InvalidInputError(f"inputCols: column {name!r} has type {data_type.simpleString()}; arrays of "
+                                    "Vectors are not supported: turn them into arrays of arrays first "
+                                    "(pyspark.ml.functions.vector_to_array)")
         depth, dtype = depth + 1, "float32"
     elif isinstance(element, T.BinaryType):
         depth, dtype = depth + 1, "uint8"

@@ -27,6 +27,7 @@ from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema
 __all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "read_inputs",
            "predict_outputs", "output_columns"]
 
+_INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _CACHE: OrderedDict[str, torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 2
 #: One row per partition: :meth:`MetricAccumulator.totals` and ``states``.
@@ -171,8 +172,7 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
             inputs = read_inputs([batch.column(name) for name in spec.columns], spec)
             values, lengths, _ = arrow_values(batch.column(spec.label_col), spec.label_col)
             labels = torch.from_numpy(np.array(values if lengths is None else values.reshape(len(lengths), -1)))
-            if labels.dtype == torch.float64 or labels.dtype == torch.bool:
-                labels = labels.float()
+            labels = labels.long() if labels.dtype in _INTEGERS else labels.float()  # as training reads them
             weights = (torch.from_numpy(np.array(arrow_values(batch.column(spec.weight_col), spec.weight_col)[0],
                                                  dtype=np.float32)) if spec.weight_col else None)
             for start, outputs in _forward(model, inputs, spec):

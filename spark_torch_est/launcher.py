@@ -154,12 +154,13 @@ class Launcher:
 
     def _relaunch_spec(self, spec: TaskSpec, start: Progress) -> tuple[TaskSpec, Progress]:
         """The same target, resumed from the newest checkpoint of this run in checkpointDir
-        when it is newer than ``start`` (found by name; only that one is read)."""
+        when this fit wrote it and it is newer than ``start`` (found by name; only that one
+        is read)."""
         newest = CheckpointDir(spec.checkpoint_dir, run_id=spec.run_id).newest() if spec.checkpoint_dir else None
         if newest is not None and newest.global_step > start.global_step:
             blob = newest.read()
             checkpoint = Checkpoint.from_bytes(blob)
-            if checkpoint.run_id == spec.run_id:
+            if (checkpoint.run_id, checkpoint.fit_id) == (spec.run_id, spec.fit_id):
                 spec, start = dataclasses.replace(spec, resume=blob, fresh_hooks=()), checkpoint.progress
         logger.warning("the relaunch resumes from %s", start if spec.resume is not None else "the start of the run")
         return spec, start

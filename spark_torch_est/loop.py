@@ -24,7 +24,7 @@ from spark_torch_est.balance import rebalance, transfer_plan
 from spark_torch_est.channel import ProgressReporter
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.columns import DenseRows
-from spark_torch_est.creators import Creators, config_digest
+from spark_torch_est.creators import Creators
 from spark_torch_est.data import (LAYOUT_SIZE, TORCH_DTYPES, EpochPlan, Shard, Table, agree, conform, epoch_order,
                                   layout, shape_labels)
 from spark_torch_est.errors import InputDataError
@@ -126,6 +126,8 @@ class Trainer:
             self.ddp_model = DistributedDataParallel(model, device_ids=ids,
                                                      **({"init_sync": False} if skip_sync else {}))
         self.optimizer = creators.build_optimizer(model)
+        self.optimizer_made = [{k: v for k, v in group.items() if k != "params"}
+                               for group in self.optimizer.param_groups]
         self.scheduler = creators.build_scheduler(self.optimizer)
         self.loss_fn = Loss(creators.build_loss())
         self.val_metrics = MetricAccumulator(self.loss_fn, creators.metrics, self.device)
@@ -141,16 +143,15 @@ class Trainer:
                               scheduler=self.scheduler, loss_fn=self.loss_fn)
 
     def _restore(self, resume: Checkpoint) -> None:
-        """Loads the optimizer, scheduler and hook states of the run. Hyper-parameters come
-        from the new optimizer when the config changed since the checkpoint; hooks added
-        since keep their own state."""
-        fresh_groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        """Loads the optimizer, scheduler and hook states of the run. A hyper-parameter the
+        optimizer creator now makes differently (a new config) takes its new value; the
+        others keep the run's, as a scheduler left them. Hooks added since keep their own
+        state."""
         self.optimizer.load_state_dict(resume.optimizer_state)
-        if config_digest(self.creators.config) != resume.config_digest:
-            for group, fresh in zip(self.optimizer.param_groups, fresh_groups):
-                group.update(fresh)
         if self.scheduler is not None and resume.scheduler_state is not None:
             self.scheduler.load_state_dict(resume.scheduler_state)
+        for group, made, before in zip(self.optimizer.param_groups, self.optimizer_made, resume.optimizer_made):
+            group.update({key: value for key, value in made.items() if not _same(before.get(key, value), value)})
         self.hooks.load_state_dict({name: state for name, state in resume.hook_states.items()
                                     if name not in self.spec.fresh_hooks})
 
@@ -327,9 +328,10 @@ class Trainer:
         step.update(outputs=outputs, loss=loss)
         replaced = self._call("before_backward", batch_idx, **step)
         if replaced is not None:
-            # A constant loss still runs backward through the model, so DDP's gradient
-            # all-reduce happens on every rank and the step simply has zero gradients.
-            loss = step["loss"] = replaced if replaced.requires_grad else replaced + 0.0 * outputs.sum()
+            # A constant loss still runs backward through the parameters (not the outputs,
+            # which may be NaN), so DDP's gradient all-reduce happens on every rank and the
+            # step simply has zero gradients.
+            loss = step["loss"] = replaced if replaced.requires_grad else replaced + _zero_through(self.ddp_model)
         self.stage = "backward"
         loss.backward()
         self._call("after_backward", batch_idx, **step)
@@ -359,6 +361,7 @@ class Trainer:
         """Adds the step's loss to the epoch's mean (weighted by the rows' weights); a NaN or
         infinite loss fails the fit (unless ``allowNonFinite``), before it can reach a
         checkpoint."""
+        self.stage = "loss"
         value = float(_scalar_loss(step["loss"]).detach())
         if not math.isfinite(value) and not self.spec.allow_non_finite:
             inputs = step["inputs"] if isinstance(step["inputs"], tuple) else (step["inputs"],)
@@ -383,7 +386,8 @@ class Trainer:
         self.stage = "collective"
         totals = self._all_reduce(torch.tensor([self.loss_sum, self.loss_count], dtype=torch.float64),
                                   dist.ReduceOp.SUM)
-        entry: dict[str, Any] = {"epoch": self.progress.epoch + 1, "train_loss": float(totals[0] / totals[1])}
+        mean = float(totals[0] / totals[1]) if float(totals[1]) else float("nan")  # NaN: all weights were 0
+        entry: dict[str, Any] = {"epoch": self.progress.epoch + 1, "train_loss": mean}
         self.loss_sum, self.loss_count = 0.0, 0.0
         if self.val_rows:
             entry.update(self._validate())
@@ -513,20 +517,41 @@ class Trainer:
                                    dist.ReduceOp.SUM)
         if self.rank != 0:
             return None
+        model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        broken = [k for k, v in model_state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if broken and not self.spec.allow_non_finite:  # a finite loss can still give NaN gradients
+            raise NonFiniteLossError(
+                f"the model's weights became NaN or infinite ({', '.join(broken[:5])}) by epoch "
+                f"{self.progress.epoch + 1}, global step {self.progress.global_step}, although every loss was "
+                "finite: a gradient was not (clip gradients, lower the learning rate, check sqrt/log/norm at 0); "
+                "set allowNonFinite=True to keep such weights"
+            )
         return Checkpoint.build(
-            run_id=self.spec.run_id, progress=self.progress, history=self.history,
+            run_id=self.spec.run_id, fit_id=self.spec.fit_id, progress=self.progress, history=self.history,
             partial_loss=(float(partial[0]), float(partial[1])), epoch_rows=sum(self.train_rows),
             world_size=self.world_size, data_source=self._data_source, seed=self.spec.seed,
-            config_digest=config_digest(self.creators.config),
+            optimizer_made=self.optimizer_made,
             output_shape=self.output_shape, label_kind="float" if self.train.labels.dtype.is_floating_point else "int",
             input_schema=self.spec.schema.to_dict(),
             input_rows=[list(c.shape) if c.shape is not None else list(rows.row_shape) if rows.row_shape is not None
                         else None for c, rows in zip(self.spec.schema.columns, self.train.inputs)],
-            model={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            model=model_state,
             optimizer=_to_cpu(self.optimizer.state_dict()),
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
             rng=states, hooks=self.hooks.state_dict(),
         ).to_bytes()
+
+
+def _zero_through(model: nn.Module) -> torch.Tensor:
+    """A zero that every trainable parameter reaches, so backward gives each a zero gradient."""
+    return sum((0.0 * p.sum() for p in model.parameters() if p.requires_grad), torch.zeros(()))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two hyper-parameter values are equal (numbers, tuples or tensors)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+    return a == b
 
 
 def _scalar_loss(loss: Any) -> torch.Tensor:

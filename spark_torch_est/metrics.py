@@ -78,11 +78,11 @@ class MetricAccumulator:
         """``{"loss": ..., name: ...}`` from totals added up over every part; stateful
         metrics report their own ``compute()`` (merged or synchronized beforehand)."""
         rows = float(totals[0])
-        values = {"loss": float(totals[1]) / rows}
+        values = {"loss": _mean(float(totals[1]), rows)}
         for i, name in enumerate(self.names, start=2):
             metric = self.metrics[name]
             if not is_stateful(metric):
-                values[name] = float(totals[i]) / rows
+                values[name] = _mean(float(totals[i]), rows)
                 continue
             with warnings.catch_warnings():  # merged states count no update() of their own
                 warnings.filterwarnings("ignore", message=".*was called before the ``update`` method")
@@ -112,6 +112,11 @@ class MetricAccumulator:
         if not hasattr(metric, "merge_state"):
             raise TypeError(f"metric {name!r} has no merge_state(), so partitions cannot be combined")
         metric.merge_state(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True))
+
+
+def _mean(total: float, weight: float) -> float:
+    """``total / weight``; NaN when nothing counted (no rows, or weights that are all 0)."""
+    return total / weight if weight else float("nan")
 
 
 def _to_cpu(value: Any) -> Any:

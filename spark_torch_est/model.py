@@ -190,7 +190,8 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         rows = frame.mapInArrow(evaluate_task(spec), EVALUATION_SCHEMA).collect()
         totals = torch.tensor([r["totals"] for r in rows], dtype=torch.float64).sum(dim=0)
         if not rows or totals[0] == 0:
-            raise InvalidInputError("evaluate() got a DataFrame without rows")
+            raise InvalidInputError("evaluate() got a DataFrame without rows (or, with weightCol, whose weights are "
+                                    "all 0)")
         accumulator = MetricAccumulator(Loss(self._creators.build_loss()), self._creators.metrics, torch.device("cpu"))
         for i, name in enumerate(accumulator.names):
             for row in rows:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import socket
 from datetime import timedelta
 
 import torch
@@ -45,9 +46,13 @@ def connect_store(launch: Launch, barrier: Barrier, timeout_s: float) -> dist.St
         store.set_timeout(timeout)
         return dist.PrefixStore(launch.job_id, store)
     if barrier.rank == 0:
-        store = dist.TCPStore(barrier.host(), 0, barrier.world_size, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
-        barrier.all_gather(f"{barrier.host()}:{store.port}")
+        host = barrier.host()
+        listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        listening.bind((host, 0))  # this host only: torch's own listener would take every interface
+        listening.listen(256)
+        store = dist.TCPStore(host, listening.getsockname()[1], barrier.world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=listening.detach())
+        barrier.all_gather(f"{host}:{store.port}")
     else:
         host, port = parse_address(barrier.all_gather("")[0])
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)

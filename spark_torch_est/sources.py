@@ -90,13 +90,18 @@ def _split(files: list[str], outputs: tuple, parts: int) -> FileSource:
     import fsspec
     import pyarrow.parquet as pq
 
+    needed = {name for _, sources, _ in outputs for name in sources}
     groups = []  # (file, row group, rows)
     for url in files:
         fs, path = fsspec.core.url_to_fs(url)
         if "file" not in fs.protocol:  # executors may lack this store's library or credentials: Spark reads it
             raise ValueError(f"{url} is not on a local or mounted filesystem")
         with fs.open(path, "rb") as handle:
-            metadata = pq.ParquetFile(handle).metadata
+            reader = pq.ParquetFile(handle)
+            missing = needed - set(reader.schema_arrow.names)
+            if missing:  # other letter case, or schema evolution: Spark resolves those, pyarrow would not
+                raise ValueError(f"{url} has no column(s) {sorted(missing)} by those exact names")
+            metadata = reader.metadata
         groups.extend((url, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups))
     total = sum(rows for _, _, rows in groups)
     bounds = [rank * total // parts for rank in range(parts + 1)]

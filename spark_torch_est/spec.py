@@ -65,6 +65,8 @@ class TaskSpec:
 
     Attributes:
         run_id: Unique per run (kept across its fits); marks its checkpoints.
+        fit_id: Unique per fit (kept across its relaunches): a relaunch resumes only from
+            checkpoints this fit wrote.
         payload: cloudpickled ``Creators``.
         resume: Checkpoint bytes to continue from, or None for a fresh run.
         target: Where to stop.
@@ -87,6 +89,7 @@ class TaskSpec:
     """
 
     run_id: str
+    fit_id: str
     payload: bytes
     resume: bytes | None
     target: Target

@@ -98,14 +98,17 @@ class CheckpointDir:
 
     def write(self, data: bytes, epoch: int, global_step: int) -> str:
         """Writes one checkpoint, points ``latest`` at it, and prunes the run's older
-        checkpoints and leftover temporary files."""
+        checkpoints, leftover temporary files, and checkpoints past this one (a run
+        resumed from an earlier point abandons what it had written after that point)."""
         name = f"ckpt-{self.run}-ep{epoch:06d}-ba{global_step:012d}.pt"
         write_atomic(f"{self.url}/{name}", data)
         write_atomic(f"{self.url}/{self.POINTER}", name.encode())
         names = self._names()
         stale = [n for n in names if n.startswith(f"ckpt-{self.run}-") and ".pt.tmp-" in n]
-        mine = sorted(n for n in names if self._parse(n) is not None and self._parse(n)[0] == self.run)
-        for old in stale + mine[:-self.keep]:
+        mine = sorted(n for n in names if (parsed := self._parse(n)) is not None and parsed[0] == self.run)
+        abandoned = [n for n in mine if self._parse(n)[2] > global_step]
+        kept = [n for n in mine if n not in abandoned]
+        for old in stale + abandoned + kept[:-self.keep]:
             try:
                 self.fs.rm(f"{self.path}/{old}")
             except FileNotFoundError:  # removed meanwhile

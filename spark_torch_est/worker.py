@@ -132,6 +132,7 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
     next fit that gives this worker the same part of the same unchanged files (same size
     and modification time), columns and budget trains on it again without reading."""
     if spec.source is None:
+        _INGESTED.clear()  # a worker holds one fit's rows at a time
         shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
         pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system
         return shard

@@ -112,7 +112,8 @@ def task_spec(target: Target = Target(epoch=1), *, hooks=None, creators: Creator
     override TaskSpec fields."""
     creators = creators or Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), scheduler=step_lr,
                                     hooks=normalize_hooks(hooks), config={"dropout": 0.3})
-    settings = dict(run_id="0123456789abcdef", payload=cloudpickle.dumps(creators), resume=None, target=target,
+    settings = dict(run_id="0123456789abcdef", fit_id="f", payload=cloudpickle.dumps(creators), resume=None,
+                    target=target,
                     schema=features_schema(8), world_size=1, batch_size=16, seed=3, timeout_s=30)
     settings.update(fields)
     return TaskSpec(**settings)

@@ -72,6 +72,9 @@ def test_fewer_workers_mid_epoch_and_at_an_epoch_end(spark, indexed_df, caplog):
     assert any("same fraction" in r.getMessage() for r in caplog.records)
     est.fit(indexed_df, duration="1ep")
     assert est.progress.epoch == 2 and est.progress.global_step == 22 + 32
+    est.setNumWorkers(2)  # and back
+    est.fit(indexed_df, duration="1ep")
+    assert est.progress.epoch == 3 and est.progress.global_step == 54 + 16
 
 
 def test_max_epochs_below_the_run_refuses_and_above_it_continues(spark, indexed_df):
@@ -126,11 +129,14 @@ def test_hooks_added_and_removed_between_fits(spark, indexed_df):
 
 
 def test_a_validation_column_set_between_fits(spark, indexed_df):
-    est = estimator(maxEpochs=2)
+    est = estimator(maxEpochs=3)
     est.fit(indexed_df, duration="1ep")
     est.setValidationIndicatorCol("is_val")
     est.fit(indexed_df.withColumn("is_val", F.col("label") % 10 == 0), duration="1ep")
-    assert "val_loss" not in est.history[0] and "val_loss" in est.history[1]
+    est.setValidationIndicatorCol(None)  # unset: every row trains again
+    est.fit(indexed_df, duration="1ep")
+    assert "val_loss" not in est.history[0] and "val_loss" in est.history[1] and "val_loss" not in est.history[2]
+    assert est.progress.samples == 3 * ROWS - ROWS // 10
 
 
 def test_a_new_checkpoint_dir_takes_the_runs_next_checkpoints(spark, indexed_df, tmp_path):

@@ -129,3 +129,10 @@ def test_direct_read_can_be_switched_off(spark, table):
     est = linear_estimator(maxEpochs=1, directRead=False)
     est.fit(spark.read.parquet(table))
     assert est.checkpoint.data_source == "spark"
+
+
+def test_files_without_the_columns_by_their_exact_names_go_through_spark(spark, table, tmp_path):
+    upper = spark.read.parquet(table).withColumnRenamed("features", "Features")
+    upper.write.parquet(str(tmp_path / "upper"))
+    df = spark.read.parquet(str(tmp_path / "upper")).select(F.col("features"), "label")  # resolved ignoring case
+    assert _source(df) is None

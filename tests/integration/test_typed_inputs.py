@@ -256,3 +256,15 @@ def test_a_ragged_features_column_names_the_users_column(spark):
                          maxEpochs=1, showProgress=False)
     with pytest.raises(InvalidInputError, match="'data' holds arrays of different lengths"):
         est.fit(df)
+
+
+def test_a_classifier_on_int_labels_of_any_width_evaluates(spark):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(600, 4))
+    labels = (x[:, 0] > 0).astype(int) + (x[:, 1] > 0).astype(int)  # 0, 1 or 2
+    df = spark.createDataFrame([(r.tolist(), int(t)) for r, t in zip(x, labels)], "features array<double>, label int")
+    model = TorchEstimator(model=lambda c: nn.Linear(4, 3), optimizer=_adam, loss=nn.CrossEntropyLoss(),
+                           maxEpochs=3, showProgress=False).fit(df)
+    for label_type in ("tinyint", "smallint", "int", "bigint"):
+        typed = df.withColumn("label", F.col("label").cast(label_type))
+        assert model.evaluate(typed)["loss"] == pytest.approx(model.evaluate(df)["loss"], rel=1e-6)

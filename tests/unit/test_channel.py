@@ -82,23 +82,51 @@ def test_numbers_hooks_put_in_metrics_travel_as_floats():
         server.close()
 
 
-def test_a_silent_connection_does_not_lock_the_ranks_out():
+def test_silent_connections_that_come_back_when_dropped_do_not_lock_the_ranks_out():
+    """More silent connections than may authenticate at once, each reopened as soon as the
+    server drops it, and one that drips a byte at a time: ranks still get in at once."""
     import socket
+    import threading
 
     received = []
     server = ChannelServer("127.0.0.1", SECRET, received.append, handshake_timeout=2.0)
-    silent = [socket.create_connection(server.address) for _ in range(3)]  # connect, then never speak
-    try:
-        started = time.monotonic()
-        client = ChannelClient(server.address, server.secret)
-        client.send({"type": "progress", "global_step": 1})
-        assert _wait_for(lambda: received == [{"type": "progress", "global_step": 1}], seconds=1.0)
-        assert time.monotonic() - started < 1.0, "the rank was served while the silent ones waited"
-        assert _wait_for(lambda: server.rejected == 3, seconds=5.0), "the silent ones are dropped at the deadline"
-        client.close()
-    finally:
-        for sock in silent:
+    stop = threading.Event()
+
+    def attacker():
+        sockets = [socket.create_connection(server.address) for _ in range(40)]
+        for sock in sockets:
+            sock.settimeout(0.05)
+        while not stop.is_set():
+            for i, sock in enumerate(sockets):
+                try:
+                    if sock.recv(1 << 16) == b"":  # dropped: come back
+                        sock.close()
+                        sockets[i] = socket.create_connection(server.address)
+                        sockets[i].settimeout(0.05)
+                except (TimeoutError, OSError):
+                    pass
+            try:
+                sockets[0].send(b"x")  # a drip that never completes a handshake
+            except OSError:
+                pass
+        for sock in sockets:
             sock.close()
+
+    thread = threading.Thread(target=attacker, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        for step in range(3):
+            started = time.monotonic()
+            client = ChannelClient(server.address, server.secret)
+            client.send({"type": "progress", "global_step": step})
+            assert _wait_for(lambda: {"type": "progress", "global_step": step} in received, seconds=2.0)
+            assert time.monotonic() - started < 2.0
+            client.close()
+        assert server.rejected > 0
+    finally:
+        stop.set()
+        thread.join(10)
         server.close()
 
 

@@ -13,10 +13,10 @@ from spark_torch_est.errors import IncompatibleCheckpointError
 
 
 def _checkpoint(**override) -> Checkpoint:
-    fields = dict(run_id="0123456789abcdef", progress=Progress(epoch=1, global_step=5, samples=50),
+    fields = dict(run_id="0123456789abcdef", fit_id="f", progress=Progress(epoch=1, global_step=5, samples=50),
                   history=[{"epoch": 1, "train_loss": 0.5}], partial_loss=(2.0, 4.0), epoch_rows=100, world_size=2,
                   data_source="spark",
-                  seed=7, config_digest="c0ff33",
+                  seed=7, optimizer_made=[{"lr": 0.1}],
                   output_shape=[1], label_kind="float", input_schema=features_schema(8).to_dict(),
                   input_rows=[[8]], model={"w": torch.ones(2)},
                   optimizer={"state": {}, "param_groups": []}, scheduler=None,
@@ -29,7 +29,7 @@ def test_what_is_built_reads_back_through_its_properties_weights_only():
     loaded = Checkpoint.from_bytes(_checkpoint().to_bytes())
     assert loaded.progress == Progress(epoch=1, global_step=5, samples=50)
     assert (loaded.run_id, loaded.partial_loss, loaded.epoch_rows, loaded.world_size, loaded.seed,
-            loaded.config_digest) == ("0123456789abcdef", (2.0, 4.0), 100, 2, 7, "c0ff33")
+            loaded.optimizer_made) == ("0123456789abcdef", (2.0, 4.0), 100, 2, 7, [{"lr": 0.1}])
     assert (loaded.output_shape, loaded.label_kind, loaded.input_schema) == ([1], "float", features_schema(8))
     assert torch.equal(loaded.model_state["w"], torch.ones(2)) and loaded.hook_states == {"h": {"n": 1}}
     assert loaded.history == [{"epoch": 1, "train_loss": 0.5}] and loaded.scheduler_state is None

@@ -125,3 +125,17 @@ def test_the_policy_relaunches_system_failures_while_retries_last_and_logs_why(c
     assert any("relaunching training (1 of 1)" in m for m in messages)
     assert any("maxRetries=1 relaunches used" in m for m in messages)
     assert any("not one a relaunch can fix" in m for m in messages)
+
+
+def test_a_report_whose_text_holds_the_end_marker_still_unseals():
+    failure = Failure(USER, f"ValueError: the data said {_END} and more", 0, "loss")
+    assert Failure.unseal("x " + failure.seal(SECRET) + " y", SECRET) == failure
+
+
+def test_a_huge_forged_store_value_is_read_in_linear_time():
+    import time
+
+    forged = (_BEGIN + "0" * 64 + " {") * 40_000  # 1.5 MB of begin markers, no end
+    started = time.monotonic()
+    assert Failure.unseal(forged + _END, SECRET) is None
+    assert time.monotonic() - started < 1.0

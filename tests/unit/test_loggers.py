@@ -69,10 +69,10 @@ class RaisingLater(Logger):
 
 def checkpoint(epochs: int, global_step: int = 0, history: list[dict] | None = None) -> Checkpoint:
     return Checkpoint.build(
-        run_id="r", progress=Progress(epoch=epochs, global_step=global_step),
+        run_id="r", fit_id="f", progress=Progress(epoch=epochs, global_step=global_step),
         history=history if history is not None else [{"epoch": e, "train_loss": 1.0 / e} for e in range(1, epochs + 1)],
         partial_loss=(0.0, 0.0),
-        epoch_rows=10, world_size=1, data_source="spark", seed=0, config_digest="", output_shape=[1],
+        epoch_rows=10, world_size=1, data_source="spark", seed=0, optimizer_made=[], output_shape=[1],
         label_kind="float", input_schema=features_schema(3).to_dict(),
         input_rows=[[3]],
         model={}, optimizer={}, scheduler=None, rng=[], hooks={},

@@ -15,9 +15,9 @@ from spark_torch_est.creators import Creators
 from spark_torch_est.failure import INPUT, USER, RankFailure
 from spark_torch_est.hooks import STAGES, STAGE_ARGUMENTS
 from spark_torch_est.progress import Target
-from spark_torch_est.protocol import IS_VALIDATION, LABEL
+from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
 from spark_torch_est.worker import run_rank
-from tests.helpers import LOCAL_LAUNCH, CountSteps, adam, arrow_batches, flat_weights, mlp, sgd, task_spec
+from tests.helpers import LOCAL_LAUNCH, CountSteps, adam, arrow_batches, flat_weights, mlp, sgd, step_lr, task_spec
 
 
 def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200, **fields) -> Checkpoint:
@@ -111,6 +111,18 @@ for _stage in STAGES:
         setattr(EveryArgument, _stage, _record(_stage))
 
 
+def test_a_fit_resumed_mid_epoch_goes_on_counting_its_batches():
+    creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"every": EveryArgument()})
+    part = _run(Target(epoch=1, global_step=5), creators=creators)
+    resumed = _run(Target(epoch=1), resume=part.to_bytes(), creators=creators)
+    calls = resumed.hook_states["every"]["calls"]
+    steps = [c for c in calls if c["stage"] == "after_train_iter"]
+    assert steps[0]["batch_idx"] == 5 and steps[0]["global_step"] == 6
+    assert [c["batch_idx"] for c in calls if c["stage"] == "before_run"] == [4]  # the last batch trained
+    first_step = next(i for i, c in enumerate(calls) if c["stage"] == "after_train_iter")
+    assert "before_train_epoch" not in [c["stage"] for c in calls[:first_step]]  # the epoch had begun
+
+
 def test_every_stage_gets_the_arguments_of_what_the_loop_did():
     creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"every": EveryArgument()})
     rows, batch = 40, 16  # 3 steps per epoch, the last of 8 rows
@@ -184,6 +196,41 @@ def test_a_non_finite_loss_fails_at_its_step_unless_allowed():
     assert math.isnan(Checkpoint.from_bytes(allowed).history[0]["train_loss"])
 
 
+class SqrtAtZero(torch.nn.Module):
+    """A finite output whose gradient is not: d sqrt(|w|) / dw at w = 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.w = torch.nn.Linear(8, 1), torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.linear(x) + torch.sqrt(self.w.abs())
+
+
+def test_weights_made_non_finite_by_a_finite_loss_never_reach_a_checkpoint():
+    creators = Creators(model=lambda c: SqrtAtZero(), optimizer=sgd, loss=torch.nn.MSELoss())
+    failure = _failure(task_spec(Target(epoch=1, global_step=1), creators=creators))
+    assert failure.kind == USER and "weights became NaN or infinite (w)" in failure.message
+    assert "allowNonFinite=True" in failure.message
+
+
+def test_a_hook_can_skip_a_batch_whose_loss_is_not_finite():
+    class SkipNonFinite(Hook):
+        def before_backward(self, loss):
+            if not torch.isfinite(loss):
+                return loss.new_zeros(())
+
+    batch = arrow_batches(64)[0]
+    features = np.stack(batch.column(0).to_numpy(zero_copy_only=False)).astype(np.float32)
+    features[40, 3] = math.nan  # the model's outputs for that row are NaN too
+    batch = batch.set_column(0, FEATURES, pa.FixedSizeListArray.from_arrays(pa.array(features.ravel()), 8))
+    creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"skip": SkipNonFinite()})
+    spec = task_spec(Target(epoch=2), creators=creators, batch_size=16)
+    checkpoint = Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter([batch]), LocalBarrier()))
+    assert all(bool(torch.isfinite(v).all()) for v in checkpoint.model_state.values())
+    assert checkpoint.progress.global_step == 8
+
+
 def test_batch_norm_on_a_one_row_batch_says_how_to_fix_it():
     creators = Creators(model=lambda c: torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4),
                                                             torch.nn.Linear(4, 1)),
@@ -234,6 +281,23 @@ def test_a_changed_config_sets_the_optimizers_hyperparameters_and_keeps_its_stat
     assert not np.array_equal(_weights(first), _weights(same))
 
 
+
+
+def test_a_new_config_changes_only_what_it_changes_and_a_schedule_goes_on():
+    def run(config, epochs, resume=None):
+        creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), scheduler=step_lr, config=config)
+        spec = task_spec(Target(epoch=epochs), creators=creators, resume=resume)
+        return Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter(arrow_batches()), LocalBarrier()))
+
+    def lr(checkpoint):
+        return checkpoint.optimizer_state["param_groups"][0]["lr"]
+
+    first = run({"lr": 0.01}, 3)
+    assert lr(first) == pytest.approx(0.01 * 0.7 ** 3)
+    unrelated = run({"lr": 0.01, "width": 16}, 5, first.to_bytes())  # another key: the schedule goes on
+    assert lr(unrelated) == pytest.approx(0.01 * 0.7 ** 5)
+    changed = run({"lr": 0.05}, 5, first.to_bytes())                  # a new lr: taken, then scheduled
+    assert lr(changed) == pytest.approx(0.05 * 0.7 ** 2)
 
 
 def test_a_hook_added_under_an_old_name_starts_from_its_own_state():

@@ -49,3 +49,12 @@ def test_a_pointer_that_leaves_the_directory_is_refused(tmp_path, caplog):
 def test_an_empty_or_missing_directory_has_no_checkpoint(tmp_path):
     assert CheckpointDir(str(tmp_path / "none"), run_id=RUN).newest() is None
     assert CheckpointDir(str(tmp_path / "none")).latest() is None
+
+
+def test_a_run_resumed_from_an_earlier_point_drops_what_it_wrote_past_it(tmp_path):
+    directory = CheckpointDir(str(tmp_path), run_id=RUN)
+    for epoch in (6, 7, 8):
+        directory.write(b"old", epoch=epoch, global_step=epoch * 10)
+    directory.write(b"new", epoch=4, global_step=40)
+    assert directory.newest().global_step == 40 and directory.latest().read() == b"new"
+    assert len(list(tmp_path.glob("ckpt-*.pt"))) == 1
