@@ -65,14 +65,11 @@ def write_table_file(workload: IngestWorkload, directory: str) -> str:
 
 
 def settle(path: str) -> None:
-    """Flushes every file under ``path`` to disk and reads it once, so that every contender
-    reads it from the same page-cache state (here the first process to read a freshly
-    written file took up to 10x as long as the next ones)."""
+    """Flushes every file under ``path`` to disk, so that the kernel does not write up to a
+    GB back while the first contender runs."""
     for name in sorted(os.listdir(path)):
         with open(os.path.join(path, name), "rb") as handle:
             os.fsync(handle.fileno())
-            while handle.read(1 << 24):
-                pass
 
 
 def _chunks(rng: np.random.Generator, rows: int, chunk_rows: int,
