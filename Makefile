@@ -37,12 +37,12 @@ examples: $(STAMP)  ## every example in turn: regression, classifier, recommende
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py
 
-bench: $(STAMP)  ## the suite (peers, typed inputs, 4M-row ingest), the growth table, the hook overhead (about 15 minutes)
+bench: $(STAMP)  ## the suite (peers, typed inputs, 4M-row ingest), the growth table, the hook overhead (about 11 minutes)
 	$(RUN) $(BIN)/python -m benchmarks
 	$(RUN) $(BIN)/python -m benchmarks.scale
 	$(RUN) $(BIN)/python -m benchmarks.hook_overhead
 
-bench-scale: $(STAMP)  ## only the growth table: call to first step against pyarrow's read, 0.5M to 8M rows (about 4 minutes)
+bench-scale: $(STAMP)  ## only the growth table: call to first step against pyarrow's read, 0.5M to 8M rows (about 3 minutes)
 	$(RUN) $(BIN)/python -m benchmarks.scale
 
 clean:
