@@ -1,5 +1,6 @@
 """Contender: bare DDP without Spark: ``ranks`` processes from ``torch.multiprocessing.spawn``,
-gloo on loopback, one thread each, the same loop as the other plain contenders.
+gloo on loopback, one thread each, the same loop as the other plain contenders, on the
+tensors of whichever workload it is given (the reference MLP or the recommender).
 
 Rank 0 also times a tiny all-reduce (two int32, like ``spark_torch_est``'s per-step stop
 flags) after training, to price one extra collective per step.
@@ -17,11 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from benchmarks.dataset import read_shard
 from benchmarks.ddp_rank import finish_rank, train_rank
 from benchmarks.probes import read_rank_reports
 from benchmarks.protocol import contender_main
-from benchmarks.workload import Workload
+from benchmarks.workload import WorkloadBase
 
 __all__ = ["measure"]
 
@@ -29,7 +29,7 @@ _TAG = "ddp"
 _FLAG_REDUCES = 500
 
 
-def measure(workload: Workload, scratch: str, variant: str = "") -> dict:
+def measure(workload: WorkloadBase, scratch: str, variant: str = "") -> dict:
     """Spawns the ranks, trains once; returns timings from rank 0's report."""
     port = _free_port()
     called = time.time()
@@ -47,12 +47,12 @@ def measure(workload: Workload, scratch: str, variant: str = "") -> dict:
     }
 
 
-def _rank_main(rank: int, workload: Workload, scratch: str, port: int) -> None:
+def _rank_main(rank: int, workload: WorkloadBase, scratch: str, port: int) -> None:
     torch.set_num_threads(1)
-    features, labels = read_shard(workload.path, rank, workload.ranks)
+    inputs, labels = workload.read_rank(rank, workload.ranks)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=workload.ranks, timeout=timedelta(seconds=120))
-    train_rank(workload, rank, workload.ranks, features, labels, scratch, _TAG)
+    train_rank(workload, rank, workload.ranks, inputs, labels, scratch, _TAG)
     flag_us = _time_flag_allreduce()
     if rank == 0:
         with open(os.path.join(scratch, "flag-allreduce.json"), "w") as handle:

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 from pyspark.ml.torch.distributor import TorchDistributor
 
-from benchmarks.dataset import read_shard
 from benchmarks.ddp_rank import finish_rank, train_rank
 from benchmarks.probes import read_rank_reports
 from benchmarks.protocol import contender_main
@@ -36,9 +35,9 @@ def train_fn(workload_json: str, scratch: str, tag: str) -> dict:
     workload = Workload.from_json(workload_json)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    features, labels = read_shard(workload.path, rank, world_size)
+    inputs, labels = workload.read_rank(rank, world_size)
     dist.init_process_group("gloo")
-    weights = train_rank(workload, rank, world_size, features, labels, scratch, tag)
+    weights = train_rank(workload, rank, world_size, inputs, labels, scratch, tag)
     finish_rank()
     return weights
 

@@ -3,17 +3,20 @@
 One process, one fresh SparkSession, in this order:
 
 1. cold fit: the session's first fit;
-2. warm fit: a new estimator, the same epochs;
-3. warm fit without hooks, timed from the driver's progress records only
+2. warm fit: a new estimator, the same epochs (``featuresCol="features"``);
+3. typed inputs: two warm fits with ``inputCols=["features"]`` (the model gets the same
+   one float32 tensor, through the typed path), then one more with ``featuresCol``: with
+   the warm fit of 2, the order A B B A, so drift of the machine hits both alike;
+4. warm fit without hooks, timed from the driver's progress records only
    (:mod:`benchmarks.listener`): what the probe hook itself costs;
-4. resumed fit: the warm estimator of 2 again, ``maxEpochs + 1`` and ``duration="1ep"``;
-5. ``TorchModel.transform`` of every row into the ``noop`` sink, twice, then the scan alone
+5. resumed fit: the warm estimator of 2 again, ``maxEpochs + 1`` and ``duration="1ep"``;
+6. ``TorchModel.transform`` of every row into the ``noop`` sink, twice, then the scan alone
    and a ``mapInArrow`` identity into the same sink (the floor of any transform through
    Spark), and the plain batched forward of the same module over the same rows;
-6. two short fits, of the MLP and of the MLP with ~100 MB of frozen parameters, whose
+7. two short fits, of the MLP and of the MLP with ~100 MB of frozen parameters, whose
    difference prices the checkpoint's way back to the driver.
 
-Every fit but the third carries a :class:`~benchmarks.hooks.ProbeHook`.
+Every fit but the one of 4 carries a :class:`~benchmarks.hooks.ProbeHook`.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from torch import nn
 from spark_torch_est import TorchEstimator, TorchModel
 
 from benchmarks.dataset import read_numpy
+from benchmarks.fits import timed_fit
 from benchmarks.forward import forward_rows_per_s
 from benchmarks.hooks import ProbeHook
 from benchmarks.listener import ProgressRecords
-from benchmarks.probes import read_rank_reports
 from benchmarks.protocol import contender_main
 from benchmarks.remote import register_by_value
 from benchmarks.session import spark_session
@@ -48,46 +51,42 @@ def measure(workload: Workload, scratch: str, variant: str = "") -> dict:
     with spark_session(workload, "bench-torchestimator") as (spark, start_s):
         df = spark.read.parquet(workload.path)
         probe = ProbeHook(scratch, "te-cold")
-        cold, _ = _fit(_estimator(workload, probe), df, workload, probe)
+        cold, _ = timed_fit(_estimator(workload, probe), df, workload.ranks, probe)
         probe = ProbeHook(scratch, "te-warm")
         estimator = _estimator(workload, probe)
-        warm, model = _fit(estimator, df, workload, probe)
+        warm, model = timed_fit(estimator, df, workload.ranks, probe)
+        typed = _typed_inputs(df, workload, scratch)
         no_hook = _fit_without_hooks(df, workload)
         estimator.setMaxEpochs(workload.epochs + 1)
         probe.tag = "te-resume"
-        resume, _ = _fit(estimator, df, workload, probe, duration="1ep")
+        resume, _ = timed_fit(estimator, df, workload.ranks, probe, duration="1ep")
         transform = _transform(model, df, workload)
         checkpoint = _checkpoint_transfer(df, workload, scratch)
-    return {"session_start_s": start_s, "cold": cold, "warm": warm, "warm_no_hook": no_hook, "resume": resume,
-            "transform": transform, "checkpoint": checkpoint}
+    return {"session_start_s": start_s, "cold": cold, "warm": warm, "typed": typed, "warm_no_hook": no_hook,
+            "resume": resume, "transform": transform, "checkpoint": checkpoint}
 
 
 def _estimator(workload: Workload, probe: ProbeHook | None, model=make_model,
-               max_epochs: int | None = None) -> TorchEstimator:
+               max_epochs: int | None = None, typed: bool = False) -> TorchEstimator:
+    """The reference estimator; ``typed`` names the features column in ``inputCols`` instead."""
     return TorchEstimator(
         model=model, optimizer=make_optimizer, loss=nn.MSELoss(), config=workload.config,
-        hooks=[probe] if probe is not None else None, featuresCol="features", labelCol="label",
+        hooks=[probe] if probe is not None else None, featuresCol="features",
+        inputCols=["features"] if typed else None, labelCol="label",
         batchSize=workload.batch_size, maxEpochs=max_epochs or workload.epochs, numWorkers=workload.ranks,
         seed=workload.seed, showProgress=False,
     )
 
 
-def _fit(estimator: TorchEstimator, df: DataFrame, workload: Workload, probe: ProbeHook,
-         duration: str | None = None) -> tuple[dict, TorchModel]:
-    """One timed fit; rank 0's report gives the first step, the loop rate and the tail."""
-    called = time.time()
-    model = estimator.fit(df, duration=duration)
-    returned = time.time()
-    reports = read_rank_reports(probe.directory, probe.tag, workload.ranks)
-    rank0 = reports[0]
-    return {
-        "wall_s": returned - called,
-        "first_step_s": rank0.first_step - called,
-        **rank0.loop_figures(),
-        "after_run_to_return_s": returned - rank0.finished,
-        "peak_rss_mb": [r.peak_rss_mb for r in reports],
-        "checkpoint_mb": len(estimator.checkpoint.to_bytes()) / 1e6,
-    }, model
+def _typed_inputs(df: DataFrame, workload: Workload, scratch: str) -> dict[str, list[dict]]:
+    """After the warm fit (A): two warm fits with ``inputCols=["features"]`` (B B), then one
+    more with ``featuresCol`` (A). Returns ``{"inputs": [B, B], "features": [A]}``."""
+    fits: dict[str, list[dict]] = {"inputs": [], "features": []}
+    for number, typed in enumerate((True, True, False)):
+        probe = ProbeHook(scratch, f"te-typed-{number}")
+        fits["inputs" if typed else "features"].append(
+            timed_fit(_estimator(workload, probe, typed=typed), df, workload.ranks, probe)[0])
+    return fits
 
 
 def _fit_without_hooks(df: DataFrame, workload: Workload) -> dict:
@@ -133,8 +132,8 @@ def _checkpoint_transfer(df: DataFrame, workload: Workload, scratch: str) -> dic
     fits = {}
     for name, creator in (("small", make_model), ("big", make_big_model)):
         probe = ProbeHook(scratch, f"te-ckpt-{name}")
-        fits[name], _ = _fit(_estimator(workload, probe, model=creator, max_epochs=1), df, workload, probe,
-                             duration=duration)
+        estimator = _estimator(workload, probe, model=creator, max_epochs=1)
+        fits[name], _ = timed_fit(estimator, df, workload.ranks, probe, duration=duration)
     return fits
 
 

@@ -18,8 +18,11 @@ import pyarrow as pa
 import torch
 
 from spark_torch_est import Hook
+from pyspark.sql import types as T
+
 from spark_torch_est.creators import Creators
 from spark_torch_est.barrier import LocalBarrier
+from spark_torch_est.frames import input_schema
 from spark_torch_est.hooks import normalize_hooks
 from spark_torch_est.progress import Target
 from spark_torch_est.protocol import FEATURES, LABEL
@@ -27,6 +30,9 @@ from spark_torch_est.spec import Launch, TaskSpec
 from spark_torch_est.worker import run_rank
 
 _LAUNCH = Launch(job_id="bench", secret=b"b" * 32)
+# The schema the estimator derives for featuresCol="features" over an array<float> column.
+_SCHEMA = input_schema(T.StructType([T.StructField("features", T.ArrayType(T.FloatType()))]),
+                       features_col="features", feature_cols=None, input_cols=None)
 
 
 class NoOp(Hook):
@@ -67,7 +73,7 @@ def _run(batches: list[pa.RecordBatch], hooks: int, epochs: int) -> float:
 
 def _spec(creators: Creators, epochs: int) -> TaskSpec:
     return TaskSpec(run_id="0123456789ab", payload=cloudpickle.dumps(creators), resume=None,
-                    target=Target(epoch=epochs), world_size=1, batch_size=256, seed=0, timeout_s=60)
+                    target=Target(epoch=epochs), schema=_SCHEMA, world_size=1, batch_size=256, seed=0, timeout_s=60)
 
 
 def _dispatch_us(stages: tuple[str, ...]) -> float:

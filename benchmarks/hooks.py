@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from spark_torch_est import Hook, Progress
 
-from benchmarks.probes import RankReport, StepClock, write_rank_report
+from benchmarks.probes import RankReport, StepClock, reset_peak_rss, write_rank_report
 
 __all__ = ["ProbeHook"]
 
 
 class ProbeHook(Hook):
     """Stamps every rank's first and last optimizer step of a fit and, at ``after_run``,
-    writes them with the rank's peak RSS to ``<directory>/<tag>-rank<r>.json``.
+    writes them with the rank's peak RSS to ``<directory>/<tag>-rank<r>.json``, then
+    resets the peak: Spark reuses a session's Python workers, so the next fit on the same
+    worker reports the peak since this fit ended (the first fit of a session, in fresh
+    workers, reports the workers' whole life).
 
     The first stamp is the first ``after_train_iter`` of the fit: ``global_step == 1``
     for a fresh run, the step after the resume point for a resumed one. Samples are
@@ -36,3 +39,4 @@ class ProbeHook(Hook):
 
     def after_run(self, rank: int) -> None:
         write_rank_report(self.directory, self.tag, RankReport.from_clock(rank, self._clock))
+        reset_peak_rss()

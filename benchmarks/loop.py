@@ -2,8 +2,8 @@
 bare DDP and TorchDistributor's train_fn. Pickled by value (see :mod:`benchmarks.remote`).
 
 It does what ``spark_torch_est``'s loop does per step (seeded per-epoch shuffle, batches
-of ``batch_size`` rows, the last one partial, MSE, zero_grad/forward/backward/step) and
-nothing else.
+of ``batch_size`` rows, the last one partial, the workload's loss,
+zero_grad/forward/backward/step, the model called as ``model(*inputs)``) and nothing else.
 """
 
 from __future__ import annotations
@@ -16,23 +16,23 @@ from benchmarks.probes import StepClock
 __all__ = ["train"]
 
 
-def train(model: nn.Module, optimizer: torch.optim.Optimizer, features: torch.Tensor, labels: torch.Tensor,
-          *, epochs: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> StepClock:
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tuple[torch.Tensor, ...], labels: torch.Tensor,
+          loss_fn: nn.Module, *, epochs: int, batch_size: int, seed: int, rank: int = 0,
+          world_size: int = 1) -> StepClock:
     """Trains ``model`` (a module or a DDP wrapper) in place; returns the step stamps.
 
     Every rank is assumed to hold as many rows as this one (the callers split evenly).
     """
-    loss_fn = nn.MSELoss()
     clock = StepClock()
     trained = 0
     model.train()
     for epoch in range(epochs):
         generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch * 1_009 + rank)
-        order = torch.randperm(len(features), generator=generator)
-        for start in range(0, len(features), batch_size):
+        order = torch.randperm(len(labels), generator=generator)
+        for start in range(0, len(labels), batch_size):
             rows = order[start:start + batch_size]
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(features[rows]), labels[rows])
+            loss = loss_fn(model(*[tensor[rows] for tensor in inputs]), labels[rows])
             loss.backward()
             optimizer.step()
             trained += len(rows) * world_size

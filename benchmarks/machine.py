@@ -13,9 +13,10 @@ import platform
 import sys
 import threading
 
-__all__ = ["describe", "ForeignLoad"]
+__all__ = ["describe", "describe_markdown", "ForeignLoad", "load_note"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+_DISTURBED_CORES = 0.25
 
 
 def describe() -> dict[str, str]:
@@ -36,6 +37,22 @@ def describe() -> dict[str, str]:
         "pyarrow": pyarrow.__version__,
         "load average at start": " ".join(f"{v:.2f}" for v in os.getloadavg()),
     }
+
+
+def describe_markdown() -> str:
+    """:func:`describe` as a Markdown list."""
+    return "\n".join(f"- {name}: {value}" for name, value in describe().items())
+
+
+def load_note(foreign_cpu_s: float, wall_s: float, worst: float, where: str) -> str:
+    """The run's last line: how much CPU other processes took (on average and at most, during
+    which contender), the total time, and a warning when that disturbed the timings."""
+    average = foreign_cpu_s / wall_s
+    note = (f"Other processes used {average:.2f} cores on average during the run "
+            f"(most: {worst:.2f} cores, during {where}). Total time {wall_s / 60:.1f} min.")
+    if average > _DISTURBED_CORES or worst > 2 * _DISTURBED_CORES:
+        note += " **Timings are disturbed by other load on this machine: rerun on an idle one.**"
+    return note
 
 
 def _cpu_model() -> str:

@@ -11,11 +11,10 @@ import time
 
 import torch
 
-from benchmarks.dataset import read_shard
 from benchmarks.loop import train
 from benchmarks.probes import RankReport
 from benchmarks.protocol import contender_main
-from benchmarks.workload import Workload, build
+from benchmarks.workload import Workload
 
 __all__ = ["measure"]
 
@@ -24,10 +23,11 @@ def measure(workload: Workload, scratch: str, variant: str = "") -> dict:
     """Trains once; returns loop throughput and timings."""
     torch.set_num_threads(os.cpu_count() or 1)
     started = time.time()
-    features, labels = read_shard(workload.path, 0, 1)
-    model, optimizer = build(workload)
+    inputs, labels = workload.read_rank(0, 1)
+    model, optimizer = workload.build()
     batch = workload.batch_size * workload.ranks
-    clock = train(model, optimizer, features, labels, epochs=workload.epochs, batch_size=batch, seed=workload.seed)
+    clock = train(model, optimizer, inputs, labels, workload.loss_fn(), epochs=workload.epochs, batch_size=batch,
+                  seed=workload.seed)
     report = RankReport.from_clock(0, clock)
     return {
         "wall_s": time.time() - started,

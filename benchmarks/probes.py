@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["StepClock", "RankReport", "peak_rss_mb", "write_rank_report", "read_rank_reports"]
+__all__ = ["StepClock", "RankReport", "peak_rss_mb", "reset_peak_rss", "write_rank_report", "read_rank_reports"]
 
 
 @dataclass
@@ -106,6 +106,18 @@ def peak_rss_mb() -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def reset_peak_rss() -> bool:
+    """Sets this process's peak RSS (``VmHWM``) back to its current RSS, so that a later
+    :func:`peak_rss_mb` tells the peak since now (Linux >= 4.0: ``/proc/self/clear_refs``).
+    Returns False where the system refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def write_rank_report(directory: str, tag: str, report: RankReport) -> None:

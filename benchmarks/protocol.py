@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from typing import Callable
 
-from benchmarks.workload import Workload
+from benchmarks.recommender import RecWorkload
+from benchmarks.workload import IngestWorkload, WorkloadBase, Workload
 
-__all__ = ["ContenderError", "contender_main", "run_contender"]
+__all__ = ["ContenderError", "contender_main", "run_contender", "load_workload", "use_local_environment"]
+
+_KINDS = {kind.kind: kind for kind in (Workload, IngestWorkload, RecWorkload)}
 
 _MARKER = "BENCH_RESULT "
 
@@ -26,7 +30,18 @@ class ContenderError(RuntimeError):
     """A contender process failed or printed no result; carries the end of its output."""
 
 
-def contender_main(measure: Callable[[Workload, str, str], dict]) -> None:
+def use_local_environment() -> None:
+    """Executors run this interpreter and everything binds to loopback (as `make bench`)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def load_workload(text: str) -> WorkloadBase:
+    """The workload of any kind that ``to_json`` wrote."""
+    return _KINDS[json.loads(text)["kind"]].from_json(text)
+
+
+def contender_main(measure: Callable[[WorkloadBase, str, str], dict]) -> None:
     """The ``__main__`` of a contender module: parses the arguments, measures, prints.
 
     Args:
@@ -37,11 +52,11 @@ def contender_main(measure: Callable[[Workload, str, str], dict]) -> None:
     parser.add_argument("--variant", default="", help="which flavour of the contender")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
-        result = measure(Workload.from_json(args.workload), scratch, args.variant)
+        result = measure(load_workload(args.workload), scratch, args.variant)
     print(_MARKER + json.dumps(result), flush=True)
 
 
-def run_contender(module: str, workload: Workload, variant: str = "", timeout_s: float = 400.0) -> dict:
+def run_contender(module: str, workload: WorkloadBase, variant: str = "", timeout_s: float = 400.0) -> dict:
     """Runs ``python -m benchmarks.<module>`` and returns its result dict.
 
     Raises:

@@ -13,11 +13,11 @@ from types import ModuleType
 import cloudpickle
 from pyspark import cloudpickle as spark_cloudpickle
 
-from benchmarks import dataset, ddp_rank, hooks, loop, probes, workload
+from benchmarks import dataset, ddp_rank, hooks, loop, probes, recommender, workload
 
 __all__ = ["register_by_value"]
 
-_REMOTE_MODULES = (workload, probes, loop, dataset, ddp_rank, hooks)
+_REMOTE_MODULES = (workload, recommender, probes, loop, dataset, ddp_rank, hooks)
 
 
 def register_by_value(*extra: ModuleType) -> None:

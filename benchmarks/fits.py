@@ -1,0 +1,40 @@
+"""One timed ``TorchEstimator`` fit, measured by its :class:`~benchmarks.hooks.ProbeHook`
+(the contenders of this project share it)."""
+
+from __future__ import annotations
+
+import time
+
+from pyspark.sql import DataFrame
+
+from spark_torch_est import TorchEstimator, TorchModel
+
+from benchmarks.hooks import ProbeHook
+from benchmarks.probes import read_rank_reports
+
+__all__ = ["timed_fit"]
+
+
+def timed_fit(estimator: TorchEstimator, df: DataFrame, ranks: int, probe: ProbeHook,
+              duration: str | None = None) -> tuple[dict, TorchModel]:
+    """Fits once; rank 0's report gives the first step, the loop rate and the tail.
+
+    Returns the figures (``wall_s``, ``first_step_s``, the loop figures,
+    ``after_run_to_return_s``, ``peak_rss_mb`` of every rank, ``checkpoint_mb`` and
+    ``read``: ``"files"`` when the ranks read the Parquet themselves, else ``"spark"``)
+    and the model.
+    """
+    called = time.time()
+    model = estimator.fit(df, duration=duration)
+    returned = time.time()
+    reports = read_rank_reports(probe.directory, probe.tag, ranks)
+    rank0 = reports[0]
+    return {
+        "wall_s": returned - called,
+        "first_step_s": rank0.first_step - called,
+        **rank0.loop_figures(),
+        "after_run_to_return_s": returned - rank0.finished,
+        "peak_rss_mb": [r.peak_rss_mb for r in reports],
+        "checkpoint_mb": len(estimator.checkpoint.to_bytes()) / 1e6,
+        "read": "spark" if estimator.checkpoint.data_source == "spark" else "files",
+    }, model

@@ -1,0 +1,76 @@
+"""Contender: this project on the ingest workload (:class:`~benchmarks.workload.IngestWorkload`):
+how long ``fit()`` takes from the call to the first optimizer step, and a rank's memory.
+
+One process, one fresh SparkSession, every fit a new estimator of ``steps`` optimizer
+steps, in this order:
+
+1. cold fit, direct read (the ranks read the Parquet with pyarrow, ``directRead=True``,
+   the default): the session's first fit, in fresh Python workers, so its peak RSS is
+   the whole life of the rank's process;
+2. warm fit, direct read;
+3. warm fit with ``directRead=False``: the same table through Spark (JVM scan, shuffle
+   into ``numWorkers`` partitions, Arrow to the ranks);
+4. two fits on ``df.cache()``: a cached DataFrame is not a plain scan, so both go through
+   Spark; the first fills the cache, the second reads it.
+
+Variant ``scale`` (the growth table, :mod:`benchmarks.scale`) runs 1 and 2 only. A fit
+that did not read the way its figure says fails the run. Right before each fit the
+driver backs free memory (:mod:`benchmarks.memory`), as the pyarrow contender does before
+its read.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from torch import nn
+
+from spark_torch_est import TorchEstimator
+
+from benchmarks.fits import timed_fit
+from benchmarks.hooks import ProbeHook
+from benchmarks.memory import ingest_prefault_mb, prefault
+from benchmarks.protocol import contender_main
+from benchmarks.remote import register_by_value
+from benchmarks.session import spark_session
+from benchmarks.workload import IngestWorkload, make_model, make_optimizer
+
+__all__ = ["measure"]
+
+
+def measure(workload: IngestWorkload, scratch: str, variant: str = "") -> dict:
+    """Runs the fits of the module docstring; returns one dict per fit."""
+    register_by_value()
+    with spark_session(workload, "bench-torchestimator-ingest") as (spark, start_s):
+        df = spark.read.parquet(workload.path)
+        result = {"session_start_s": start_s, "partitions": df.rdd.getNumPartitions()}
+
+        def fit(name: str, frame: DataFrame, direct: bool, expect: str) -> None:
+            probe = ProbeHook(scratch, f"ingest-{name}")
+            prefault_s = prefault(ingest_prefault_mb(workload.rows, workload.features))
+            result[name], _ = timed_fit(_estimator(workload, probe, direct), frame, workload.ranks, probe,
+                                        duration=f"{workload.steps}ba")
+            result[name]["prefault_s"] = prefault_s
+            if result[name]["read"] != expect:
+                raise RuntimeError(f"the {name} fit read its rows through {result[name]['read']}, not {expect}")
+
+        fit("cold", df, direct=True, expect="files")
+        fit("warm", df, direct=True, expect="files")
+        if variant != "scale":
+            fit("spark", df, direct=False, expect="spark")
+            cached = df.cache()
+            fit("cache_first", cached, direct=True, expect="spark")
+            fit("cache_second", cached, direct=True, expect="spark")
+            cached.unpersist(blocking=True)
+    return result
+
+
+def _estimator(workload: IngestWorkload, probe: ProbeHook, direct: bool) -> TorchEstimator:
+    return TorchEstimator(
+        model=make_model, optimizer=make_optimizer, loss=nn.MSELoss(), config=workload.config, hooks=[probe],
+        featuresCol="features", labelCol="label", batchSize=workload.batch_size, maxEpochs=workload.epochs,
+        numWorkers=workload.ranks, seed=workload.seed, directRead=direct, showProgress=False,
+    )
+
+
+if __name__ == "__main__":
+    contender_main(measure)
