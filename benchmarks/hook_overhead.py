@@ -72,7 +72,7 @@ def _run(batches: list[pa.RecordBatch], hooks: int, epochs: int) -> float:
 
 
 def _spec(creators: Creators, epochs: int) -> TaskSpec:
-    return TaskSpec(run_id="0123456789ab", payload=cloudpickle.dumps(creators), resume=None,
+    return TaskSpec(run_id="0123456789ab", fit_id="bench", payload=cloudpickle.dumps(creators), resume=None,
                     target=Target(epoch=epochs), schema=_SCHEMA, world_size=1, batch_size=256, seed=0, timeout_s=60)
 
 
