@@ -243,7 +243,9 @@ class RowsBuilder:
         self.budget = budget
         self.capacity = capacity
         self.parts: list[np.ndarray] = []
-        self.lengths: list[np.ndarray] = []
+        self.arrays: bool | None = None      # rows are arrays (with lengths), not single values
+        self.width: int | None = None        # the one length of every array row so far ...
+        self.lengths: list[np.ndarray] = []  # ... or, once they differ, every row's length
         self.inner: tuple[int, ...] | None = None
         self.rows = 0
         self.file = None
@@ -259,11 +261,13 @@ class RowsBuilder:
         if self.inner is None:
             self.inner = tuple(inner)
         values = np.asarray(values).reshape(-1, *self.inner)
-        self.rows += len(values) if lengths is None else len(lengths)
-        if lengths is not None:
-            self.lengths.append(np.asarray(lengths, dtype=np.int64))
-        elif self.lengths:
+        if self.arrays is None:
+            self.arrays = lengths is not None
+        elif self.arrays != (lengths is not None):
             raise ValueError("a column cannot mix rows with and without lengths")
+        if lengths is not None:
+            self._count_lengths(np.asarray(lengths, dtype=np.int64))
+        self.rows += len(values) if lengths is None else len(lengths)
         if self.file is not None:
             self.file.write(np.ascontiguousarray(values, dtype=self._numpy).tobytes())
             self._written += len(values)
@@ -272,6 +276,17 @@ class RowsBuilder:
             self.parts.append(values.astype(self._numpy, copy=False))
         if self.budget is not None:
             self.budget.add(len(values) * self._numpy.itemsize * math.prod(self.inner))
+
+    def _count_lengths(self, lengths: np.ndarray) -> None:
+        """Keeps one width while every array row has it; every row's length once not."""
+        if self.lengths:
+            self.lengths.append(lengths)
+        elif len(lengths) and not ((lengths == lengths[0]).all() and self.width in (None, int(lengths[0]))):
+            if self.rows:  # the rows so far all had the one width
+                self.lengths.append(np.full(self.rows, self.width, dtype=np.int64))
+            self.lengths.append(lengths)
+        elif len(lengths):
+            self.width = int(lengths[0])
 
     def _buffered(self, values: np.ndarray, lengths: np.ndarray | None) -> bool:
         """Copies ``values`` into the capacity buffer when they fit it (making the buffer
@@ -314,15 +329,15 @@ class RowsBuilder:
             return None
         inner = self.inner or ()
         values = self._values(inner)
-        if not self.lengths:
+        if not self.arrays:
             return values
-        lengths = np.concatenate(self.lengths)
-        self.lengths = []
-        if (lengths == lengths[0]).all():
-            width = int(lengths[0])
+        if not self.lengths:  # every row has the same length
+            width = self.width or 0
             if isinstance(values, DenseRows):
                 return DenseRows(values.tensor.reshape(self.rows, width, *inner))
             return SpilledRows(self.file, self.rows, (width, *inner), self.dtype)
+        lengths = np.concatenate(self.lengths)
+        self.lengths = []
         if inner:
             raise ValueError("arrays of arrays must all have the same sizes")
         offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
