@@ -74,10 +74,8 @@ def make_data(spark: SparkSession, rows: int = 2_000, features: int = 32):
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    builder = SparkSession.builder.appName("spark_torch_est custom training")
-    if "spark.master" not in builder._options and not os.environ.get("SPARK_CONF_DIR"):
-        builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
+    # local[*] unless spark-submit --master or conf/spark-defaults.conf names another master
+    spark = SparkSession.builder.appName("spark_torch_est custom training").getOrCreate()
     df = make_data(spark).cache()
 
     stopper = EarlyStopping(monitor="val_loss", patience=2)

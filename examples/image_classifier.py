@@ -49,10 +49,8 @@ def digits(spark: SparkSession):
 
 
 def main() -> None:
-    builder = SparkSession.builder.appName("spark_torch_est image classifier")
-    if "spark.master" not in builder._options and not os.environ.get("SPARK_CONF_DIR"):
-        builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
+    # local[*] unless spark-submit --master or conf/spark-defaults.conf names another master
+    spark = SparkSession.builder.appName("spark_torch_est image classifier").getOrCreate()
     df = digits(spark).cache()
     train, test = df.filter("NOT held_out"), df.filter("held_out")
     est = TorchEstimator(

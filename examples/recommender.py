@@ -56,10 +56,8 @@ def clicks(spark: SparkSession, rows: int = 40_000, seed: int = 0):
 
 
 def main() -> None:
-    builder = SparkSession.builder.appName("spark_torch_est recommender")
-    if "spark.master" not in builder._options and not os.environ.get("SPARK_CONF_DIR"):
-        builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
+    # local[*] unless spark-submit --master or conf/spark-defaults.conf names another master
+    spark = SparkSession.builder.appName("spark_torch_est recommender").getOrCreate()
     train, test = clicks(spark).randomSplit([0.8, 0.2], seed=1)
     est = TorchEstimator(
         model=WideAndDeep, optimizer=lambda model, config: torch.optim.Adam(model.parameters(), lr=config["lr"]),

@@ -50,10 +50,8 @@ def documents(spark: SparkSession, rows: int = 12_000, seed: int = 0):
 
 
 def main() -> None:
-    builder = SparkSession.builder.appName("spark_torch_est text classifier")
-    if "spark.master" not in builder._options and not os.environ.get("SPARK_CONF_DIR"):
-        builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
+    # local[*] unless spark-submit --master or conf/spark-defaults.conf names another master
+    spark = SparkSession.builder.appName("spark_torch_est text classifier").getOrCreate()
     train, test = documents(spark).randomSplit([0.8, 0.2], seed=1)
     est = TorchEstimator(
         model=BagOfEmbeddings, optimizer=lambda model, config: torch.optim.Adam(model.parameters(), lr=config["lr"]),

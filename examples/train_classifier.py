@@ -46,10 +46,8 @@ def make_data(spark: SparkSession, rows: int = 4000):
 
 
 def main() -> None:
-    builder = SparkSession.builder.appName("spark_torch_est classifier example")
-    if "spark.master" not in builder._options and not os.environ.get("SPARK_CONF_DIR"):
-        builder = builder.master("local[2]")
-    spark = builder.getOrCreate()
+    # local[*] unless spark-submit --master or conf/spark-defaults.conf names another master
+    spark = SparkSession.builder.appName("spark_torch_est classifier example").getOrCreate()
     train, test = make_data(spark).randomSplit([0.8, 0.2], seed=1)
     train, test = train.cache(), test.cache()
 

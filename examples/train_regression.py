@@ -58,10 +58,8 @@ def tracking() -> tuple[list, str | None]:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    builder = SparkSession.builder.appName("spark_torch_est example")
-    if "spark.master" not in builder._options and not os.environ.get("SPARK_CONF_DIR"):
-        builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
+    # local[*] unless spark-submit --master or conf/spark-defaults.conf names another master
+    spark = SparkSession.builder.appName("spark_torch_est example").getOrCreate()
     slots = spark.sparkContext.defaultParallelism
     df = make_data(spark).cache()
     train, test = df.randomSplit([0.9, 0.1], seed=1)
