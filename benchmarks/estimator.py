@@ -1,6 +1,8 @@
 """Contender: this project, ``TorchEstimator(...).fit(df)`` on ``spark.read.parquet``.
 
-One process, one fresh SparkSession, in this order:
+One process, one fresh SparkSession, in this order (before every fit after the first the
+files get a new modification time, :func:`~benchmarks.fits.touch_files`: each fit reads
+them, as the peers do):
 
 1. cold fit: the session's first fit;
 2. warm fit: a new estimator, the same epochs (``featuresCol="features"``);
@@ -33,7 +35,7 @@ from torch import nn
 from spark_torch_est import TorchEstimator, TorchModel
 
 from benchmarks.dataset import read_numpy
-from benchmarks.fits import timed_fit
+from benchmarks.fits import timed_fit, touch_files
 from benchmarks.forward import forward_rows_per_s
 from benchmarks.hooks import ProbeHook
 from benchmarks.listener import ProgressRecords
@@ -52,12 +54,14 @@ def measure(workload: Workload, scratch: str, variant: str = "") -> dict:
         df = spark.read.parquet(workload.path)
         probe = ProbeHook(scratch, "te-cold")
         cold, _ = timed_fit(_estimator(workload, probe), df, workload.ranks, probe)
+        touch_files(workload.path)
         probe = ProbeHook(scratch, "te-warm")
         estimator = _estimator(workload, probe)
         warm, model = timed_fit(estimator, df, workload.ranks, probe)
         typed = _typed_inputs(df, workload, scratch)
         no_hook = _fit_without_hooks(df, workload)
         estimator.setMaxEpochs(workload.epochs + 1)
+        touch_files(workload.path)
         probe.tag = "te-resume"
         resume, _ = timed_fit(estimator, df, workload.ranks, probe, duration="1ep")
         transform = _transform(model, df, workload)
@@ -83,6 +87,7 @@ def _typed_inputs(df: DataFrame, workload: Workload, scratch: str) -> dict[str, 
     more with ``featuresCol`` (A). Returns ``{"inputs": [B, B], "features": [A]}``."""
     fits: dict[str, list[dict]] = {"inputs": [], "features": []}
     for number, typed in enumerate((True, True, False)):
+        touch_files(workload.path)
         probe = ProbeHook(scratch, f"te-typed-{number}")
         fits["inputs" if typed else "features"].append(
             timed_fit(_estimator(workload, probe, typed=typed), df, workload.ranks, probe)[0])
@@ -91,6 +96,7 @@ def _typed_inputs(df: DataFrame, workload: Workload, scratch: str) -> dict[str, 
 
 def _fit_without_hooks(df: DataFrame, workload: Workload) -> dict:
     """A warm fit with no hook, followed through the driver's progress records."""
+    touch_files(workload.path)
     with ProgressRecords() as records:
         called = time.time()
         _estimator(workload, None).fit(df)
@@ -131,6 +137,7 @@ def _checkpoint_transfer(df: DataFrame, workload: Workload, scratch: str) -> dic
     duration = f"{workload.checkpoint_steps}ba"
     fits = {}
     for name, creator in (("small", make_model), ("big", make_big_model)):
+        touch_files(workload.path)
         probe = ProbeHook(scratch, f"te-ckpt-{name}")
         estimator = _estimator(workload, probe, model=creator, max_epochs=1)
         fits[name], _ = timed_fit(estimator, df, workload.ranks, probe, duration=duration)

@@ -7,13 +7,16 @@ steps, in this order:
 1. cold fit, direct read (the ranks read the Parquet with pyarrow, ``directRead=True``,
    the default): the session's first fit, in fresh Python workers, so its peak RSS is
    the whole life of the rank's process;
-2. warm fit, direct read;
-3. warm fit with ``directRead=False``: the same table through Spark (JVM scan, shuffle
+2. warm fit, direct read, after touching the files (a new modification time), so that
+   the ranks read them again rather than reuse the rows their workers kept;
+3. warm fit on the unchanged files: a worker that Spark gives the same part again trains
+   on the rows it kept (which worker gets which task is up to Spark);
+4. warm fit with ``directRead=False``: the same table through Spark (JVM scan, shuffle
    into ``numWorkers`` partitions, Arrow to the ranks);
-4. two fits on ``df.cache()``: a cached DataFrame is not a plain scan, so both go through
+5. two fits on ``df.cache()``: a cached DataFrame is not a plain scan, so both go through
    Spark; the first fills the cache, the second reads it.
 
-Variant ``scale`` (the growth table, :mod:`benchmarks.scale`) runs 1 and 2 only. A fit
+Variant ``scale`` (the growth table, :mod:`benchmarks.scale`) runs 1 to 3 only. A fit
 that did not read the way its figure says fails the run. Right before each fit the
 driver backs free memory (:mod:`benchmarks.memory`), as the pyarrow contender does before
 its read.
@@ -21,12 +24,13 @@ its read.
 
 from __future__ import annotations
 
+
 from pyspark.sql import DataFrame
 from torch import nn
 
 from spark_torch_est import TorchEstimator
 
-from benchmarks.fits import timed_fit
+from benchmarks.fits import timed_fit, touch_files
 from benchmarks.hooks import ProbeHook
 from benchmarks.memory import ingest_prefault_mb, prefault
 from benchmarks.protocol import contender_main
@@ -54,7 +58,9 @@ def measure(workload: IngestWorkload, scratch: str, variant: str = "") -> dict:
                 raise RuntimeError(f"the {name} fit read its rows through {result[name]['read']}, not {expect}")
 
         fit("cold", df, direct=True, expect="files")
+        touch_files(workload.path)
         fit("warm", df, direct=True, expect="files")
+        fit("reuse", df, direct=True, expect="files")
         if variant != "scale":
             fit("spark", df, direct=False, expect="spark")
             cached = df.cache()

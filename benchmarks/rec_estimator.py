@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from spark_torch_est import TorchEstimator
 
-from benchmarks.fits import timed_fit
+from benchmarks.fits import timed_fit, touch_files
 from benchmarks.hooks import ProbeHook
 from benchmarks.protocol import contender_main
 from benchmarks.recommender import INPUT_COLS, LABEL_COL, RecWorkload, make_rec_model
@@ -29,6 +29,7 @@ def measure(workload: RecWorkload, scratch: str, variant: str = "") -> dict:
         probe = ProbeHook(scratch, "rec-cold")
         cold, _ = timed_fit(_estimator(workload, probe), df, workload.ranks, probe,
                             duration=f"{workload.warmup_steps}ba")
+        touch_files(workload.path)
         probe = ProbeHook(scratch, "rec-warm")
         warm, _ = timed_fit(_estimator(workload, probe), df, workload.ranks, probe)
     return {"session_start_s": start_s, "cold": cold, "warm": warm}
