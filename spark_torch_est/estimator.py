@@ -96,7 +96,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         allowNonFinite: Train on when the loss is NaN or infinite (default False: the fit
             fails at that step with ``TrainingFailedError`` and the run keeps its last state).
         directRead: Let the tasks read a plain Parquet table on a local or mounted
-            filesystem themselves, with pyarrow (default True; see docs/ingest.md).
+            filesystem themselves, with pyarrow (default True; see docs/ingest.md); the
+            model keeps it for ``transform`` and ``evaluate``.
     """
 
     @keyword_only

@@ -1,13 +1,14 @@
-"""[executor] A rank's part of a Parquet table, read with pyarrow as training-frame batches.
+"""[executor] A part of a Parquet table, read with pyarrow as the batches Spark would send.
 
-See :mod:`spark_torch_est.sources` for when the ranks read the files themselves. The
+See :mod:`spark_torch_est.sources` for when the tasks read the files themselves. A rank's
 batches carry the same columns the Spark job would (see :mod:`spark_torch_est.protocol`),
-so everything after ingest is the same on both paths.
+so everything after ingest is the same on both paths; scoring tasks get the table's own
+columns, as ``mapInArrow`` would give them.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import fsspec
 import numpy as np
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 from spark_torch_est.data import arrow_values
 from spark_torch_est.spec import FileSource
 
-__all__ = ["read_part"]
+__all__ = ["read_part", "over_parts"]
 
 _BATCH_ROWS = 16_384
 
@@ -38,6 +39,19 @@ def read_part(source: FileSource, rank: int, batch_rows: int = _BATCH_ROWS) -> I
                     yield _frame(batch.slice(start, stop - start), source)
                 if first >= part.stop:
                     break
+
+
+def over_parts(source: FileSource, task: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+               ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function over a frame of part numbers (one ``id`` column, as
+    ``spark.range`` gives) that runs ``task`` over the rows of each part it is given."""
+
+    def run(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in numbers:
+            for part in batch.column(0).to_pylist():
+                yield from task(read_part(source, part))
+
+    return run
 
 
 def _frame(batch: pa.RecordBatch, source: FileSource) -> pa.RecordBatch:

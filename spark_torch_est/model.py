@@ -18,6 +18,7 @@ from pyspark.sql import types as T
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
 from spark_torch_est.errors import InvalidInputError, SparkTorchError
+from spark_torch_est.files import over_parts
 from spark_torch_est.frames import check_inputs, input_schema, label_kind, weight_column
 from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
 from spark_torch_est.losses import Loss
@@ -25,6 +26,7 @@ from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.params import MODEL_DEFAULTS, ModelParams
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.schema import FEATURES_LAYOUT
+from spark_torch_est.sources import parquet_table
 from spark_torch_est.udf import arrow_predict_function
 
 __all__ = ["TorchModel"]
@@ -122,7 +124,23 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         where = self._inputs(dataset)
         schema = T.StructType(list(dataset.schema.fields) +
                               [T.StructField(name, types[param], False) for param, name in outputs.items()])
-        return dataset.mapInArrow(predict_task(self._scoring_spec(outputs, **where)), schema)
+        return self._map_in_arrow(dataset, predict_task(self._scoring_spec(outputs, **where)), schema)
+
+    def _map_in_arrow(self, dataset: DataFrame, task: Callable, schema: T.StructType | str) -> DataFrame:
+        """``dataset.mapInArrow(task, schema)``; with ``directRead``, a plain Parquet table
+        whose columns pyarrow reads exactly as Spark would pass them (see sources.py) is
+        read by the tasks themselves, without the JVM's scan and row-to-Arrow conversion."""
+        if self.getDirectRead():
+            try:
+                slots = dataset.sparkSession.sparkContext.defaultParallelism
+            except Exception:  # Spark Connect: Spark reads the table
+                slots = 0
+            source = parquet_table(dataset, slots) if slots else None
+            if source is not None:
+                parts = len(source.parts)
+                logger.info("%s reads %d parts of the Parquet files directly", self.uid, parts)
+                return dataset.sparkSession.range(0, parts, 1, parts).mapInArrow(over_parts(source, task), schema)
+        return dataset.mapInArrow(task, schema)
 
     def predict_udf(self, output: str = "prediction") -> Any:
         """The model as a batched column function, for ``withColumn``, ``select`` and SQL.
@@ -187,7 +205,7 @@ class TorchModel(Model, ModelParams, TorchPersistence):
             weight_column(dataset, weight)
         frame = dataset.select(*needed)
         spec = self._scoring_spec(label_col=self.getLabelCol(), weight_col=weight, **where)
-        rows = frame.mapInArrow(evaluate_task(spec), EVALUATION_SCHEMA).collect()
+        rows = self._map_in_arrow(frame, evaluate_task(spec), EVALUATION_SCHEMA).collect()
         totals = torch.tensor([r["totals"] for r in rows], dtype=torch.float64).sum(dim=0)
         if not rows or totals[0] == 0:
             raise InvalidInputError("evaluate() got a DataFrame without rows (or, with weightCol, whose weights are "

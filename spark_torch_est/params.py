@@ -48,6 +48,7 @@ MODEL_DEFAULTS: dict[str, object] = {
     "rawPredictionCol": "rawPrediction",
     "probabilityCol": "probability",
     "inferenceBatchSize": 4096,
+    "directRead": True,
 }
 
 #: Defaults of TorchEstimator's own Params.
@@ -68,7 +69,6 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "allowNonFinite": False,
     "inputShapes": None,
     "paddingValue": 0.0,
-    "directRead": True,
 }
 
 
@@ -116,6 +116,13 @@ class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPredictio
     inferenceBatchSize: Param = Param(
         Params._dummy(), "inferenceBatchSize", "rows per forward pass in transform()",
         typeConverter=TypeConverters.toInt,
+    )
+    directRead: Param = Param(
+        Params._dummy(), "directRead",
+        "a plain Parquet table on a local or mounted filesystem is read by the tasks themselves with pyarrow, "
+        "not through the JVM: in fit, and in transform and evaluate when pyarrow reads its columns exactly as "
+        "Spark would pass them (False: always through Spark)",
+        typeConverter=TypeConverters.toBoolean,
     )
 
     def getFeatureCols(self) -> list[str] | None:
@@ -193,10 +200,6 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                "{column: [sizes]}: reshape each row of an inputCols column, e.g. {'image': [1, 8, 8]} "
                                "for 64 bytes; None = rows as they are",
                                typeConverter=_to_shapes)
-    directRead: Param = Param(Params._dummy(), "directRead",
-                              "a plain Parquet table on a local or mounted filesystem is read by the tasks "
-                              "themselves with pyarrow, not through the JVM (False: always through Spark)",
-                              typeConverter=TypeConverters.toBoolean)
     paddingValue: Param = Param(Params._dummy(), "paddingValue",
                                 "what arrays shorter than the longest row of their batch are padded with",
                                 typeConverter=TypeConverters.toFloat)
@@ -225,9 +228,9 @@ def _accessors(cls: type, name: str) -> None:
     getattr(cls, f"set{cap}").__doc__ = f"Sets {name} ({doc})."
 
 
-for _name in ("inputCols", "weightCol"):
+for _name in ("inputCols", "weightCol", "directRead"):
     _accessors(ModelParams, _name)
 for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
-              "allowNonFinite", "inputShapes", "paddingValue", "directRead"):
+              "allowNonFinite", "inputShapes", "paddingValue"):
     _accessors(EstimatorParams, _name)

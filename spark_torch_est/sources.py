@@ -10,6 +10,12 @@ JVM conversion, exactly even parts. Anything else (a filter, a join, a cache, De
 other table formats, partition columns, files on a remote store such as S3 or HDFS,
 Spark Connect, files the driver cannot open, ``directRead=False``) takes the general path
 through Spark.
+
+``TorchModel.transform`` and ``evaluate`` read such a table the same way
+(:func:`parquet_table`), but only when every column they pass on comes out of pyarrow as
+the very Arrow data Spark would hand a Python function: integers, floats, booleans,
+strings, binary, and arrays and structs (Vectors) of those. Other types (decimals, dates,
+timestamps, maps, unsigned integers) go through Spark, whose readers decide their values.
 """
 
 from __future__ import annotations
@@ -20,15 +26,21 @@ import logging
 import re
 
 from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 
 from spark_torch_est.spec import FilePart, FileSource
 
-__all__ = ["parquet_source"]
+__all__ = ["parquet_source", "parquet_table"]
 
 logger = logging.getLogger(__name__)
 
 _PASS_THROUGH = ("ColumnarToRowExec", "InputAdapter", "WholeStageCodegenExec")
 _PLAIN_ATTRIBUTE = re.compile(r"^[^#()]+#\d+L?$")
+_PART_BYTES = 128 * 2 ** 20  # uncompressed bytes per part of parquet_table, at most (Spark's default split)
+#: Spark's atomic types that pyarrow reads from Parquet as Spark passes them, by the Arrow type's name.
+_SPARK_ATOMS = {T.ByteType: "int8", T.ShortType: "int16", T.IntegerType: "int32", T.LongType: "int64",
+                T.FloatType: "float", T.DoubleType: "double", T.BooleanType: "bool", T.StringType: "string",
+                T.BinaryType: "binary"}
 
 
 def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], str]],
@@ -52,6 +64,53 @@ def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], str]
         logger.info("reading the table through Spark: its files cannot be read directly (%s: %s)",
                     type(error).__name__, error)
         return None
+
+
+def parquet_table(df: DataFrame, slots: int) -> FileSource | None:
+    """All of ``df`` as parts of at most ~128 MB (a multiple of ``slots`` of them), when
+    ``df`` is a plain scan of Parquet files the driver can read and every column is of a
+    type pyarrow reads exactly as Spark passes it to Python; else None."""
+    columns, fields = df.columns, df.schema.fields
+    types = {field.name: _spark_type(field.dataType) for field in fields}
+    if len(set(columns)) != len(columns) or None in types.values():
+        return None
+    files = _scanned_files(df.select(*[df[name] for name in columns]), columns)  # a fresh plan: caches count
+    if not files:
+        return None
+    try:
+        return _split(files, tuple((name, (name,), "as_is") for name in columns), slots, types)
+    except Exception as error:  # unreadable files, unknown URL schemes, other types: Spark reads them instead
+        logger.info("reading the table through Spark: its files cannot be read directly (%s: %s)",
+                    type(error).__name__, error)
+        return None
+
+
+def _spark_type(spark_type: T.DataType) -> object:
+    """A Spark type as a comparable value (see :func:`_arrow_type`); None for types read otherwise."""
+    if isinstance(spark_type, T.UserDefinedType):
+        return _spark_type(spark_type.sqlType())
+    if isinstance(spark_type, T.ArrayType):
+        element = _spark_type(spark_type.elementType)
+        return None if element is None else ("array", element)
+    if isinstance(spark_type, T.StructType):
+        members = tuple((f.name, _spark_type(f.dataType)) for f in spark_type.fields)
+        return None if any(t is None for _, t in members) else ("struct", members)
+    return _SPARK_ATOMS.get(type(spark_type))
+
+
+def _arrow_type(arrow_type) -> object:
+    """An Arrow type as :func:`_spark_type` writes the Spark type it stands for; None when
+    Spark would not take it as it is (large and fixed-size lists, unsigned integers, ...)."""
+    import pyarrow as pa
+
+    if pa.types.is_list(arrow_type):
+        element = _arrow_type(arrow_type.value_type)
+        return None if element is None else ("array", element)
+    if pa.types.is_struct(arrow_type):
+        members = tuple((f.name, _arrow_type(f.type)) for f in arrow_type)
+        return None if any(t is None for _, t in members) else ("struct", members)
+    name = str(arrow_type)
+    return name if name in _SPARK_ATOMS.values() else None
 
 
 def _scanned_files(df: DataFrame, columns: list[str]) -> list[str] | None:
@@ -85,13 +144,22 @@ def _scanned_files(df: DataFrame, columns: list[str]) -> list[str] | None:
     return sorted(df.inputFiles())
 
 
-def _split(files: list[str], outputs: tuple, parts: int) -> FileSource:
-    """Rows ``[r * n / parts, (r + 1) * n / parts)`` of the files, in file order, for each rank."""
+def _split(files: list[str], outputs: tuple, parts: int, types: dict[str, object] | None = None) -> FileSource:
+    """Rows ``[r * n / parts, (r + 1) * n / parts)`` of the files, in file order, for each rank.
+
+    With ``types`` (column -> :func:`_spark_type`), every file must hold exactly those types,
+    and ``parts`` becomes the smallest multiple of itself whose parts hold at most
+    ``_PART_BYTES`` (uncompressed).
+
+    Raises:
+        ValueError: A file is not local, lacks a column, or holds another type.
+    """
     import fsspec
     import pyarrow.parquet as pq
 
     needed = {name for _, sources, _ in outputs for name in sources}
     groups = []  # (file, row group, rows)
+    size = 0
     for url in files:
         fs, path = fsspec.core.url_to_fs(url)
         if "file" not in fs.protocol:  # executors may lack this store's library or credentials: Spark reads it
@@ -101,9 +169,15 @@ def _split(files: list[str], outputs: tuple, parts: int) -> FileSource:
             missing = needed - set(reader.schema_arrow.names)
             if missing:  # other letter case, or schema evolution: Spark resolves those, pyarrow would not
                 raise ValueError(f"{url} has no column(s) {sorted(missing)} by those exact names")
+            for name, expected in (types or {}).items():
+                if _arrow_type(reader.schema_arrow.field(name).type) != expected:
+                    raise ValueError(f"{url}: column {name!r} is {reader.schema_arrow.field(name).type} in the file")
             metadata = reader.metadata
+        size += sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
         groups.extend((url, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups))
     total = sum(rows for _, _, rows in groups)
+    if types is not None:
+        parts *= max(1, -(-size // (parts * _PART_BYTES)))
     bounds = [rank * total // parts for rank in range(parts + 1)]
     assigned: list[list[FilePart]] = [[] for _ in range(parts)]
     first = 0

@@ -203,6 +203,13 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def tasks_read_files(frame) -> bool:
+    """Whether the tasks of ``frame`` read its Parquet files themselves: Spark's plan scans no
+    files, only the part numbers (a Range)."""
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    return "FileScan" not in plan and "Range (" in plan
+
+
 FEATURE_LAYOUTS = ["vector_dense", "vector_sparse", "array_double", "array_float", "feature_cols", "numeric"]
 
 

@@ -13,6 +13,7 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 from pyspark.sql import types as T
 
 from spark_torch_est import TorchEstimator, TorchModel
+from tests.helpers import tasks_read_files
 
 pytestmark = pytest.mark.spark
 
@@ -78,6 +79,22 @@ def test_multiclass_evaluator_reads_them_and_agrees_with_evaluate(three):
     assert accuracy > 0.9
     assert evaluated["accuracy"] == pytest.approx(accuracy, abs=1e-6)
     assert evaluated["loss"] == pytest.approx(log_loss, rel=1e-4)  # CrossEntropyLoss is the mean log loss
+
+
+def test_a_parquet_table_read_by_the_tasks_gives_the_same_vectors_to_the_evaluators(three, spark, tmp_path):
+    df, model = three
+    df.write.parquet(str(tmp_path / "table"))
+    table = spark.read.parquet(str(tmp_path / "table"))
+    direct, through_spark = model.transform(table), model.copy({model.directRead: False}).transform(table)
+    assert tasks_read_files(direct) and not tasks_read_files(through_spark)
+    rows, expected = direct.orderBy("id").collect(), through_spark.orderBy("id").collect()
+    for name in ("rawPrediction", "probability"):
+        np.testing.assert_allclose([r[name].toArray() for r in rows], [r[name].toArray() for r in expected],
+                                   rtol=1e-6, atol=1e-7)
+    assert [r.prediction for r in rows] == [r.prediction for r in expected]
+    evaluator = MulticlassClassificationEvaluator(metricName="logLoss")
+    assert evaluator.evaluate(direct) == pytest.approx(evaluator.evaluate(through_spark), rel=1e-6)
+    assert model.evaluate(table) == pytest.approx(model.copy({model.directRead: False}).evaluate(table), rel=1e-6)
 
 
 def test_binary_evaluator_reads_raw_prediction_and_probability(two):

@@ -50,6 +50,7 @@ def test_fit_transform_and_evaluate_for_each_feature_layout(ml, layout):
 def test_typed_inputs_fit_transform_and_evaluate(ml):
     found = ml["typed"]
     assert found["prediction_error"] < 1e-5 and found["evaluate_error"] < 1e-4
+    assert found["table_prediction_error"] < 1e-5 and found["table_evaluate_error"] < 1e-4
 
 
 def test_classifier_outputs_spark_evaluators_and_predict_udf(ml):

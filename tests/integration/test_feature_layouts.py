@@ -1,5 +1,6 @@
-"""transform, evaluate and save/load-then-transform for every feature layout a model reads
-(the Spark Connect side of the matrix is in test_connect.py)."""
+"""transform, evaluate and save/load-then-transform for every feature layout a model reads,
+from rows in memory and from a Parquet table (which the tasks read themselves); the Spark
+Connect side of the matrix is in test_connect.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from spark_torch_est import TorchEstimator, TorchModel
-from tests.helpers import FEATURE_LAYOUTS, layout_data, layout_frame, linear_model, sgd
+from tests.helpers import FEATURE_LAYOUTS, layout_data, layout_frame, linear_model, tasks_read_files, sgd
 
 pytestmark = pytest.mark.spark
 
@@ -26,16 +27,22 @@ def models(spark):
     return trained
 
 
+@pytest.mark.parametrize("source", ["memory", "parquet"])
 @pytest.mark.parametrize("layout", FEATURE_LAYOUTS)
-def test_transform_evaluate_and_a_saved_model_for_each_layout(spark, models, layout, tmp_path):
+def test_transform_evaluate_and_a_saved_model_for_each_layout(spark, models, layout, source, tmp_path):
     width = 1 if layout == "numeric" else 8
     x, y = layout_data(width)
     df, params = layout_frame(spark, layout, x, y)
+    if source == "parquet":
+        df.repartition(3).write.parquet(str(tmp_path / "table"))
+        df = spark.read.parquet(str(tmp_path / "table"))
     model = models[width].copy({models[width].getParam(k): v for k, v in params.items()})
     expected = model.torch_model()(torch.tensor(x, dtype=torch.float32)).detach().numpy().ravel()
 
     scored = model.transform(df)
     assert scored.columns == df.columns + ["prediction"]
+    assert tasks_read_files(scored) == (source == "parquet")
+    assert scored.orderBy("id").drop("prediction").collect() == df.orderBy("id").collect()
     predicted = np.array([r.prediction for r in scored.orderBy("id").collect()])
     np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-5)
 

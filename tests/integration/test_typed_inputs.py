@@ -18,7 +18,7 @@ from torch import nn
 
 from spark_torch_est import Hook, TorchEstimator, TorchModel
 from spark_torch_est.errors import InvalidInputError, TrainingFailedError
-from tests.helpers import CrashOnce, spark_jobs_started
+from tests.helpers import CrashOnce, tasks_read_files, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -268,3 +268,26 @@ def test_a_classifier_on_int_labels_of_any_width_evaluates(spark):
     for label_type in ("tinyint", "smallint", "int", "bigint"):
         typed = df.withColumn("label", F.col("label").cast(label_type))
         assert model.evaluate(typed)["loss"] == pytest.approx(model.evaluate(df)["loss"], rel=1e-6)
+
+
+def test_a_parquet_table_is_scored_from_its_files_exactly_as_through_spark(spark, tmp_path):
+    """Every type pyarrow reads as Spark passes it (ids > 2^24, Vectors, nested and ragged
+    arrays, bytes, strings): transform and evaluate read the files; other types go through Spark."""
+    df = (spark.createDataFrame(_rows(), SCHEMA).withColumn("f_decimal", F.col("f_decimal").cast("double"))
+          .withColumn("name", F.concat(F.lit("row "), F.col("id_int").cast("string"))))
+    df.repartition(3).write.parquet(str(tmp_path / "table"))
+    table = spark.read.parquet(str(tmp_path / "table"))
+    model = _estimator(maxEpochs=1).fit(table)
+    spark_read = model.copy({model.directRead: False})
+    direct, through_spark = model.transform(table), spark_read.transform(table)
+    assert tasks_read_files(direct) and not tasks_read_files(through_spark)
+    rows, expected = direct.orderBy("id_int").toPandas(), through_spark.orderBy("id_int").toPandas()
+    assert len(rows) == ROWS and rows.drop(columns="prediction").equals(expected.drop(columns="prediction"))
+    np.testing.assert_allclose(rows["prediction"], expected["prediction"], rtol=1e-6, atol=1e-6)
+    assert model.evaluate(table) == pytest.approx(spark_read.evaluate(table), rel=1e-6)
+
+    table.withColumn("day", F.to_date(F.lit("2026-12-01"))).write.parquet(str(tmp_path / "dated"))
+    dated = spark.read.parquet(str(tmp_path / "dated"))
+    assert not tasks_read_files(model.transform(dated)), "a date column: Spark's reader decides its values"
+    assert tasks_read_files(model.transform(dated.drop("day")))
+    assert model.evaluate(dated) == pytest.approx(spark_read.evaluate(table), rel=1e-6)  # only its columns count

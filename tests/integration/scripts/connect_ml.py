@@ -62,9 +62,13 @@ typed_model = TorchEstimator(model=lambda c: Typed(), optimizer=sgd, loss=torch.
 module = typed_model.torch_model()
 expected = np.array([float(module(torch.tensor([i]), torch.tensor([f], dtype=torch.float32),
                                   torch.tensor([t or [0]]))) for i, f, t, _ in typed_rows])
+typed.write.parquet(os.path.join(directory, "typed"))
+typed_table = spark.read.parquet(os.path.join(directory, "typed"))  # a plain Parquet table: Spark reads it here
 result["typed"] = {
     "prediction_error": float(np.abs(_predictions(typed_model.transform(typed)) - expected).max()),
     "evaluate_error": abs(typed_model.evaluate(typed)["loss"] - float(np.mean((expected - y) ** 2))),
+    "table_prediction_error": float(np.abs(_predictions(typed_model.transform(typed_table)) - expected).max()),
+    "table_evaluate_error": abs(typed_model.evaluate(typed_table)["loss"] - float(np.mean((expected - y) ** 2))),
 }
 
 # A classifier on featureCols through a Pipeline, scored by Spark's evaluators and tuned by CrossValidator.
