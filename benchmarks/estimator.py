@@ -35,7 +35,7 @@ from torch import nn
 from spark_torch_est import TorchEstimator, TorchModel
 
 from benchmarks.dataset import read_numpy
-from benchmarks.fits import timed_fit, touch_files
+from benchmarks.fits import noop_seconds, timed_fit, touch_files
 from benchmarks.forward import forward_rows_per_s
 from benchmarks.hooks import ProbeHook
 from benchmarks.listener import ProgressRecords
@@ -108,9 +108,9 @@ def _transform(model: TorchModel, df: DataFrame, workload: Workload) -> dict:
     """``transform`` into the noop sink twice, then what any transform through Spark costs
     at least (the scan alone, and a ``mapInArrow`` that returns its input), then the plain
     forward baseline."""
-    seconds = [_noop_seconds(model.transform(df)) for _ in range(2)]
-    scan = _noop_seconds(df)
-    identity = _noop_seconds(df.mapInArrow(_identity, df.schema))
+    seconds = [noop_seconds(model.transform(df)) for _ in range(2)]
+    scan = noop_seconds(df)
+    identity = noop_seconds(df.mapInArrow(_identity, df.schema))
     features, _ = read_numpy(workload.path)
     return {
         "rows_per_s": workload.rows / seconds[0],
@@ -119,12 +119,6 @@ def _transform(model: TorchModel, df: DataFrame, workload: Workload) -> dict:
         "identity_rows_per_s": workload.rows / identity,
         "plain_forward_rows_per_s": forward_rows_per_s(model.torch_model(), features, model.getInferenceBatchSize()),
     }
-
-
-def _noop_seconds(frame: DataFrame) -> float:
-    started = time.perf_counter()
-    frame.write.format("noop").mode("overwrite").save()
-    return time.perf_counter() - started
 
 
 def _identity(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

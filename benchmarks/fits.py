@@ -14,7 +14,7 @@ from spark_torch_est import TorchEstimator, TorchModel
 from benchmarks.hooks import ProbeHook
 from benchmarks.probes import read_rank_reports
 
-__all__ = ["timed_fit", "touch_files"]
+__all__ = ["timed_fit", "touch_files", "noop_seconds"]
 
 
 def timed_fit(estimator: TorchEstimator, df: DataFrame, ranks: int, probe: ProbeHook,
@@ -49,3 +49,10 @@ def touch_files(path: str) -> None:
     for file in Path(path).rglob("*"):
         if file.is_file():
             os.utime(file)
+
+
+def noop_seconds(frame: DataFrame) -> float:
+    """Seconds to compute every row of ``frame`` into Spark's ``noop`` sink."""
+    started = time.perf_counter()
+    frame.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started

@@ -3,13 +3,14 @@ rank's memory against its share of the data."""
 
 from __future__ import annotations
 
-from benchmarks.tables import COMPARISON_HEADER, Round, Summary, Table, get, largest, mb, ratio, seconds, times
+from benchmarks.tables import COMPARISON_HEADER, Round, Summary, Table, get, largest, mb, rate, ratio, seconds, times
 from benchmarks.workload import IngestWorkload
 
 __all__ = ["ingest_tables", "faster_read", "RSS_SLACK_MB"]
 
 _PYARROW = "pyarrow reading the same files into numpy, 1 process (the faster read)"
 _READS = ("ingest_pyarrow", "ingest_pyarrow_default")
+_FORWARD = "plain batched forward of the same rows as numpy, 1 process, every core"
 _SHARE = "its share of the data (features + label, float32)"
 RSS_SLACK_MB = 400  # the memory target: at most 1.5x the share + 400 MB (torch, Python, one batch in flight)
 
@@ -33,6 +34,10 @@ def ingest_tables(summary: Summary, workload: IngestWorkload, labels: dict[str, 
                          "cold", share, target=True))
     rows.append(_rss_row(summary, "largest rank's peak RSS during the warm fit through Spark (reused worker)",
                          "spark", share, target=False))
+    for figure, path, target in (("TorchModel.transform rows/s, the tasks read the files (noop sink)", "files", ">=0.5x"),
+                                 ("TorchModel.transform rows/s, through Spark's scan (directRead=False)", "spark", "")):
+        rows.append(summary.compare(figure, get("ingest_te", "transform", f"{path}_rows_per_s"), _FORWARD,
+                                    get("ingest_te", "transform", "plain_forward_rows_per_s"), rate, target))
     partitions = summary.show(get("ingest_te", "partitions"), lambda value: f"{value:.0f}")
     parquet = summary.show(get("ingest_pyarrow", "parquet_mb"), mb)
     title = (f"Ingest at scale: {workload.rows:,} rows x {workload.features} float32 ({parquet} of Parquet, one "
