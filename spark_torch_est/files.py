@@ -8,6 +8,7 @@ columns, as ``mapInArrow`` would give them.
 
 from __future__ import annotations
 
+import bisect
 from typing import Callable, Iterator
 
 import fsspec
@@ -43,13 +44,21 @@ def read_part(source: FileSource, rank: int, batch_rows: int = _BATCH_ROWS) -> I
 
 def over_parts(source: FileSource, task: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
                ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function over a frame of part numbers (one ``id`` column, as
-    ``spark.range`` gives) that runs ``task`` over the rows of each part it is given."""
+    """A ``mapInArrow`` function over ``spark.range(0, rows, 1, parts)`` that runs ``task``
+    over the part of the table whose rows the partition's ids number (a part's first row
+    is its partition's first id; see ``sources._split``)."""
+    starts = np.cumsum((0,) + source.part_rows[:-1]).tolist()
 
-    def run(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in numbers:
-            for part in batch.column(0).to_pylist():
-                yield from task(read_part(source, part))
+    def run(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        first = next((batch.column(0)[0].as_py() for batch in ids if batch.num_rows), None)
+        if first is None:  # an empty partition
+            return
+        part = bisect.bisect_right(starts, first) - 1
+        if starts[part] != first:
+            raise RuntimeError(f"row {first} does not start a part of the table (parts start at {starts})")
+        yield from task(read_part(source, part))
+        for _ in ids:  # the rest of the partition's ids
+            pass
 
     return run
 

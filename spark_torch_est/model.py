@@ -12,7 +12,7 @@ import cloudpickle
 import torch
 from pyspark.ml import Model
 from pyspark.ml.linalg import VectorUDT
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from spark_torch_est.checkpoint import Checkpoint
@@ -126,20 +126,32 @@ class TorchModel(Model, ModelParams, TorchPersistence):
                               [T.StructField(name, types[param], False) for param, name in outputs.items()])
         return self._map_in_arrow(dataset, predict_task(self._scoring_spec(outputs, **where)), schema)
 
-    def _map_in_arrow(self, dataset: DataFrame, task: Callable, schema: T.StructType | str) -> DataFrame:
+    def _map_in_arrow(self, dataset: DataFrame, task: Callable, schema: T.StructType | str,
+                      collected: bool = False) -> DataFrame:
         """``dataset.mapInArrow(task, schema)``; with ``directRead``, a plain Parquet table
         whose columns pyarrow reads exactly as Spark would pass them (see sources.py) is
-        read by the tasks themselves, without the JVM's scan and row-to-Arrow conversion."""
+        read by the tasks themselves, without the JVM's scan and row-to-Arrow conversion.
+
+        The tasks run over ``spark.range`` of the table's rows, so Spark knows the row count
+        but takes the result to be 8 bytes a row. A result that is not ``collected`` at once
+        may meet a join, so it reads the files only where that size leads Spark to the same
+        broadcast decision as the table's own (else a join could broadcast a table far
+        bigger than Spark believes).
+        """
         if self.getDirectRead():
+            spark = dataset.sparkSession
             try:
-                slots = dataset.sparkSession.sparkContext.defaultParallelism
+                slots = spark.sparkContext.defaultParallelism
             except Exception:  # Spark Connect: Spark reads the table
                 slots = 0
             source = parquet_table(dataset, slots) if slots else None
             if source is not None:
-                parts = len(source.parts)
-                logger.info("%s reads %d parts of the Parquet files directly", self.uid, parts)
-                return dataset.sparkSession.range(0, parts, 1, parts).mapInArrow(over_parts(source, task), schema)
+                parts, rows = len(source.parts), sum(source.part_rows)
+                if collected or _same_broadcast(spark, dataset, estimated_bytes=8 * rows):
+                    logger.info("%s reads %d rows in %d parts of the Parquet files directly", self.uid, rows, parts)
+                    return spark.range(0, rows, 1, parts).mapInArrow(over_parts(source, task), schema)
+                logger.info("%s scores the table through Spark's scan: a join would take its result for %d bytes",
+                            self.uid, 8 * rows)
         return dataset.mapInArrow(task, schema)
 
     def predict_udf(self, output: str = "prediction") -> Any:
@@ -205,7 +217,7 @@ class TorchModel(Model, ModelParams, TorchPersistence):
             weight_column(dataset, weight)
         frame = dataset.select(*needed)
         spec = self._scoring_spec(label_col=self.getLabelCol(), weight_col=weight, **where)
-        rows = self._map_in_arrow(frame, evaluate_task(spec), EVALUATION_SCHEMA).collect()
+        rows = self._map_in_arrow(frame, evaluate_task(spec), EVALUATION_SCHEMA, collected=True).collect()
         totals = torch.tensor([r["totals"] for r in rows], dtype=torch.float64).sum(dim=0)
         if not rows or totals[0] == 0:
             raise InvalidInputError("evaluate() got a DataFrame without rows (or, with weightCol, whose weights are "
@@ -239,3 +251,12 @@ def _output_types(kind: str) -> dict[str, T.DataType]:
         return {"predictionCol": T.DoubleType(), "rawPredictionCol": VectorUDT(), "probabilityCol": VectorUDT()}
     return {"predictionCol": T.DoubleType() if kind == "scalar" else T.ArrayType(T.FloatType())}
 
+
+def _same_broadcast(spark: SparkSession, dataset: DataFrame, estimated_bytes: int) -> bool:
+    """Whether Spark would decide alike whether to broadcast ``dataset`` and a plan it takes
+    for ``estimated_bytes``, under ``spark.sql.autoBroadcastJoinThreshold``."""
+    threshold = spark._jsparkSession.sessionState().conf().autoBroadcastJoinThreshold()  # parsed, in bytes
+    if threshold < 0:  # no broadcast joins
+        return True
+    table_bytes = int(str(dataset._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))  # a BigInt
+    return (estimated_bytes <= threshold) == (table_bytes <= threshold)

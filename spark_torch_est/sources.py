@@ -24,19 +24,24 @@ import hashlib
 import json
 import logging
 import re
+from typing import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from spark_torch_est.spec import FilePart, FileSource
 
-__all__ = ["parquet_source", "parquet_table"]
+__all__ = ["parquet_source", "parquet_table", "scoring_parts"]
 
 logger = logging.getLogger(__name__)
 
 _PASS_THROUGH = ("ColumnarToRowExec", "InputAdapter", "WholeStageCodegenExec")
 _PLAIN_ATTRIBUTE = re.compile(r"^[^#()]+#\d+L?$")
-_PART_BYTES = 128 * 2 ** 20  # uncompressed bytes per part of parquet_table, at most (Spark's default split)
+#: Bytes (uncompressed) per part of :func:`parquet_table`: between these, the table over the cores, as
+#: Spark sizes its splits (``spark.sql.files.maxPartitionBytes``, ``spark.sql.files.openCostInBytes``).
+_PART_BYTES = (4 * 2 ** 20, 128 * 2 ** 20)
+#: :func:`parquet_table` reads every file's footer on the driver at each call: beyond this many files, Spark scans.
+_MAX_FILES = 1000
 #: Spark's atomic types that pyarrow reads from Parquet as Spark passes them, by the Arrow type's name.
 _SPARK_ATOMS = {T.ByteType: "int8", T.ShortType: "int16", T.IntegerType: "int32", T.LongType: "int64",
                 T.FloatType: "float", T.DoubleType: "double", T.BooleanType: "bool", T.StringType: "string",
@@ -67,22 +72,35 @@ def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], str]
 
 
 def parquet_table(df: DataFrame, slots: int) -> FileSource | None:
-    """All of ``df`` as parts of at most ~128 MB (a multiple of ``slots`` of them), when
-    ``df`` is a plain scan of Parquet files the driver can read and every column is of a
-    type pyarrow reads exactly as Spark passes it to Python; else None."""
+    """All of ``df`` in parts sized as Spark sizes its splits (4-128 MB, the table spread
+    over ``slots`` cores; a multiple of ``slots`` when there are more parts than cores), when
+    ``df`` is a plain scan of at most ``_MAX_FILES`` Parquet files the driver can read and
+    every column is of a type pyarrow reads exactly as Spark passes it to Python; else None."""
     columns, fields = df.columns, df.schema.fields
     types = {field.name: _spark_type(field.dataType) for field in fields}
     if len(set(columns)) != len(columns) or None in types.values():
         return None
     files = _scanned_files(df.select(*[df[name] for name in columns]), columns)  # a fresh plan: caches count
-    if not files:
+    if not files or len(files) > _MAX_FILES:
         return None
     try:
-        return _split(files, tuple((name, (name,), "as_is") for name in columns), slots, types)
+        return _split(files, tuple((name, (name,), "as_is") for name in columns),
+                      lambda size, rows: scoring_parts(size, rows, slots), types)
     except Exception as error:  # unreadable files, unknown URL schemes, other types: Spark reads them instead
         logger.info("reading the table through Spark: its files cannot be read directly (%s: %s)",
                     type(error).__name__, error)
         return None
+
+
+def scoring_parts(size: int, rows: int, slots: int) -> int:
+    """How many parts :func:`parquet_table` cuts a table of ``size`` uncompressed bytes and
+    ``rows`` rows into for ``slots`` cores: parts of 4-128 MB, the table spread over the
+    cores, rounded up to whole waves when there are more parts than cores; never an empty
+    part (one for an empty table)."""
+    count = -(-size // min(_PART_BYTES[1], max(_PART_BYTES[0], size // slots)))
+    if count > slots:
+        count = -(-count // slots) * slots
+    return max(1, min(count, rows))
 
 
 def _spark_type(spark_type: T.DataType) -> object:
@@ -144,12 +162,17 @@ def _scanned_files(df: DataFrame, columns: list[str]) -> list[str] | None:
     return sorted(df.inputFiles())
 
 
-def _split(files: list[str], outputs: tuple, parts: int, types: dict[str, object] | None = None) -> FileSource:
-    """Rows ``[r * n / parts, (r + 1) * n / parts)`` of the files, in file order, for each rank.
+def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], int],
+           types: dict[str, object] | None = None) -> FileSource:
+    """Rows ``[r * n / parts, (r + 1) * n / parts)`` of the files, in file order, for each
+    part ``r`` (the boundaries of ``spark.range(0, n, 1, parts)``'s partitions).
 
-    With ``types`` (column -> :func:`_spark_type`), every file must hold exactly those types,
-    and ``parts`` becomes the smallest multiple of itself whose parts hold at most
-    ``_PART_BYTES`` (uncompressed).
+    Args:
+        files: The table's files.
+        outputs: See :class:`FileSource`.
+        parts: How many parts, or a function of the table's uncompressed bytes and rows
+            that says how many.
+        types: Column -> :func:`_spark_type`: every file must hold exactly those types.
 
     Raises:
         ValueError: A file is not local, lacks a column, or holds another type.
@@ -176,8 +199,8 @@ def _split(files: list[str], outputs: tuple, parts: int, types: dict[str, object
         size += sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
         groups.extend((url, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups))
     total = sum(rows for _, _, rows in groups)
-    if types is not None:
-        parts *= max(1, -(-size // (parts * _PART_BYTES)))
+    if callable(parts):
+        parts = parts(size, total)
     bounds = [rank * total // parts for rank in range(parts + 1)]
     assigned: list[list[FilePart]] = [[] for _ in range(parts)]
     first = 0

@@ -58,6 +58,11 @@ class FileSource:
     parts: tuple[tuple[FilePart, ...], ...]
     digest: str
 
+    @property
+    def part_rows(self) -> tuple[int, ...]:
+        """The rows of each part."""
+        return tuple(sum(piece.stop - piece.start for piece in part) for part in self.parts)
+
 
 @dataclass(frozen=True)
 class TaskSpec:

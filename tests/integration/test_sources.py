@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from spark_torch_est import Hook
 from spark_torch_est.frames import frame_outputs, input_schema
 from spark_torch_est.sources import parquet_source
-from tests.helpers import CrashOnce, estimator, linear_estimator
+from tests.helpers import CrashOnce, estimator, linear_estimator, tasks_read_files
 
 pytestmark = pytest.mark.spark
 
@@ -136,3 +136,30 @@ def test_files_without_the_columns_by_their_exact_names_go_through_spark(spark, 
     upper.write.parquet(str(tmp_path / "upper"))
     df = spark.read.parquet(str(tmp_path / "upper")).select(F.col("features"), "label")  # resolved ignoring case
     assert _source(df) is None
+
+
+def test_a_scored_table_reads_its_files_only_where_a_join_would_broadcast_it_alike(spark, table, caplog):
+    """transform's tasks run over a range of the table's rows, which Spark takes for 8 bytes
+    a row: where a join would then broadcast a table Spark itself would not, Spark scans it.
+    evaluate collects its result at once, so it reads the files either way."""
+    df = spark.read.parquet(table)
+    model = linear_estimator(maxEpochs=1).fit(df)
+    table_bytes = int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    assert 8 * 3000 < table_bytes
+    key, before = "spark.sql.autoBroadcastJoinThreshold", spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
+    try:
+        spark.conf.set(key, str((8 * 3000 + table_bytes) // 2))  # the rows' 8 bytes fit, the table does not
+        scored = model.transform(df)
+        assert not tasks_read_files(scored)
+        other = spark.range(table_bytes).withColumnRenamed("id", "k")  # too big to broadcast as well
+        joined = other.join(scored, F.col("k") == scored.id)
+        assert "BroadcastExchange" not in joined._jdf.queryExecution().executedPlan().toString()
+        with caplog.at_level(logging.INFO, logger="spark_torch_est.model"):
+            evaluated = model.evaluate(df)
+        assert any("reads 3000 rows in" in r.getMessage() for r in caplog.records)
+        assert evaluated == pytest.approx(model.copy({model.directRead: False}).evaluate(df), rel=1e-6)
+        spark.conf.set(key, "-1")  # no broadcast joins: nothing to mislead
+        assert tasks_read_files(model.transform(df))
+    finally:
+        spark.conf.set(key, before)
+    assert tasks_read_files(model.transform(df)), "under the default 10 MB both sizes allow a broadcast"

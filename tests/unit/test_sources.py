@@ -6,7 +6,7 @@ import pytest
 from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import types as T
 
-from spark_torch_est.sources import _arrow_type, _spark_type
+from spark_torch_est.sources import _arrow_type, _spark_type, scoring_parts
 
 _VECTOR_IN_PARQUET = pa.struct([pa.field("type", pa.int8(), nullable=False), ("size", pa.int32()),
                                 ("indices", pa.list_(pa.field("element", pa.int32()))),
@@ -38,3 +38,18 @@ def test_types_spark_reads_its_own_way_are_left_to_spark(spark_type):
 ])
 def test_files_holding_other_arrow_types_do_not_match(spark_type, arrow_type):
     assert _spark_type(spark_type) != _arrow_type(arrow_type)
+
+
+MB = 2 ** 20
+
+
+@pytest.mark.parametrize("size, rows, slots, parts", [
+    (25 * MB, 200_000, 2, 2),          # spread over the cores
+    (520 * MB, 4_000_000, 2, 6),       # 128 MB parts, whole waves of 2
+    (25 * MB, 200_000, 1000, 7),       # 4 MB parts at least: not 1000 tasks for 25 MB
+    (1000, 3, 2, 1),                   # a tiny table: one task
+    (0, 0, 8, 1),                      # an empty table: one empty part
+    (64 * MB, 5, 4, 4),                # never more parts than rows
+])
+def test_scoring_parts_are_sized_as_spark_sizes_its_splits(size, rows, slots, parts):
+    assert scoring_parts(size, rows, slots) == parts
