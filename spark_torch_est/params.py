@@ -120,8 +120,8 @@ class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPredictio
     directRead: Param = Param(
         Params._dummy(), "directRead",
         "a plain Parquet table on a local or mounted filesystem is read by the tasks themselves with pyarrow, "
-        "not through the JVM: in fit, and in transform and evaluate when pyarrow reads its columns exactly as "
-        "Spark would pass them (False: always through Spark)",
+        "not through the JVM: in fit; in evaluate, and in transform where a join's broadcast decision stays as on "
+        "the table, when pyarrow reads its columns exactly as Spark would pass them (False: always through Spark)",
         typeConverter=TypeConverters.toBoolean,
     )
 

@@ -11,7 +11,7 @@ import torch
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
-from spark_torch_est import Hook
+from spark_torch_est import Hook, TorchModel
 from spark_torch_est.frames import frame_outputs, input_schema
 from spark_torch_est.sources import parquet_source
 from tests.helpers import CrashOnce, estimator, linear_estimator, tasks_read_files
@@ -125,10 +125,20 @@ def test_switching_paths_mid_epoch_continues_from_the_same_fraction_and_says_so(
                for r in caplog.records)
 
 
-def test_direct_read_can_be_switched_off(spark, table):
+def test_direct_read_can_be_switched_off_for_fit_transform_evaluate_and_a_saved_model(spark, table, tmp_path,
+                                                                                         caplog):
+    df = spark.read.parquet(table)
     est = linear_estimator(maxEpochs=1, directRead=False)
-    est.fit(spark.read.parquet(table))
+    model = est.fit(df)
     assert est.checkpoint.data_source == "spark"
+    assert model.getDirectRead() is False and not tasks_read_files(model.transform(df))
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.model"):
+        model.evaluate(df)
+    assert not any("directly" in r.getMessage() for r in caplog.records)
+    model.save(str(tmp_path / "model"))
+    loaded = TorchModel.load(str(tmp_path / "model"))
+    assert loaded.getDirectRead() is False and not tasks_read_files(loaded.transform(df))
+    assert tasks_read_files(loaded.setDirectRead(True).transform(df))
 
 
 def test_files_without_the_columns_by_their_exact_names_go_through_spark(spark, table, tmp_path):
