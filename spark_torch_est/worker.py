@@ -129,8 +129,8 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
 def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Shard:
     """This rank's rows: from the job's input, or read from the table's files (see
     :mod:`spark_torch_est.sources`). A worker keeps the last part of a table it read: the
-    next fit that gives this worker the same part of the same unchanged files (same size
-    and modification time), columns and budget trains on it again without reading."""
+    next fit that gives this worker the same part of the same unchanged files (same size,
+    modification time and footer), columns and budget trains on it again without reading."""
     if spec.source is None:
         _INGESTED.clear()  # a worker holds one fit's rows at a time
         shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
@@ -152,15 +152,16 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
 
 
 def _part_key(spec: TaskSpec, rank: int) -> str:
-    """What a rank's part depends on: its rows, the files' sizes and modification times,
-    the input schema, the label and weight columns and the memory budget."""
+    """What a rank's part depends on: its rows, the files' sizes, modification times and
+    footers (as planned), the input schema, the label and weight columns and the memory budget."""
     part = spec.source.parts[rank]
     files = []
     for path in sorted({p.path for p in part}):
         fs, local = fsspec.core.url_to_fs(path)
         info = fs.info(local)
         files.append([path, info.get("size"), str(info.get("mtime", info.get("LastModified", "")))])
-    described = [spec.source.outputs, [[p.path, p.row_group, p.start, p.stop] for p in part], files,
+    planned = [stamp for stamp in spec.source.files if stamp[0] in {p.path for p in part}]  # footers as planned
+    described = [spec.source.outputs, [[p.path, p.row_group, p.start, p.stop] for p in part], files, planned,
                  spec.schema.to_dict(), [spec.columns.label, spec.columns.weight], spec.memory_budget]
     return hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()
 
