@@ -32,7 +32,7 @@ from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
 from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
-from spark_torch_est.storage import CheckpointDir, read_bytes
+from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
 from spark_torch_est.view import DriverView
 
 __all__ = ["TorchEstimator"]
@@ -336,6 +336,13 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
             raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
                                     f"got {self.getCheckpointInterval()!r}")
+        if self.getCheckpointDir():
+            try:
+                probe_writable(self.getCheckpointDir())
+            except (OSError, ValueError, ImportError) as error:  # read-only, missing mount, unknown URL scheme
+                raise InvalidInputError(f"checkpointDir={self.getCheckpointDir()!r} cannot be written from the driver "
+                                        f"({type(error).__name__}: {error}); point it at a writable directory the "
+                                        "executors share, or unset it") from None
 
     def _check_changes(self, start: Checkpoint | None) -> None:
         """Refuses the changes since ``start`` that the next fit could not honor exactly."""

@@ -32,6 +32,7 @@ def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
     from spark_torch_est.checkpoint import Checkpoint
     from spark_torch_est.launcher import Launcher
     from spark_torch_est.progress import Progress, Target
+    from spark_torch_est import rng
     from spark_torch_est.storage import CheckpointDir
     from tests.helpers import features_schema, task_spec
 
@@ -40,7 +41,8 @@ def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
             run_id="0123456789abcdef", fit_id=fit_id, progress=Progress(epoch=step // 10, global_step=step), history=[],
             partial_loss=(0.0, 0.0), epoch_rows=10, world_size=2, data_source="spark", seed=0, optimizer_made=[],
             output_shape=[1], label_kind="float", input_schema=features_schema(8).to_dict(), input_rows=[[8]],
-            model={"w": torch.zeros(1)}, optimizer={}, scheduler=None, rng=[], hooks={}).to_bytes()
+            model={"w": torch.zeros(1)}, optimizer={"state": {}, "param_groups": []}, scheduler=None,
+            rng=[rng.capture(torch.device("cpu"))], hooks={}).to_bytes()
 
     spec = task_spec(Target(epoch=9), fit_id="this", checkpoint_dir=str(tmp_path), resume=checkpoint("earlier", 20))
     directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef")
