@@ -324,17 +324,21 @@ def _check_structure(state: Mapping[str, Any]) -> None:
 
 
 def check_compatible(expected: Mapping[str, torch.Tensor], saved: Mapping[str, Any]) -> None:
-    """Checks that a saved model state fits a model's ``state_dict``.
+    """Checks that a saved model state fits a model's ``state_dict``. An entry of a lazy
+    module not yet initialized (``nn.LazyLinear`` before its first forward) takes any
+    shape: loading the state initializes it.
 
     Raises:
         IncompatibleCheckpointError: Names the missing, unexpected and reshaped entries.
     """
+    from torch.nn.parameter import is_lazy
+
     missing = [k for k in expected if k not in saved]
     unexpected = [k for k in saved if k not in expected]
     reshaped = [
         f"{k} {list(saved[k].shape)} -> {list(v.shape)}"
         for k, v in expected.items()
-        if k in saved and tuple(saved[k].shape) != tuple(v.shape)
+        if k in saved and not is_lazy(v) and tuple(saved[k].shape) != tuple(v.shape)
     ]
     if missing or unexpected or reshaped:
         parts = [
