@@ -18,7 +18,7 @@ import sys
 import threading
 import weakref
 from datetime import timedelta
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import cloudpickle
 import fsspec
@@ -51,14 +51,15 @@ _KEPT_ALIVE: list[object] = []
 _SLOW_LAZY_IMPORTS = ("torch._dynamo",)
 
 
-def train_task(spec: TaskSpec, launch: Launch) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def train_task(spec: TaskSpec | Any, launch: Launch) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Returns the ``mapInArrow`` function for one job (a top-level function, no closure
-    over driver objects)."""
+    over driver objects). ``spec`` may come as a Spark broadcast of it (see
+    ``launcher._shipped``): the function itself then stays small."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         barrier = SparkBarrier()
         torch.set_num_threads(max(1, barrier.cpus()))
-        result = run_rank(spec, launch, batches, barrier)
+        result = run_rank(spec if isinstance(spec, TaskSpec) else spec.value, launch, batches, barrier)
         if isinstance(result, str):
             yield _result_row(DELIVERED, result.encode())
         elif result is not None:

@@ -52,3 +52,13 @@ def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
     directory.write(checkpoint("this", 30), epoch=3, global_step=30)  # this fit's own
     relaunched, start = launcher._relaunch_spec(spec, Progress(epoch=2, global_step=20))
     assert start.global_step == 30 and Checkpoint.from_bytes(relaunched.resume).fit_id == "this"
+
+
+def test_a_fit_rerouted_through_allgather_leaves_the_next_fit_on_the_store():
+    """The reroute is decided per fit: a store unreachable once (descriptors exhausted by
+    idle connections, say) does not send every later fit of the session through allGather."""
+    from spark_torch_est.launcher import Launcher
+
+    rerouted = Launcher(None, None, max_retries=1, slot_wait_s=1)
+    rerouted._store_unreachable.add("127.0.0.1")
+    assert Launcher(None, None, max_retries=1, slot_wait_s=1)._store_unreachable == set()
