@@ -104,6 +104,16 @@ def _driver_host(spark: SparkSession) -> str | None:
         return None
 
 
+def _max_result(spark: SparkSession) -> int | None:
+    """``spark.driver.maxResultSize`` in bytes (None: no limit), the most a checkpoint may
+    bring to the driver on either path."""
+    try:
+        limit = int(spark.sparkContext._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize", "1g"))
+    except Exception:  # Spark Connect: no driver conf here
+        return None
+    return limit or None
+
+
 class Launcher:
     """Runs the barrier training jobs of one fit, relaunching from checkpoints after
     failures a relaunch can fix (see :class:`failure.FailurePolicy`).
@@ -177,7 +187,7 @@ class Launcher:
                 logger.warning("cannot open a rendezvous store on %s (%s); using Spark's allGather", host, error)
         if host is not None:
             try:
-                channel = ChannelServer(host, launch.secret, self.on_message)
+                channel = ChannelServer(host, launch.secret, self.on_message, max_blob_bytes=_max_result(self.spark))
             except OSError as error:
                 logger.warning("cannot open the driver's channel on %s (%s); no live progress", host, error)
         launch = dataclasses.replace(launch, store_address=(store.host, store.port) if store is not None else None,
