@@ -205,8 +205,17 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         """A copy with the same creators and Params and a new run (hooks and loggers are copied too)."""
         that = super().copy(extra)
         that._creators = copy.copy(self._creators)
-        that._creators.hooks = copy.deepcopy(self._creators.hooks)
-        that._loggers = copy.deepcopy(self._loggers)
+        for what, original in (("hooks", self._creators.hooks), ("loggers", self._loggers)):
+            try:
+                copied = copy.deepcopy(original)
+            except (TypeError, AttributeError, copy.Error) as error:  # a lock, a socket, a client in a hook
+                raise InvalidInputError(
+                    f"copy() copies the {what}, and one of them cannot be copied ({type(error).__name__}: {error}); "
+                    f"give it __deepcopy__ (or __getstate__/__setstate__), or create what it holds lazily") from None
+            if what == "hooks":
+                that._creators.hooks = copied
+            else:
+                that._loggers = copied
         that._checkpoint = None
         that.reset()
         return that
