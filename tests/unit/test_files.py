@@ -1,6 +1,10 @@
 """A rank's part of a Parquet table, read with pyarrow as training-frame batches."""
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 
 import fsspec
 import numpy as np
@@ -83,3 +87,39 @@ def test_wide_rows_are_read_a_few_megabytes_at_a_time(tmp_path):
     source = _planned(path, ((input_column(0), ("v",), "as_is"), (LABEL, ("y",), "as_is")), 1000)
     sizes = [batch.nbytes for batch in read_part(source, 0)]
     assert sum(sizes) >= 200e6 and max(sizes) <= 4.5 * 2 ** 20
+
+
+def test_wide_rows_keep_a_rank_near_its_memory_budget(tmp_path):
+    """1,000 rows x 50,000 float32 (200 MB) with a 16 MB budget, measured in a fresh process:
+    batches of 16,384 rows would hold the whole part at once (~410 MB of growth)."""
+    path = str(tmp_path / "wide.parquet")
+    values = pa.array(np.random.default_rng(0).normal(size=1000 * 50_000).astype(np.float32))
+    pq.write_table(pa.table({"v": pa.FixedSizeListArray.from_arrays(values, 50_000).cast(pa.list_(pa.float32())),
+                             "y": np.arange(1000.0)}), path, row_group_size=1000)
+    del values
+    probe = textwrap.dedent(f"""
+        import json, sys
+        import fsspec
+        sys.path.insert(0, ".")
+        from spark_torch_est.data import read_shard
+        from spark_torch_est.files import file_stamp, footer_digest, read_part
+        from spark_torch_est.protocol import LABEL, input_column
+        from spark_torch_est.spec import Columns, FilePart, FileSource
+        from tests.helpers import features_schema
+        path = {path!r}
+        size, times = file_stamp(fsspec.filesystem("file"), path)
+        with open(path, "rb") as handle:
+            digest = footer_digest(handle, size)
+        source = FileSource(outputs=((input_column(0), ("v",), "as_is"), (LABEL, ("y",), "as_is")),
+                            parts=((FilePart(path, 0, 0, 1000),),), digest="d", files=((path, size, times, digest),))
+        def hwm():
+            return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
+        base = hwm()
+        shard = read_shard(read_part(source, 0), features_schema(50_000, name=input_column(0)), Columns(), 16 << 20,
+                           1000)
+        print(json.dumps({{"growth_mb": hwm() - base, "rows": len(shard.train.inputs[0])}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print("peak RSS growth, 200 MB of wide rows, 16 MB budget:", result)
+    assert result["rows"] == 1000 and result["growth_mb"] < 16 + 96  # the budget, batches in flight, slack
