@@ -48,6 +48,9 @@ class ChannelServer:
         secret: The job's key the ranks must prove they hold.
         on_message: Called from reader threads with each decoded message.
         handshake_timeout: Seconds a new connection has to authenticate (default 5).
+        max_blob_bytes: Largest blob accepted (default None: any size). One blob per server
+            (a job has one checkpoint to send): a second one, or one announced larger, closes
+            the sender's connection before any of its bytes is read.
 
     Attributes:
         address: ``(host, port)`` to give the ranks.
@@ -55,8 +58,10 @@ class ChannelServer:
     """
 
     def __init__(self, host: str, secret: bytes, on_message: Callable[[dict], None],
-                 handshake_timeout: float = 5.0) -> None:
+                 handshake_timeout: float = 5.0, max_blob_bytes: int | None = None) -> None:
         self.secret = secret
+        self.max_blob_bytes = max_blob_bytes
+        self._blob_started = False
         self.on_message = on_message
         self.handshake_timeout = handshake_timeout
         self.rejected = 0
@@ -146,14 +151,32 @@ class ChannelServer:
                 if not isinstance(message, dict):
                     continue
                 if message.get("type") == "blob":
+                    if not self._admit_blob(message):
+                        connection.close()
+                        return
                     self._receive_blob(connection, message)
                     continue
             except (EOFError, OSError, ValueError, TypeError, KeyError):  # TypeError: closed by close()
+                return
+            except RecursionError:  # JSON nested past Python's stack: not a message of ours
+                logger.warning("the driver's channel dropped a connection that sent JSON nested too deep")
+                connection.close()
                 return
             try:
                 self.on_message(message)
             except Exception:  # a display problem must not stop the stream
                 logger.exception("progress message handler failed")
+
+    def _admit_blob(self, header: dict) -> bool:
+        """Whether to read the blob ``header`` announces: the job's first, within the size limit."""
+        size = int(header["size"])
+        with self._lock:
+            refused = self._blob_started or size < 0 or (self.max_blob_bytes is not None and size > self.max_blob_bytes)
+            self._blob_started = True
+        if refused:
+            logger.warning("the driver's channel refused a blob of %d bytes (one per job, at most %s bytes)", size,
+                           self.max_blob_bytes)
+        return not refused
 
     def _receive_blob(self, connection: Connection, header: dict) -> None:
         """Reads the parts announced by ``header``; keeps and acknowledges them only when

@@ -218,7 +218,9 @@ class Checkpoint:
             ) from None
         if not isinstance(state, Mapping):
             raise IncompatibleCheckpointError(f"not a spark_torch_est checkpoint: it holds a {type(state).__name__}")
-        return cls(state, bytes(blob))
+        checkpoint = cls(state, bytes(blob))
+        _check_structure(checkpoint._state)
+        return checkpoint
 
     def save(self, path: str) -> None:
         """Writes to a local path or fsspec URL, atomically where the filesystem can rename."""
@@ -246,18 +248,97 @@ class Checkpoint:
         return f"Checkpoint({self.progress})"
 
 
+def _check_structure(state: Mapping[str, Any]) -> None:
+    """Checks every field's type and shape (not its values against a model), so that a
+    damaged or forged file fails here, naming the field, rather than in a property or a job.
+
+    Raises:
+        IncompatibleCheckpointError: Names the first field that is not as :func:`Checkpoint.build` writes it.
+    """
+    from spark_torch_est import rng
+
+    def need(ok: bool, field: str, what: str) -> None:
+        if not ok:
+            value = repr(state.get(field.split(".")[0].split("[")[0]))
+            raise IncompatibleCheckpointError(f"checkpoint field {field!r} must be {what}, got "
+                                              f"{value[:200]}{'...' if len(value) > 200 else ''}")
+
+    def integer(value: Any, low: int = 0) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    for name in ("run_id", "fit_id", "data_source"):
+        need(isinstance(state[name], str), name, "a string")
+    for name, low in (("epoch_rows", 0), ("world_size", 1), ("seed", 0)):
+        need(integer(state[name], low), name, f"an integer >= {low}")
+    progress = state["progress"]
+    need(isinstance(progress, Mapping) and set(progress) <= set(Progress.__dataclass_fields__)
+         and all(integer(v) for v in progress.values()), "progress", "a dict of counters >= 0 (Progress.to_dict)")
+    history = state["history"]
+    need(isinstance(history, list) and all(isinstance(e, Mapping) and integer(e.get("epoch"), 1)
+                                           and all(isinstance(k, str) for k in e) for e in history),
+         "history", "a list of dicts, each with its 1-based 'epoch'")
+    partial = state["partial_epoch"]
+    need(isinstance(partial, Mapping) and number(partial.get("loss_sum")) and number(partial.get("count")),
+         "partial_epoch", "{'loss_sum': float, 'count': float}")
+    need(isinstance(state["optimizer_made"], list) and all(isinstance(g, Mapping) for g in state["optimizer_made"]),
+         "optimizer_made", "a list of dicts")
+    outputs = state["outputs"]
+    need(isinstance(outputs, Mapping) and isinstance(outputs.get("shape"), list)
+         and all(integer(d, 1) for d in outputs["shape"]) and outputs.get("label_kind") in ("int", "float"),
+         "outputs", "{'shape': [dims >= 1], 'label_kind': 'int' | 'float'}")
+    inputs = state["inputs"]
+    need(isinstance(inputs, Mapping) and isinstance(inputs.get("schema"), Mapping)
+         and isinstance(inputs.get("rows"), list), "inputs", "{'schema': dict, 'rows': list}")
+    try:
+        columns = InputSchema.from_dict(dict(inputs["schema"])).columns
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise IncompatibleCheckpointError(f"checkpoint field 'inputs.schema' is not an input schema "
+                                          f"({type(error).__name__}: {error})") from None
+    need(len(inputs["rows"]) == len(columns)
+         and all(r is None or (isinstance(r, list) and all(integer(d) for d in r)) for r in inputs["rows"]),
+         "inputs.rows", f"{len(columns)} row shapes (lists of dims, or None)")
+    need(isinstance(state["model"], Mapping) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                      for k, v in state["model"].items()),
+         "model", "a state_dict: {name: tensor}")
+    optimizer = state["optimizer"]
+    need(isinstance(optimizer, Mapping) and isinstance(optimizer.get("state"), Mapping)
+         and isinstance(optimizer.get("param_groups"), list)
+         and all(isinstance(g, Mapping) and isinstance(g.get("params"), list) for g in optimizer["param_groups"]),
+         "optimizer", "an optimizer state_dict: {'state': dict, 'param_groups': [{'params': [...], ...}]}")
+    need(state["scheduler"] is None or isinstance(state["scheduler"], Mapping), "scheduler",
+         "None or a scheduler state_dict")
+    states = state["rng"]
+    need(isinstance(states, list) and len(states) >= 1 and all(isinstance(t, torch.Tensor) for t in states),
+         "rng", "a list of one RNG state tensor per rank")
+    for index, tensor in enumerate(states):
+        try:
+            rng.check(tensor)
+        except ValueError as error:
+            raise IncompatibleCheckpointError(f"checkpoint field 'rng[{index}]' is not an RNG state: {error}") from None
+    hooks = state["hooks"]
+    need(isinstance(hooks, Mapping) and all(isinstance(k, str) and isinstance(v, Mapping) for k, v in hooks.items()),
+         "hooks", "{hook name: state dict}")
+
+
 def check_compatible(expected: Mapping[str, torch.Tensor], saved: Mapping[str, Any]) -> None:
-    """Checks that a saved model state fits a model's ``state_dict``.
+    """Checks that a saved model state fits a model's ``state_dict``. An entry of a lazy
+    module not yet initialized (``nn.LazyLinear`` before its first forward) takes any
+    shape: loading the state initializes it.
 
     Raises:
         IncompatibleCheckpointError: Names the missing, unexpected and reshaped entries.
     """
+    from torch.nn.parameter import is_lazy
+
     missing = [k for k in expected if k not in saved]
     unexpected = [k for k in saved if k not in expected]
     reshaped = [
         f"{k} {list(saved[k].shape)} -> {list(v.shape)}"
         for k, v in expected.items()
-        if k in saved and tuple(saved[k].shape) != tuple(v.shape)
+        if k in saved and not is_lazy(v) and tuple(saved[k].shape) != tuple(v.shape)
     ]
     if missing or unexpected or reshaped:
         parts = [

@@ -32,7 +32,7 @@ from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
 from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
-from spark_torch_est.storage import CheckpointDir, read_bytes
+from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
 from spark_torch_est.view import DriverView
 
 __all__ = ["TorchEstimator"]
@@ -205,8 +205,17 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         """A copy with the same creators and Params and a new run (hooks and loggers are copied too)."""
         that = super().copy(extra)
         that._creators = copy.copy(self._creators)
-        that._creators.hooks = copy.deepcopy(self._creators.hooks)
-        that._loggers = copy.deepcopy(self._loggers)
+        for what, original in (("hooks", self._creators.hooks), ("loggers", self._loggers)):
+            try:
+                copied = copy.deepcopy(original)
+            except (TypeError, AttributeError, copy.Error) as error:  # a lock, a socket, a client in a hook
+                raise InvalidInputError(
+                    f"copy() copies the {what}, and one of them cannot be copied ({type(error).__name__}: {error}); "
+                    f"give it __deepcopy__ (or __getstate__/__setstate__), or create what it holds lazily") from None
+            if what == "hooks":
+                that._creators.hooks = copied
+            else:
+                that._loggers = copied
         that._checkpoint = None
         that.reset()
         return that
@@ -336,6 +345,13 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
             raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
                                     f"got {self.getCheckpointInterval()!r}")
+        if self.getCheckpointDir():
+            try:
+                probe_writable(self.getCheckpointDir())
+            except (OSError, ValueError, ImportError) as error:  # read-only, missing mount, unknown URL scheme
+                raise InvalidInputError(f"checkpointDir={self.getCheckpointDir()!r} cannot be written from the driver "
+                                        f"({type(error).__name__}: {error}); point it at a writable directory the "
+                                        "executors share, or unset it") from None
 
     def _check_changes(self, start: Checkpoint | None) -> None:
         """Refuses the changes since ``start`` that the next fit could not honor exactly."""

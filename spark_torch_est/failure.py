@@ -212,6 +212,9 @@ def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> F
 
 _RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+#: Spark could not read the input's files (a corrupt file, a column type it cannot convert): a relaunch reads them again.
+_READ_FAILED = re.compile(r"\[(?:FAILED_READ_FILE|CANNOT_READ_FILE_FOOTER)[.\w]*\][^\n]*?(?=\s+SQLSTATE|\n|$)")
+_READ_CAUSE = re.compile(r"^Caused by: (?!org\.apache\.spark\.SparkException)([^\n]+)", re.MULTILINE)
 _BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|support).*?(?=\n\s+at |\Z)", re.DOTALL)
 
 
@@ -241,6 +244,12 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
             "with torch and spark_torch_est, or ship the package (--py-files / --archives)",
             remote_traceback=text[-4000:],
         )
+    unreadable = _READ_FAILED.search(text)
+    if unreadable:
+        cause = _READ_CAUSE.search(text)
+        return InputDataError(f"Spark cannot read the training table: {unreadable.group(0).strip()}"
+                              + (f" ({cause.group(1).strip()[:500]})" if cause else "")
+                              + "; fix or remove that file (a relaunch would read it again)")
     unsupported = _BARRIER_UNSUPPORTED.search(text)
     if unsupported:  # e.g. dynamic allocation, or more slots than the cluster has
         return InvalidInputError(f"Spark cannot run the barrier job: {unsupported.group(0).strip()}")

@@ -9,7 +9,8 @@ columns, as ``mapInArrow`` would give them.
 from __future__ import annotations
 
 import bisect
-from typing import Callable, Iterator
+import hashlib
+from typing import BinaryIO, Callable, Iterator
 
 import fsspec
 import numpy as np
@@ -17,22 +18,64 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spark_torch_est.data import arrow_values
+from spark_torch_est.errors import InputDataError
 from spark_torch_est.spec import FileSource
 
-__all__ = ["read_part", "over_parts"]
+__all__ = ["read_part", "over_parts", "file_stamp", "footer_digest"]
 
 _BATCH_ROWS = 16_384
+#: Most uncompressed bytes of one batch read from a file: wide rows come fewer at a time.
+_BATCH_BYTES = 4 * 2 ** 20
+_PROBE_ROWS = 16  # rows read to measure a row's size
+_FOOTER_TAIL = 8  # the footer's length (4 bytes, little-endian) and b"PAR1"
+
+
+def file_stamp(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, str]:
+    """A file's size and what its filesystem says changes with any rewrite: modification
+    and change times and inode (a rewrite keeping the size and setting the mtime back
+    still has a new change time)."""
+    info = fs.info(path)
+    return int(info["size"]), f"{info.get('mtime')}/{info.get('created')}/{info.get('ino')}"
+
+
+def footer_digest(handle: BinaryIO, size: int) -> str:
+    """A digest of a Parquet file's footer (its schema, row groups, offsets and statistics):
+    a file rewritten with other rows has another one, whatever its size and mtime say.
+
+    Raises:
+        ValueError: The file does not end as a Parquet file does.
+    """
+    if size < 2 * _FOOTER_TAIL:
+        raise ValueError(f"a file of {size} bytes is not a Parquet file")
+    handle.seek(size - _FOOTER_TAIL)
+    tail = handle.read(_FOOTER_TAIL)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or length > size - 2 * _FOOTER_TAIL:
+        raise ValueError("the file does not end with a Parquet footer")
+    handle.seek(size - _FOOTER_TAIL - length)
+    return hashlib.sha256(handle.read(length)).hexdigest()[:32]
 
 
 def read_part(source: FileSource, rank: int, batch_rows: int = _BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """The rows of ``rank``'s part, ``batch_rows`` at a time, as training-frame batches."""
+    """The rows of ``rank``'s part, at most ``batch_rows`` (and about ``_BATCH_BYTES``) at a
+    time, as training-frame batches.
+
+    Raises:
+        InputDataError: A file is no longer as the driver planned it (its size or footer changed).
+    """
     columns = list(dict.fromkeys(name for _, sources, _ in source.outputs for name in sources))
+    planned = {path: stamp for path, *stamp in source.files}
+    checked: set[str] = set()
     for part in source.parts[rank]:
         fs, path = fsspec.core.url_to_fs(part.path)
         with fs.open(path, "rb") as handle:
+            if part.path in planned and part.path not in checked:
+                _check_unchanged(part.path, fs, path, handle, *planned[part.path])
+                checked.add(part.path)
             reader = pq.ParquetFile(handle, buffer_size=1 << 20, pre_buffer=False)  # stream pages, not whole chunks
+            rows = _batch_rows(reader, part.row_group, columns, batch_rows)
             first = 0  # row of the group the next batch starts at
-            for batch in reader.iter_batches(batch_size=batch_rows, row_groups=[part.row_group], columns=columns,
+            for batch in reader.iter_batches(batch_size=rows, row_groups=[part.row_group], columns=columns,
                                              use_threads=False):
                 start, stop = max(part.start - first, 0), min(part.stop - first, batch.num_rows)
                 first += batch.num_rows
@@ -40,6 +83,32 @@ def read_part(source: FileSource, rank: int, batch_rows: int = _BATCH_ROWS) -> I
                     yield _frame(batch.slice(start, stop - start), source)
                 if first >= part.stop:
                     break
+
+
+def _batch_rows(reader: pq.ParquetFile, group: int, columns: list[str], limit: int) -> int:
+    """Rows per batch so that one batch is about ``_BATCH_BYTES`` (at most ``limit``), from
+    the first rows' size in memory: a footer's sizes are of encoded data, which for
+    repetitive values says nothing of the rows' size once read."""
+    probe = next(reader.iter_batches(batch_size=min(limit, _PROBE_ROWS), row_groups=[group], columns=columns,
+                                     use_threads=False), None)
+    if probe is None or not probe.num_rows:
+        return limit
+    return max(1, min(limit, _BATCH_BYTES * probe.num_rows // max(probe.nbytes, 1)))
+
+
+def _check_unchanged(url: str, fs: fsspec.AbstractFileSystem, path: str, handle: BinaryIO, planned_size: int,
+                     planned_times: str, planned_digest: str) -> None:
+    size, times = file_stamp(fs, path)
+    if (size, times) == (planned_size, planned_times):
+        try:
+            if footer_digest(handle, size) == planned_digest:
+                return
+        except ValueError:
+            pass  # reported below, as any other change
+    raise InputDataError(
+        f"{url} changed after the fit planned its read (size {planned_size} -> {size} bytes, times "
+        f"{planned_times} -> {times}, or its footer): fit again to train on the table as it is now, or set "
+        "directRead=False to read it through Spark")
 
 
 def over_parts(source: FileSource, task: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]

@@ -7,6 +7,7 @@ expressions touches Spark.
 
 from __future__ import annotations
 
+import math
 import re
 
 from pyspark.ml.linalg import VectorUDT
@@ -184,6 +185,7 @@ def input_schema(schema: T.StructType, *, features_col: str | None, feature_cols
         if len(set(input_cols)) != len(input_cols):
             raise InvalidInputError(f"inputCols names a column twice: {list(input_cols)}")
         columns = tuple(_input_column(_field(schema, name, "inputCols"), name, shapes.get(name)) for name in input_cols)
+        _check_padding(columns, padding_value)
         return InputSchema(INPUTS_LAYOUT, columns, float(padding_value))
     if input_cols is not None:
         raise InvalidInputError("inputCols is an empty list; name at least one column, or use featuresCol")
@@ -195,6 +197,22 @@ def input_schema(schema: T.StructType, *, features_col: str | None, feature_cols
     else:
         name, spark_type = features_col, schema[features_col].dataType.simpleString()
     return InputSchema(FEATURES_LAYOUT, (InputColumn(name, "float32", 1, spark_type),), float(padding_value))
+
+
+_INTEGER_RANGES = {"int64": (-2 ** 63, 2 ** 63 - 1), "uint8": (0, 255), "bool": (0, 1)}
+
+
+def _check_padding(columns: tuple[InputColumn, ...], padding_value: float) -> None:
+    """Refuses a ``paddingValue`` that an integer, byte or boolean array column cannot hold."""
+    for column in columns:
+        bounds = _INTEGER_RANGES.get(column.dtype)
+        if bounds is None or column.depth == 0 or column.shape is not None:  # numbers and reshaped rows: never padded
+            continue
+        value = float(padding_value)
+        if not (math.isfinite(value) and value == int(value) and bounds[0] <= int(value) <= bounds[1]):
+            raise InvalidInputError(
+                f"paddingValue={padding_value!r} cannot pad the {column.dtype} arrays of inputCols column "
+                f"{column.name!r} ({column.spark_type}): set a whole number in {bounds[0]}..{bounds[1]}")
 
 
 def check_inputs(schema: T.StructType, trained: InputSchema, derived: InputSchema) -> None:

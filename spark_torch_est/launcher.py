@@ -12,7 +12,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -104,6 +104,16 @@ def _driver_host(spark: SparkSession) -> str | None:
         return None
 
 
+def _max_result(spark: SparkSession) -> int | None:
+    """``spark.driver.maxResultSize`` in bytes (None: no limit), the most a checkpoint may
+    bring to the driver on either path."""
+    try:
+        limit = int(spark.sparkContext._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize", "1g"))
+    except Exception:  # Spark Connect: no driver conf here
+        return None
+    return limit or None
+
+
 class Launcher:
     """Runs the barrier training jobs of one fit, relaunching from checkpoints after
     failures a relaunch can fix (see :class:`failure.FailurePolicy`).
@@ -116,10 +126,9 @@ class Launcher:
         on_message: Receives the ranks' progress and log messages (driver threads).
     """
 
-    _store_unreachable: set[str] = set()  # driver hosts executors could not reach
-
     def __init__(self, spark: SparkSession, frame: DataFrame, max_retries: int, slot_wait_s: float,
                  on_message: Callable[[dict], None] | None = None) -> None:
+        self._store_unreachable: set[str] = set()  # driver hosts executors could not reach in this fit
         self.spark = spark
         self.frame = frame
         self.max_retries = max_retries
@@ -178,7 +187,7 @@ class Launcher:
                 logger.warning("cannot open a rendezvous store on %s (%s); using Spark's allGather", host, error)
         if host is not None:
             try:
-                channel = ChannelServer(host, launch.secret, self.on_message)
+                channel = ChannelServer(host, launch.secret, self.on_message, max_blob_bytes=_max_result(self.spark))
             except OSError as error:
                 logger.warning("cannot open the driver's channel on %s (%s); no live progress", host, error)
         launch = dataclasses.replace(launch, store_address=(store.host, store.port) if store is not None else None,
@@ -206,7 +215,11 @@ class Launcher:
 
     def _collect(self, spec: TaskSpec, launch: Launch):
         """Runs the job in a thread so the driver can tick and turn Ctrl-C into a cancel."""
-        job = self.frame.mapInArrow(train_task(spec, launch), RESULT_SCHEMA, barrier=True)
+        with _shipped(self.spark, spec) as shipped:
+            job = self.frame.mapInArrow(train_task(shipped, launch), RESULT_SCHEMA, barrier=True)
+            return self._run_job(job, launch)
+
+    def _run_job(self, job: DataFrame, launch: Launch):
         group = f"spark_torch_est-{launch.job_id}"
         control = _JobControl(self.spark, group)
         outcome: dict = {}
@@ -231,6 +244,29 @@ class Launcher:
         if "error" in outcome:
             raise outcome["error"]
         return outcome["table"]
+
+
+@contextmanager
+def _shipped(spark: SparkSession, spec: TaskSpec) -> Iterator[TaskSpec | Any]:
+    """The spec as the job's function carries it: a Spark broadcast, removed (file and
+    blocks) when the job is over. PySpark writes a task function past 1 MB (a resumed
+    checkpoint, a model passed as an instance) to a file in its temporary directory that
+    lasts the session; the job's secret, which the function carries, would be in it. As a
+    broadcast of its own, the spec's file holds no secret and is deleted after the job.
+    Under Spark Connect the spec travels in the function."""
+    try:
+        context = spark.sparkContext
+    except Exception:  # Spark Connect: no broadcasts from the client
+        yield spec
+        return
+    broadcast = context.broadcast(spec)
+    try:
+        yield broadcast
+    finally:
+        try:
+            broadcast.destroy()
+        except Exception as error:  # a stopped context: nothing left to remove from
+            logger.debug("could not remove the spec's broadcast: %s", error)
 
 
 def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> bytes:

@@ -1,11 +1,13 @@
-"""[driver] Delivers one fit's events to the estimator's loggers.
+"""[driver] Delivers one fit's events to the estimator's loggers, each within a deadline.
 
 Channel messages arrive on the channel's reader threads; they are queued here and handed
 to the loggers by one delivery thread, so a slow tracking server never holds up the
-channel (which also carries the checkpoint) and loggers are never called concurrently.
-``on_fit_start``, ``on_fit_end`` and ``on_fit_failed`` run in the thread that called
-``fit`` (where a tracking library's thread-local state, such as an active MLflow run,
-is visible), before the delivery thread starts and after it has finished.
+channel (which also carries the checkpoint). Every event, ``on_fit_start``, ``on_fit_end``
+and ``on_fit_failed`` included, runs in the logger's own thread while the caller waits at
+most the logger's ``event_timeout_s``: a logger that does not return by then is abandoned
+for the rest of the fit with a warning (its thread is left to finish on its own), so no
+logger can keep ``fit`` from starting the job or from returning. A logger's events run
+one at a time, in order.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.loggers import Logger, plan_events
@@ -24,11 +26,51 @@ __all__ = ["LoggerDispatch"]
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+_TIMED_OUT = object()
+
+
+class _Runner:
+    """One logger's thread: runs its events one at a time; the caller waits with a deadline."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"spark_torch_est-logger-{name}", daemon=True)
+        self._thread.start()
+
+    def call(self, invoke: Callable[[Mapping[str, Any]], Any], arguments: Mapping[str, Any],
+             timeout: float) -> Exception | object | None:
+        """Runs ``invoke(arguments)``: None when it returned, its exception when it raised,
+        ``_TIMED_OUT`` when it was still running after ``timeout`` seconds."""
+        done = threading.Event()
+        outcome: list[Exception] = []
+
+        def job() -> None:
+            try:
+                invoke(arguments)
+            except Exception as error:  # handed to the caller, which logs it
+                outcome.append(error)
+            finally:
+                done.set()
+
+        self._jobs.put(job)
+        if not done.wait(timeout):
+            return _TIMED_OUT
+        return outcome[0] if outcome else None
+
+    def close(self) -> None:
+        """Ends the thread once its current event (if any) returns."""
+        self._jobs.put(_STOP)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not _STOP:
+            job()
 
 
 class LoggerDispatch:
-    """The loggers of one fit: throttled steps, each history entry once, and a logger that
-    raises is logged and skipped, never failing the fit.
+    """The loggers of one fit: throttled steps, each history entry once per logger (marked
+    logged only when the logger's call returned), a logger that raises is logged and
+    skipped, and one that does not return within its deadline is abandoned; none ever
+    fails or holds up the fit.
 
     Args:
         loggers: The estimator's loggers.
@@ -40,10 +82,13 @@ class LoggerDispatch:
     def __init__(self, loggers: Iterable[Logger], run_id: str, start: Progress) -> None:
         self._plans = [(item, plan_events(item)) for item in loggers]
         self._run_id = run_id
-        self._logged_epochs = set(range(1, start.epoch + 1))
+        self._logged = [set(range(1, start.epoch + 1)) for _ in self._plans]  # per logger: epochs it took
         self._last_step: dict[int, float] = {}
-        self._benched: set[int] = set()  # loggers whose on_fit_start raised
+        self._benched: set[int] = set()  # loggers whose on_fit_start raised: tried again when the fit ends
+        self._abandoned: set[int] = set()  # loggers past their deadline: never called again in this fit
         self._warned: set[tuple[int, str]] = set()
+        self._runners: dict[int, _Runner] = {}
+        self._start_arguments: dict[str, Any] = {}
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
 
@@ -51,7 +96,8 @@ class LoggerDispatch:
         """Calls ``on_fit_start``, then starts delivering channel messages."""
         if not self._plans:
             return
-        self._emit("on_fit_start", params=params, config=config, progress=progress)
+        self._start_arguments = {"params": params, "config": config, "progress": progress}
+        self._emit("on_fit_start", **self._start_arguments)
         self._queue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._deliver, name="spark_torch_est-loggers", daemon=True)
         self._thread.start()
@@ -62,24 +108,39 @@ class LoggerDispatch:
             self._queue.put(message)
 
     def finish(self, model: Any, checkpoint: Checkpoint) -> None:
-        """After a successful fit: the history entries no message delivered, then ``on_fit_end``."""
+        """After a successful fit: ``on_fit_start`` again for a logger whose first one raised,
+        the history entries a logger has not taken, then ``on_fit_end``."""
         self._stop()
+        if self._benched:
+            retried, self._benched = self._benched, set()
+            self._emit("on_fit_start", retried, **self._start_arguments)
         for entry in checkpoint.history:
             self._epoch(entry)
         self._emit("on_fit_end", model=model, checkpoint=checkpoint)
+        self._close()
 
     def fail(self, error: BaseException) -> None:
         """After a failed or interrupted fit: ``on_fit_failed``."""
         self._stop()
         self._emit("on_fit_failed", error=error)
+        self._close()
 
     def _stop(self) -> None:
-        """Delivers what is queued, then stops the delivery thread."""
+        """Delivers what is queued, then stops the delivery thread; waits for it at most the
+        loggers' longest deadline."""
         if self._thread is None:
             return
         self._queue.put(_STOP)
-        self._thread.join()
+        self._thread.join(max(self._timeout(i) for i in range(len(self._plans))))
+        if self._thread.is_alive():
+            logger.warning("loggers: the events still queued are dropped (the loggers are slower than their "
+                           "event_timeout_s)")
         self._queue = self._thread = None
+
+    def _close(self) -> None:
+        for runner in self._runners.values():
+            runner.close()
+        self._runners = {}
 
     def _deliver(self) -> None:
         while (message := self._queue.get()) is not _STOP:
@@ -101,20 +162,38 @@ class LoggerDispatch:
 
     def _epoch(self, entry: dict) -> None:
         epoch = int(entry["epoch"])
-        if epoch not in self._logged_epochs:
-            self._logged_epochs.add(epoch)
-            self._emit("on_epoch_end", metrics=dict(entry))
+        due = {i for i in range(len(self._plans)) if epoch not in self._logged[i]}
+        for index in self._emit("on_epoch_end", due, metrics=dict(entry)):
+            self._logged[index].add(epoch)
 
-    def _emit(self, event: str, only: set[int] | None = None, **arguments: Any) -> None:
+    def _emit(self, event: str, only: set[int] | None = None, **arguments: Any) -> set[int]:
+        """Calls ``event`` on each logger that has it (of ``only``); the loggers whose call returned."""
         arguments["run_id"] = self._run_id
+        returned = set()
         for index, (item, plan) in enumerate(self._plans):
             invoke = plan.get(event)
-            if invoke is None or index in self._benched or (only is not None and index not in only):
+            if (invoke is None or index in self._benched or index in self._abandoned
+                    or (only is not None and index not in only)):
                 continue
-            try:
-                invoke(arguments)
-            except Exception as error:  # a logger never fails the fit
-                self._failed(index, item, event, error)
+            runner = self._runners.get(index)
+            if runner is None:
+                runner = self._runners[index] = _Runner(type(item).__name__)
+            outcome = runner.call(invoke, arguments, self._timeout(index))
+            if outcome is _TIMED_OUT:
+                self._abandon(index, item, event)
+            elif outcome is not None:
+                self._failed(index, item, event, outcome)
+            else:
+                returned.add(index)
+        return returned
+
+    def _timeout(self, index: int) -> float:
+        return float(self._plans[index][0].event_timeout_s)
+
+    def _abandon(self, index: int, item: Logger, event: str) -> None:
+        self._abandoned.add(index)
+        logger.warning("logger %s did not return from %s within its event_timeout_s (%.1f s): it is abandoned for "
+                       "the rest of this fit and the fit goes on", type(item).__name__, event, self._timeout(index))
 
     def _failed(self, index: int, item: Logger, event: str, error: Exception) -> None:
         if event == "on_fit_start":
@@ -123,5 +202,5 @@ class LoggerDispatch:
         self._warned.add((index, event))
         logger.log(logging.WARNING if first else logging.DEBUG,
                    "logger %s failed in %s (the fit goes on%s): %s: %s", type(item).__name__, event,
-                   "; it sits out the rest of this fit" if event == "on_fit_start" else "",
+                   "; it sits out the fit until it ends, then starts again" if event == "on_fit_start" else "",
                    type(error).__name__, error, exc_info=first)

@@ -54,15 +54,20 @@ class Logger:
     keyword arguments it uses (see :data:`EVENT_ARGUMENTS`), or ``**kwargs`` for all.
 
     A logger that raises never fails the fit: the error is logged as a warning and the
-    fit goes on; after a failed ``on_fit_start`` the logger sits out the rest of that fit.
-    Events are delivered one at a time, never concurrently.
+    fit goes on; after a failed ``on_fit_start`` the logger sits out the fit until it ends,
+    when ``on_fit_start`` is tried once more (then the epochs it missed and ``on_fit_end``).
+    Events run in a thread of the logger's own, one at a time, never concurrently; one
+    that has not returned after ``event_timeout_s`` is abandoned (a warning; the logger
+    gets no more events in that fit) and the fit goes on.
 
     Attributes:
         step_interval_s: Least seconds between two ``on_step`` calls (default 1.0; set it
             on a class or an instance).
+        event_timeout_s: Most seconds the fit waits for one event (default 60.0).
     """
 
     step_interval_s: float = 1.0
+    event_timeout_s: float = 60.0
 
     def on_fit_start(self, **kwargs: Any) -> None:
         """Before the fit's barrier job starts. ``params``: the estimator's Param values by
@@ -116,6 +121,10 @@ def normalize_loggers(loggers: Logger | Iterable[Logger] | None) -> list[Logger]
                 f"loggers[{index}] must be a spark_torch_est.loggers.Logger instance, got {type(logger).__name__}"
             )
         plan_events(logger)
+        for name in ("step_interval_s", "event_timeout_s"):
+            value = getattr(logger, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise InvalidInputError(f"loggers[{index}].{name} must be a number of seconds >= 0, got {value!r}")
     return list(loggers)
 
 

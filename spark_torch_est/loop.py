@@ -347,6 +347,16 @@ class Trainer:
         model = model if model is not None else self.ddp_model
         try:
             return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+        except IndexError as error:  # an id past an embedding's table says nothing of where it came from
+            if "index out of range" not in str(error):
+                raise
+            tensors = inputs if isinstance(inputs, tuple) else (inputs,)
+            ids = [(c.name, x) for c, x in zip(self.spec.schema.columns, tensors) if x.dtype == torch.int64 and x.numel()]
+            if not ids:
+                raise
+            ranges = ", ".join(f"{name!r} holds {int(x.min())}..{int(x.max())}" for name, x in ids)
+            raise IndexError(f"{error}: an id is out of an embedding's range; in this batch {ranges} (an nn.Embedding "
+                             "of n rows takes ids 0..n-1)") from None
         except ValueError as error:
             rows = len(inputs[0] if isinstance(inputs, tuple) else inputs)
             if _ONE_ROW_BATCH_NORM not in str(error) or rows != 1:

@@ -6,14 +6,15 @@ import importlib.util
 import os
 import threading
 import time
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.loggers import Logger, input_example, scalars, tracked_params
 
-__all__ = ["MLflowLogger", "RUN_ID_TAG"]
+__all__ = ["MLflowLogger", "RUN_ID_TAG", "REQUEST_SETTINGS"]
 
 #: The MLflow run tag that holds the estimator run's id.
 RUN_ID_TAG = "spark_torch_est.run_id"
@@ -22,6 +23,45 @@ _ERROR_TAG = "spark_torch_est.error"
 _STEP_METRIC = "train_loss_step"
 _MAX_PARAM = 500
 _URI_LOCK = threading.Lock()
+#: MLflow's HTTP retry settings while a logger event runs, unless the process sets them:
+#: a request to a server that is down fails after ~3 s, not MLflow's default ~4 minutes.
+REQUEST_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                    "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+_REQUESTS_LOCK = threading.Lock()
+_requests_users = 0
+_requests_set: list[str] = []
+
+
+_Event = TypeVar("_Event", bound=Callable[..., Any])
+
+
+@contextmanager
+def _bounded_requests() -> Iterator[None]:
+    """Applies :data:`REQUEST_SETTINGS` that the process has not set, while any logger event
+    runs (MLflow reads them at each request; other threads' MLflow calls see them meanwhile)."""
+    global _requests_users
+    with _REQUESTS_LOCK:
+        if _requests_users == 0:
+            _requests_set[:] = [name for name in REQUEST_SETTINGS if name not in os.environ]
+            os.environ.update({name: REQUEST_SETTINGS[name] for name in _requests_set})
+        _requests_users += 1
+    try:
+        yield
+    finally:
+        with _REQUESTS_LOCK:
+            _requests_users -= 1
+            if _requests_users == 0:
+                for name in _requests_set:
+                    os.environ.pop(name, None)
+
+
+def _bounded(event: _Event) -> _Event:
+    @functools.wraps(event)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _bounded_requests():
+            return event(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 @dataclass
@@ -72,6 +112,7 @@ class MLflowLogger(Logger):
         self.artifact_location = artifact_location
         self._active: dict[str, _Active] = {}  # estimator run id -> this fit's MLflow run
 
+    @_bounded
     def on_fit_start(self, params: dict, config: dict, run_id: str) -> None:
         """Finds the estimator run's MLflow run, or starts one; logs new params."""
         from mlflow import MlflowClient
@@ -93,11 +134,13 @@ class MLflowLogger(Logger):
             client.log_batch(run.info.run_id, params=new[start:start + 100])
         self._active[run_id] = _Active(client, run.info.run_id, experiment_id)
 
+    @_bounded
     def on_step(self, progress: Any, loss: float, run_id: str) -> None:
         """Logs the step loss at ``step=global_step``."""
         active = self._active[run_id]
         active.client.log_metric(active.run_id, _STEP_METRIC, loss, step=progress.global_step)
 
+    @_bounded
     def on_epoch_end(self, metrics: dict, run_id: str) -> None:
         """Logs a history entry's numbers at ``step=epoch``."""
         from mlflow.entities import Metric
@@ -107,6 +150,7 @@ class MLflowLogger(Logger):
         batch = [Metric(key, value, now, int(metrics["epoch"])) for key, value in scalars(metrics).items()]
         active.client.log_batch(active.run_id, metrics=batch)
 
+    @_bounded
     def on_fit_end(self, model: Any, checkpoint: Any, run_id: str) -> None:
         """Logs the model (when ``log_model``) and marks the run FINISHED."""
         active = self._active.pop(run_id)
@@ -116,6 +160,7 @@ class MLflowLogger(Logger):
         finally:
             active.client.set_terminated(active.run_id, "FINISHED")
 
+    @_bounded
     def on_fit_failed(self, error: BaseException, run_id: str) -> None:
         """Marks the run FAILED (KILLED when interrupted); what was logged stays."""
         active = self._active.pop(run_id)
@@ -140,7 +185,8 @@ class MLflowLogger(Logger):
 
     def _parent_run(self) -> Any:
         """The active MLflow run to nest under: this thread's, else the newest one started in
-        another thread of the driver (MLflow's own rule for that case), else None."""
+        another thread of the driver (MLflow's own rule for that case; events run in the
+        logger's own thread, so this is where ``fit``'s caller's run is found), else None."""
         import mlflow
         from mlflow.tracking import fluent
 

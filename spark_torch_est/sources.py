@@ -29,6 +29,7 @@ from typing import Callable
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from spark_torch_est.files import file_stamp, footer_digest
 from spark_torch_est.spec import FilePart, FileSource
 
 __all__ = ["parquet_source", "parquet_table", "scoring_parts"]
@@ -63,8 +64,9 @@ def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], str]
     files = _scanned_files(df.select(*[df[name] for name in columns]), columns)  # a fresh plan: caches count
     if not files:
         return None
+    types = {name: _spark_type(df.schema[name].dataType) for name in columns}
     try:
-        return _split(files, tuple(outputs), num_workers)
+        return _split(files, tuple(outputs), num_workers, types)
     except Exception as error:  # unreadable files, unknown URL schemes: Spark reads them instead
         logger.info("reading the table through Spark: its files cannot be read directly (%s: %s)",
                     type(error).__name__, error)
@@ -159,7 +161,18 @@ def _scanned_files(df: DataFrame, columns: list[str]) -> list[str] | None:
     data_columns = set(relation.dataSchema().fieldNames())
     if not set(columns) <= data_columns:
         return None
+    listed = relation.location().rootPaths()
+    roots = [listed.apply(i).toString() for i in range(listed.size())]
+    if _overlapping(roots):  # Spark reads a file once per path that lists it; inputFiles() names it once
+        logger.info("reading the table through Spark: its paths overlap (%s)", roots)
+        return None
     return sorted(df.inputFiles())
+
+
+def _overlapping(paths: list[str]) -> bool:
+    """Whether a path is listed twice, or inside another listed path."""
+    trimmed = sorted(path.rstrip("/") for path in paths)
+    return any(later == earlier or later.startswith(earlier + "/") for earlier, later in zip(trimmed, trimmed[1:]))
 
 
 def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], int],
@@ -172,7 +185,8 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
         outputs: See :class:`FileSource`.
         parts: How many parts, or a function of the table's uncompressed bytes and rows
             that says how many.
-        types: Column -> :func:`_spark_type`: every file must hold exactly those types.
+        types: Column -> :func:`_spark_type`: every file must hold exactly those types (a
+            column whose type is None: the same type in every file).
 
     Raises:
         ValueError: A file is not local, lacks a column, or holds another type.
@@ -182,6 +196,8 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
 
     needed = {name for _, sources, _ in outputs for name in sources}
     groups = []  # (file, row group, rows)
+    stamps = []  # (file, size, times, footer digest)
+    seen: dict[str, str] = {}  # column -> its Arrow type in the first file
     size = 0
     for url in files:
         fs, path = fsspec.core.url_to_fs(url)
@@ -193,9 +209,13 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
             if missing:  # other letter case, or schema evolution: Spark resolves those, pyarrow would not
                 raise ValueError(f"{url} has no column(s) {sorted(missing)} by those exact names")
             for name, expected in (types or {}).items():
-                if _arrow_type(reader.schema_arrow.field(name).type) != expected:
-                    raise ValueError(f"{url}: column {name!r} is {reader.schema_arrow.field(name).type} in the file")
+                found = reader.schema_arrow.field(name).type
+                if (_arrow_type(found) != expected if expected is not None
+                        else seen.setdefault(name, str(found)) != str(found)):  # Spark may refuse or convert it
+                    raise ValueError(f"{url}: column {name!r} is {found} in the file")
             metadata = reader.metadata
+            file_size, times = file_stamp(fs, path)
+            stamps.append((url, file_size, times, footer_digest(handle, file_size)))
         size += sum(metadata.row_group(g).total_byte_size for g in range(metadata.num_row_groups))
         groups.extend((url, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups))
     total = sum(rows for _, _, rows in groups)
@@ -210,6 +230,7 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
             if start < stop:
                 assigned[rank].append(FilePart(url, group, start - first, stop - first))
         first += rows
-    plan = json.dumps([[list(map(str, (p.path, p.row_group, p.start, p.stop))) for p in part] for part in assigned])
+    plan = json.dumps([[[list(map(str, (p.path, p.row_group, p.start, p.stop))) for p in part] for part in assigned],
+                       stamps])
     return FileSource(outputs=outputs, parts=tuple(tuple(part) for part in assigned),
-                      digest=hashlib.sha256(plan.encode()).hexdigest()[:16])
+                      digest=hashlib.sha256(plan.encode()).hexdigest()[:16], files=tuple(stamps))

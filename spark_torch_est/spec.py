@@ -51,12 +51,16 @@ class FileSource:
             ``"as_is"`` (the file's column), ``"wrap"`` (a number per row as a one-value
             array) or ``"stack"`` (numeric columns side by side as one array per row).
         parts: For each rank, the file parts it reads, in order.
-        digest: A short digest of the parts, to tell one split from another.
+        digest: A short digest of the parts and of the files as planned, to tell one split
+            from another.
+        files: ``(path, size, times, footer digest)`` of each file as the driver planned it
+            (see :func:`files.file_stamp`): a rank reads a file only while it is still so.
     """
 
     outputs: tuple[tuple[str, tuple[str, ...], str], ...]
     parts: tuple[tuple[FilePart, ...], ...]
     digest: str
+    files: tuple[tuple[str, int, str, str], ...] = ()
 
     @property
     def part_rows(self) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import fsspec
 
-__all__ = ["write_atomic", "read_bytes", "exists", "CheckpointDir", "CheckpointFile"]
+__all__ = ["write_atomic", "read_bytes", "probe_writable", "exists", "CheckpointDir", "CheckpointFile"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +41,42 @@ def write_atomic(url: str, data: bytes) -> None:
     if parent:
         fs.makedirs(parent, exist_ok=True)
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with fs.open(tmp, "wb") as handle:
-        handle.write(data)
-    fs.mv(tmp, path)
+    try:
+        with fs.open(tmp, "wb") as handle:
+            handle.write(data)
+        fs.mv(tmp, path)
+    except BaseException:  # a full disk, a lost connection, an interrupt: leave no partial file behind
+        try:
+            fs.rm(tmp)
+        except Exception as error:  # the original error is the one to raise
+            logger.debug("could not remove %s: %s", tmp, error)
+        raise
 
 
 def read_bytes(url: str) -> bytes:
-    """Reads a whole file from a local path or fsspec URL."""
+    """Reads a whole regular file from a local path or fsspec URL.
+
+    Raises:
+        OSError: Nothing readable there, or not a regular file (a FIFO or device would
+            block or never end).
+    """
     fs, path = _fs(url)
+    if not fs.isfile(path):
+        raise FileNotFoundError(f"{url} is not a regular file")
     with fs.open(path, "rb") as handle:
         return handle.read()
+
+
+def probe_writable(url: str) -> None:
+    """Creates ``url`` if needed and writes, renames and removes a small file there.
+
+    Raises:
+        OSError: The directory cannot be created or written.
+    """
+    fs, path = _fs(url.rstrip("/"))
+    probe = f"{path}/.probe-{uuid.uuid4().hex}"
+    write_atomic(probe, b"spark_torch_est write probe")
+    fs.rm(probe)
 
 
 def exists(url: str) -> bool:
@@ -126,6 +152,9 @@ class CheckpointDir:
         pointer to anything but a checkpoint name in this directory is refused (logged)."""
         pointer = f"{self.path}/{self.POINTER}"
         if not self.fs.exists(pointer):
+            return None
+        if not self.fs.isfile(pointer):  # a FIFO would block the read
+            logger.warning("ignored %s/%s: it is not a regular file", self.url, self.POINTER)
             return None
         with self.fs.open(pointer, "rb") as handle:
             name = handle.read(200).decode("utf-8", "replace").strip()

@@ -18,7 +18,7 @@ import sys
 import threading
 import weakref
 from datetime import timedelta
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import cloudpickle
 import fsspec
@@ -51,14 +51,15 @@ _KEPT_ALIVE: list[object] = []
 _SLOW_LAZY_IMPORTS = ("torch._dynamo",)
 
 
-def train_task(spec: TaskSpec, launch: Launch) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def train_task(spec: TaskSpec | Any, launch: Launch) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Returns the ``mapInArrow`` function for one job (a top-level function, no closure
-    over driver objects)."""
+    over driver objects). ``spec`` may come as a Spark broadcast of it (see
+    ``launcher._shipped``): the function itself then stays small."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         barrier = SparkBarrier()
         torch.set_num_threads(max(1, barrier.cpus()))
-        result = run_rank(spec, launch, batches, barrier)
+        result = run_rank(spec if isinstance(spec, TaskSpec) else spec.value, launch, batches, barrier)
         if isinstance(result, str):
             yield _result_row(DELIVERED, result.encode())
         elif result is not None:
@@ -129,8 +130,8 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
 def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Shard:
     """This rank's rows: from the job's input, or read from the table's files (see
     :mod:`spark_torch_est.sources`). A worker keeps the last part of a table it read: the
-    next fit that gives this worker the same part of the same unchanged files (same size
-    and modification time), columns and budget trains on it again without reading."""
+    next fit that gives this worker the same part of the same unchanged files (same size,
+    modification time and footer), columns and budget trains on it again without reading."""
     if spec.source is None:
         _INGESTED.clear()  # a worker holds one fit's rows at a time
         shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
@@ -152,15 +153,16 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
 
 
 def _part_key(spec: TaskSpec, rank: int) -> str:
-    """What a rank's part depends on: its rows, the files' sizes and modification times,
-    the input schema, the label and weight columns and the memory budget."""
+    """What a rank's part depends on: its rows, the files' sizes, modification times and
+    footers (as planned), the input schema, the label and weight columns and the memory budget."""
     part = spec.source.parts[rank]
     files = []
     for path in sorted({p.path for p in part}):
         fs, local = fsspec.core.url_to_fs(path)
         info = fs.info(local)
         files.append([path, info.get("size"), str(info.get("mtime", info.get("LastModified", "")))])
-    described = [spec.source.outputs, [[p.path, p.row_group, p.start, p.stop] for p in part], files,
+    planned = [stamp for stamp in spec.source.files if stamp[0] in {p.path for p in part}]  # footers as planned
+    described = [spec.source.outputs, [[p.path, p.row_group, p.start, p.stop] for p in part], files, planned,
                  spec.schema.to_dict(), [spec.columns.label, spec.columns.weight], spec.memory_budget]
     return hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()
 

@@ -3,6 +3,8 @@ the estimator's run intact so that a following good fit resumes it."""
 
 from __future__ import annotations
 
+import io
+import os
 import threading
 import time
 
@@ -132,6 +134,41 @@ def test_a_checkpoint_path_that_is_not_a_file(trained, linear_df, spark, tmp_pat
     for path in ("/nope/x.pt", str(tmp_path)):
         with pytest.raises(InvalidInputError, match=f"resume_from='{path}': cannot read it .*a checkpoint file"):
             trained.fit(linear_df, resume_from=path)
+    assert trained.checkpoint is before and spark_jobs_started(spark) == jobs
+
+
+@pytest.mark.parametrize("field, value", [("progress", "x"), ("history", [1, 2]), ("rng", []), ("optimizer", {}),
+                                          ("model", "weights")])
+def test_a_tampered_checkpoint_is_refused_before_any_job(trained, linear_df, spark, tmp_path, field, value):
+    """format_version 2 kept: the structure is checked, naming the field."""
+    state = torch.load(io.BytesIO(trained.checkpoint.to_bytes()), weights_only=True)
+    if field == "model":
+        state["model"]["weight"] = value
+    else:
+        state[field] = value
+    torch.save(state, tmp_path / "tampered.pt")
+    before, jobs = trained.checkpoint, spark_jobs_started(spark)
+    with pytest.raises(IncompatibleCheckpointError, match=f"checkpoint field '{field}'"):
+        trained.fit(linear_df, resume_from=str(tmp_path / "tampered.pt"))
+    assert trained.checkpoint is before and spark_jobs_started(spark) == jobs
+
+
+def test_an_unwritable_checkpoint_dir_and_a_fifo_are_refused_before_any_job(trained, linear_df, spark, tmp_path):
+    (tmp_path / "a-file").write_bytes(b"")
+    os.mkfifo(tmp_path / "fifo.pt")
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "dir" / "latest")
+    before, jobs = trained.checkpoint, spark_jobs_started(spark)
+    old = trained.getCheckpointDir()
+    trained._set(checkpointDir=str(tmp_path / "a-file" / "ckpt"))
+    try:
+        with pytest.raises(InvalidInputError, match=f"checkpointDir='{tmp_path}/a-file/ckpt' cannot be written"):
+            trained.fit(linear_df)
+    finally:
+        trained._set(checkpointDir=old)
+    for path in (tmp_path / "fifo.pt", tmp_path / "dir"):  # a read would block: refused, not opened
+        with pytest.raises(InvalidInputError, match="is not a regular file"):
+            trained.fit(linear_df, resume_from=str(path))
     assert trained.checkpoint is before and spark_jobs_started(spark) == jobs
 
 

@@ -181,3 +181,90 @@ def test_loggers_are_saved_with_the_estimator_also_inside_a_pipeline(spark, tmp_
     assert csv_logger.log_dir == "somewhere"
     _estimator().write().overwrite().save(str(tmp_path / "plain"))
     assert TorchEstimator.load(str(tmp_path / "plain")).loggers == []
+
+
+class Stuck(Logger):
+    """Blocks in ``event`` until released (or 120 s pass)."""
+
+    event_timeout_s = 3.0
+    step_interval_s = 0.0
+
+    def __init__(self, event: str) -> None:
+        self.event, self.release, self.calls = event, threading.Event(), []
+        setattr(self, event, self._block)
+
+    def _block(self, **kwargs):
+        self.calls.append(self.event)
+        self.release.wait(120)
+
+    def on_fit_start(self):
+        self.calls.append("on_fit_start")
+
+    def on_step(self):
+        self.calls.append("on_step")
+
+    def on_fit_end(self):
+        self.calls.append("on_fit_end")
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_stuck_loggers_and_an_unreachable_mlflow_server_are_abandoned_and_fit_returns(spark, linear_df, caplog):
+    stuck = [Stuck("on_fit_start"), Stuck("on_step"), Stuck("on_fit_end")]
+    down = MLflowLogger(tracking_uri=f"http://127.0.0.1:{_closed_port()}", log_model=False)
+    down.event_timeout_s = 60.0  # MLflow's own retries must end well before
+    est = _estimator(loggers=[*stuck, down])
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.logger_dispatch"):
+        model = est.fit(linear_df, duration="1ep")
+    blocked = [not logger.release.is_set() for logger in stuck]
+    for logger in stuck:
+        logger.release.set()
+
+    assert blocked == [True, True, True] and model.history == est.history and est.progress.epoch == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for event in ("on_fit_start", "on_step", "on_fit_end"):
+        assert any(f"logger Stuck did not return from {event} within its event_timeout_s (3.0 s)" in w
+                   for w in warnings)
+    assert stuck[1].calls.count("on_step") == 1 and "on_fit_end" not in stuck[1].calls  # abandoned at its step
+    assert any(w.startswith("logger MLflowLogger failed in on_fit_start") for w in warnings)  # refused, not hung
+    assert not any("MLflowLogger did not return" in w for w in warnings)
+
+
+class LockedOnce(MLflowLogger):
+    """An MLflowLogger whose store refuses its first ``event`` (as a locked sqlite store or a
+    server down at the start does)."""
+
+    def __init__(self, event: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.event, self.refused = event, False
+
+    def on_fit_start(self, params, config, run_id):
+        self._refuse_once("on_fit_start")
+        super().on_fit_start(params, config, run_id)
+
+    def on_epoch_end(self, metrics, run_id):
+        self._refuse_once("on_epoch_end")
+        super().on_epoch_end(metrics, run_id)
+
+    def _refuse_once(self, event: str) -> None:
+        if event == self.event and not self.refused:
+            self.refused = True
+            raise ConnectionError("database is locked")
+
+
+@pytest.mark.parametrize("event", ["on_fit_start", "on_epoch_end"])
+def test_mlflow_keeps_every_epoch_when_the_store_refuses_a_call(spark, linear_df, store, event):
+    uri, client, experiment_id = store
+    est = _estimator(maxEpochs=3, loggers=[LockedOnce(event, tracking_uri=uri, experiment_name="tests",
+                                                      log_model=False)])
+    est.fit(linear_df)
+    (run,) = client.search_runs([experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["batchSize"] == "64"
+    assert dict(_metric(client, run.info.run_id, "train_loss")) == {
+        e["epoch"]: pytest.approx(e["train_loss"]) for e in est.history}  # epochs 1-3, none lost

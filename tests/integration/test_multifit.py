@@ -160,3 +160,21 @@ def test_exact_resume_also_when_the_input_is_reshuffled_into_ranks(spark, linear
     split.fit(df, duration="1ep")
     split.fit(df)
     _assert_same_weights(whole, split)
+
+
+def _lazy_model(config):
+    return torch.nn.Sequential(torch.nn.LazyLinear(16), torch.nn.ReLU(), torch.nn.LazyLinear(1))
+
+
+def test_a_lazy_model_continues_its_run_and_resumes_exactly(spark, linear_df):
+    """Lazy modules take their shapes at the first forward: a second fit and resume_from
+    load the state into an uninitialized model."""
+    whole = _estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
+    whole.fit(linear_df)
+    split = _estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
+    first = split.fit(linear_df, duration="1ep")
+    split.fit(linear_df)
+    _assert_same_weights(whole, split)
+    resumed = _estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
+    resumed.fit(linear_df, resume_from=first)
+    _assert_same_weights(whole, resumed)

@@ -202,3 +202,27 @@ def test_an_impersonating_rank_is_refused_and_costs_at_most_a_relaunch(spark, li
     assert est.progress.epoch == 2
     for key, value in clean.checkpoint.model_state.items():
         assert torch.equal(value, est.checkpoint.model_state[key]), key
+
+
+class _Padded(torch.nn.Module):
+    """A linear model carrying 1.2 MB of buffer: a resumed fit's task function passes 1 MB."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+        self.register_buffer("pad", torch.zeros(300_000))
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def test_no_job_secret_stays_in_files_after_the_fits(spark, linear_df):
+    """PySpark writes a task function past 1 MB (it carries the job's secret) to its temp
+    dir for the whole session; the spec travels as a broadcast that is removed after the job."""
+    temp_dir = spark.sparkContext._temp_dir
+    before = set(os.listdir(temp_dir))
+    est = estimator(model=lambda c: _Padded(), scheduler=None, maxEpochs=3)
+    for _ in range(3):
+        est.fit(linear_df, duration="1ep")  # the second and third resume from a 1.2 MB checkpoint
+    left = sorted(set(os.listdir(temp_dir)) - before)
+    assert est.progress.epoch == 3 and left == []

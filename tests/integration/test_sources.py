@@ -6,12 +6,15 @@ import logging
 import os
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
 from spark_torch_est import Hook, TorchModel
+from spark_torch_est.errors import InputDataError
 from spark_torch_est.frames import frame_outputs, input_schema
 from spark_torch_est.sources import parquet_source
 from tests.helpers import CrashOnce, estimator, linear_estimator, tasks_read_files
@@ -173,3 +176,85 @@ def test_a_scored_table_reads_its_files_only_where_a_join_would_broadcast_it_ali
     finally:
         spark.conf.set(key, before)
     assert tasks_read_files(model.transform(df)), "under the default 10 MB both sizes allow a broadcast"
+
+
+class CountRows(Hook):
+    """Appends the size and label sum of every training batch of epoch ``epoch`` to
+    ``<directory>/rows-<rank>-<pid>``."""
+
+    def __init__(self, directory: str, epoch: int = 0) -> None:
+        self.directory, self.epoch = directory, epoch
+
+    def after_train_iter(self, labels, rank, epoch):
+        if epoch == self.epoch:
+            with open(os.path.join(self.directory, f"rows-{rank}-{os.getpid()}"), "a") as out:
+                out.write(f"{len(labels)} {float(labels.double().sum())}\n")
+
+    def totals(self) -> tuple[int, float]:
+        """Rows and label sum over every rank."""
+        lines = [line.split() for path in os.scandir(self.directory) for line in open(path.path)]
+        return sum(int(n) for n, _ in lines), sum(float(t) for _, t in lines)
+
+
+def test_overlapping_input_paths_train_and_score_every_row_spark_reads(spark, table, tmp_path):
+    one_file = next(p for p in os.listdir(table) if p.endswith(".parquet"))
+    for paths in ((table, table), (table, os.path.join(table, one_file))):
+        df = spark.read.parquet(*paths)
+        expected = df.count()  # Spark reads a file once per path that lists it
+        assert expected > 3000
+        seen = tmp_path / str(len(paths) + expected)
+        seen.mkdir()
+        counter = CountRows(str(seen))
+        model = linear_estimator(maxEpochs=1, batchSize=32, hooks=[counter]).fit(df)
+        assert counter.totals()[0] == expected
+        assert model.transform(df).count() == expected
+
+
+def test_a_table_spark_refuses_is_refused_naming_the_file_and_not_retried(spark, table, tmp_path, caplog):
+    """One file holds the label as int64, another as double: pyarrow would read both, Spark
+    refuses; and a file whose footer is cut off after the DataFrame was made."""
+    mixed = str(tmp_path / "mixed")
+    df = spark.read.parquet(table)
+    df.limit(100).withColumn("label", F.col("label").cast("long")).coalesce(1).write.parquet(mixed)
+    df.limit(100).coalesce(1).write.mode("append").parquet(mixed)
+    mixed_df = spark.read.parquet(mixed)
+    assert _source(mixed_df) is None
+
+    cut = str(tmp_path / "cut")
+    df.repartition(2).write.parquet(cut)
+    cut_df = spark.read.parquet(cut)
+    victim = sorted(p for p in os.listdir(cut) if p.endswith(".parquet"))[-1]
+    with open(os.path.join(cut, victim), "r+b") as handle:
+        handle.truncate(os.path.getsize(os.path.join(cut, victim)) - 10)
+
+    for frame, name in ((mixed_df, "part-"), (cut_df, victim)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+            with pytest.raises(InputDataError, match=f"Spark cannot read the training table: .*{name}"):
+                linear_estimator(maxEpochs=1, maxRetries=1).fit(frame)
+        assert not any(r.getMessage().startswith("relaunching") for r in caplog.records)
+
+
+def test_a_file_rewritten_with_the_same_size_and_mtime_is_read_again(spark, tmp_path):
+    """A worker keeps the part it read for the next fit: not after its file was rewritten."""
+    path = str(tmp_path / "table.parquet")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 8))
+    plain = dict(compression="none", use_dictionary=False, write_statistics=False)
+
+    def write(y):
+        pq.write_table(pa.table({"features": pa.array(list(x)), "label": y}), path, **plain)
+
+    write(x @ np.arange(8.0))
+    stat = os.stat(path)
+    (tmp_path / "seen").mkdir()
+    counter = CountRows(str(tmp_path / "seen"), epoch=1)
+    est = linear_estimator(maxEpochs=2, numWorkers=1, hooks=[counter])  # one rank: the same Python worker
+    est.fit(spark.read.parquet(path), duration="1ep")
+    new = -x @ np.arange(8.0)
+    write(new)  # the same size and footer, the labels negated
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.path.getsize(path) == stat.st_size
+    est.fit(spark.read.parquet(path))
+    rows, total = counter.totals()
+    assert rows == 512 and total == pytest.approx(new.sum(), rel=1e-4)  # the new labels, not the kept ones

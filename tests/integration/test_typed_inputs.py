@@ -5,6 +5,7 @@ save/load and a Pipeline; ragged arrays padded per batch; sample weights; labels
 from __future__ import annotations
 
 import decimal
+import re
 
 import numpy as np
 import pytest
@@ -291,3 +292,29 @@ def test_a_parquet_table_is_scored_from_its_files_exactly_as_through_spark(spark
     assert not tasks_read_files(model.transform(dated)), "a date column: Spark's reader decides its values"
     assert tasks_read_files(model.transform(dated.drop("day")))
     assert model.evaluate(dated) == pytest.approx(spark_read.evaluate(table), rel=1e-6)  # only its columns count
+
+
+@pytest.mark.parametrize("padding", [0.5, float("nan"), 1e30])
+def test_a_padding_value_integer_arrays_cannot_hold_is_refused_before_any_job(spark, wide_df, padding):
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match=f"paddingValue={re.escape(repr(padding))} cannot pad the int64 arrays of inputCols "
+                                                "column 'arr_int' \\(array<int>\\): set a whole number"):
+        _estimator(paddingValue=padding).fit(wide_df)
+    assert spark_jobs_started(spark) == jobs
+
+
+class SmallEmbedding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(10, 1)
+
+    def forward(self, id_byte):
+        return self.table(id_byte)
+
+
+def test_an_id_past_an_embedding_names_the_inputs_and_their_ids(spark, wide_df):
+    est = _estimator(model=lambda c: SmallEmbedding(), inputCols=["id_byte"], inputShapes=None, maxEpochs=1)
+    with pytest.raises(TrainingFailedError, match="index out of range in self: an id is out of an embedding's range; "
+                                                  "in this batch 'id_byte' holds 0\\.\\.\\d\\d"):
+        est.fit(wide_df)
+    assert est.checkpoint is None

@@ -158,3 +158,33 @@ def test_a_checkpoint_the_driver_does_not_acknowledge_is_not_delivered(rank_chan
     server._receive_blob = lambda connection, header: None  # reads nothing, answers nothing
     assert client.send_blob("job-1", b"x" * 1000, ack_timeout=0.5) is None
     assert client.send_blob("job-1", b"x") is None, "the channel is closed after a failed send"
+
+
+def test_json_nested_too_deep_drops_only_its_connection(rank_channel):
+    server, client, received = rank_channel
+    client._connection.send_bytes(b"[" * 100_000 + b"]" * 100_000)
+    assert client._connection.poll(10)  # the driver closed that connection (its reader did not just die)
+    with pytest.raises((EOFError, OSError)):
+        client._connection.recv_bytes()
+    other = ChannelClient(server.address, server.secret)
+    other.send({"type": "epoch"})
+    assert _wait_for(lambda: received == [{"type": "epoch"}])
+    other.close()
+
+
+def test_one_blob_per_job_within_the_size_limit():
+    server = ChannelServer("127.0.0.1", SECRET, lambda message: None, max_blob_bytes=1000)
+    try:
+        assert ChannelClient(server.address, SECRET).send_blob("job-1", b"x" * 1001, ack_timeout=5) is None
+        first = ChannelClient(server.address, SECRET)
+        assert first.send_blob("job-1", b"y" * 1000, ack_timeout=5) is None  # the job's one blob was announced
+    finally:
+        server.close()
+    server = ChannelServer("127.0.0.1", SECRET, lambda message: None, max_blob_bytes=1000)
+    try:
+        digest = ChannelClient(server.address, SECRET).send_blob("job-1", b"y" * 1000, ack_timeout=5)
+        assert server.take_blob("job-1", digest) == b"y" * 1000
+        assert ChannelClient(server.address, SECRET).send_blob("job-1", b"z" * 10, ack_timeout=5) is None
+        assert server.take_blob("job-1", hashlib.sha256(b"z" * 10).hexdigest()) is None
+    finally:
+        server.close()

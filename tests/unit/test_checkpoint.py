@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from spark_torch_est import Checkpoint, Progress
+from spark_torch_est import Checkpoint, Progress, rng
 from tests.helpers import features_schema
 from spark_torch_est.checkpoint import FORMAT_VERSION, check_compatible, iter_chunks
 from spark_torch_est.errors import IncompatibleCheckpointError
@@ -20,7 +20,7 @@ def _checkpoint(**override) -> Checkpoint:
                   output_shape=[1], label_kind="float", input_schema=features_schema(8).to_dict(),
                   input_rows=[[8]], model={"w": torch.ones(2)},
                   optimizer={"state": {}, "param_groups": []}, scheduler=None,
-                  rng=[torch.zeros(3, dtype=torch.float64)], hooks={"h": {"n": 1}})
+                  rng=[rng.capture(torch.device("cpu"))], hooks={"h": {"n": 1}})
     fields.update(override)
     return Checkpoint.build(**fields)
 
@@ -83,3 +83,29 @@ def test_compatibility_names_the_mismatches():
 def test_chunks_reassemble():
     blob = bytes(range(256)) * 100
     assert b"".join(iter_chunks(blob, 1000)) == blob
+
+
+def _tampered(field: str, value) -> bytes:
+    state = torch.load(io.BytesIO(_checkpoint().to_bytes()), weights_only=True)
+    if field == "inputs.schema":
+        state["inputs"]["schema"]["columns"][0]["unknown"] = 1
+    elif field == "model":
+        state["model"]["w"] = value
+    else:
+        state[field] = value
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("progress", "x"), ("progress", {"epoch": -1}), ("history", [1, 2]), ("history", [{"train_loss": 1.0}]),
+    ("rng", []), ("rng", [torch.zeros(3, dtype=torch.float64)]), ("optimizer", {}), ("scheduler", [1]),
+    ("model", [1.0, 2.0]), ("inputs.schema", None), ("world_size", 0), ("outputs", {"shape": [1]}),
+    ("hooks", {"h": 1}), ("run_id", 5), ("partial_epoch", {}),
+])
+def test_a_tampered_checkpoint_is_refused_naming_the_field(field, value):
+    """format_version kept as 2: the structure is what tells."""
+    named = "rng(\\[0\\])?" if field == "rng" else field
+    with pytest.raises(IncompatibleCheckpointError, match=f"checkpoint field '{named}'"):
+        Checkpoint.from_bytes(_tampered(field, value))

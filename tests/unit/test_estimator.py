@@ -55,3 +55,18 @@ def test_unpicklable_creators_are_reported():
     est = _est(model=lambda c: (lock, torch.nn.Linear(1, 1))[1])
     with pytest.raises(InvalidInputError, match="cannot be pickled"):
         est._spec(Target(epoch=1), features_schema(1), None, None)
+
+
+def test_copy_with_a_hook_that_cannot_be_copied_names_the_fix():
+    import threading
+
+    from spark_torch_est import Hook
+
+    class Locked(Hook):
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+    est = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), hooks=[Locked()])
+    with pytest.raises(InvalidInputError, match="copy\\(\\) copies the hooks, and one of them cannot be copied "
+                                                "\\(TypeError: .*lock.*\\); give it __deepcopy__"):
+        est.copy()

@@ -32,6 +32,7 @@ def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
     from spark_torch_est.checkpoint import Checkpoint
     from spark_torch_est.launcher import Launcher
     from spark_torch_est.progress import Progress, Target
+    from spark_torch_est import rng
     from spark_torch_est.storage import CheckpointDir
     from tests.helpers import features_schema, task_spec
 
@@ -40,7 +41,8 @@ def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
             run_id="0123456789abcdef", fit_id=fit_id, progress=Progress(epoch=step // 10, global_step=step), history=[],
             partial_loss=(0.0, 0.0), epoch_rows=10, world_size=2, data_source="spark", seed=0, optimizer_made=[],
             output_shape=[1], label_kind="float", input_schema=features_schema(8).to_dict(), input_rows=[[8]],
-            model={"w": torch.zeros(1)}, optimizer={}, scheduler=None, rng=[], hooks={}).to_bytes()
+            model={"w": torch.zeros(1)}, optimizer={"state": {}, "param_groups": []}, scheduler=None,
+            rng=[rng.capture(torch.device("cpu"))], hooks={}).to_bytes()
 
     spec = task_spec(Target(epoch=9), fit_id="this", checkpoint_dir=str(tmp_path), resume=checkpoint("earlier", 20))
     directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef")
@@ -50,3 +52,13 @@ def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
     directory.write(checkpoint("this", 30), epoch=3, global_step=30)  # this fit's own
     relaunched, start = launcher._relaunch_spec(spec, Progress(epoch=2, global_step=20))
     assert start.global_step == 30 and Checkpoint.from_bytes(relaunched.resume).fit_id == "this"
+
+
+def test_a_fit_rerouted_through_allgather_leaves_the_next_fit_on_the_store():
+    """The reroute is decided per fit: a store unreachable once (descriptors exhausted by
+    idle connections, say) does not send every later fit of the session through allGather."""
+    from spark_torch_est.launcher import Launcher
+
+    rerouted = Launcher(None, None, max_retries=1, slot_wait_s=1)
+    rerouted._store_unreachable.add("127.0.0.1")
+    assert Launcher(None, None, max_retries=1, slot_wait_s=1)._store_unreachable == set()

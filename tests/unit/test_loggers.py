@@ -143,7 +143,7 @@ def test_a_raising_logger_is_warned_about_and_the_others_go_on(caplog):
 
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage().split(":")[0] for r in warnings] == [
-        "logger Raising failed in on_fit_start (the fit goes on; it sits out the rest of this fit)",
+        "logger Raising failed in on_fit_start (the fit goes on; it sits out the fit until it ends, then starts again)",
         "logger RaisingLater failed in on_step (the fit goes on)",
         "logger RaisingLater failed in on_fit_end (the fit goes on)",
     ]
@@ -195,10 +195,77 @@ def test_events_from_many_threads_reach_a_logger_one_at_a_time():
     dispatch.finish(None, checkpoint(0))
 
     assert logger.overlaps == 0 and len(logger.events("on_step")) == 400
-    caller = threading.get_ident()
-    threads = {event: thread for event, _, thread in logger.calls}
-    assert threads["on_fit_start"] == caller and threads["on_fit_end"] == caller  # where fit() runs
-    assert threads["on_step"] != caller  # never a channel thread's time
+    threads = {thread for _, _, thread in logger.calls}
+    assert len(threads) == 1 and threads != {threading.get_ident()}  # the logger's own thread, never fit()'s
+
+
+class Stuck(Recorder):
+    """Blocks in ``event`` until released (or 30 s pass)."""
+
+    event_timeout_s = 0.5
+
+    def __init__(self, event: str) -> None:
+        super().__init__()
+        self.event, self.release = event, threading.Event()
+
+    def _record(self, event: str, **arguments) -> None:
+        super()._record(event, **arguments)
+        if event == self.event:
+            self.release.wait(30)
+
+
+@pytest.mark.parametrize("event", ["on_fit_start", "on_step", "on_epoch_end", "on_fit_end"])
+def test_a_stuck_logger_is_abandoned_with_a_warning_and_the_others_go_on(caplog, event):
+    stuck, recorder = Stuck(event), Recorder()
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.logger_dispatch"):
+        run_fit([stuck, recorder], [progress_message(1, 0.0), epoch_message(1), progress_message(2, 1.0)],
+                checkpoint(2))
+    still_stuck = not stuck.release.is_set()
+    stuck.release.set()
+    assert still_stuck  # run_fit returned while the logger was still blocked
+    assert [e for e, _, _ in stuck.calls][-1] == event  # nothing after the stuck event
+    assert [e for e, _, _ in recorder.calls] == [
+        "on_fit_start", "on_step", "on_epoch_end", "on_step", "on_epoch_end", "on_fit_end"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"logger Stuck did not return from {event} within its event_timeout_s (0.5 s)" in warning
+
+
+def test_an_epoch_is_marked_logged_only_when_the_logger_took_it():
+    class Flaky(Recorder):
+        """Its first on_epoch_end raises (as a locked sqlite store does)."""
+
+        def on_epoch_end(self, metrics):
+            if not self.events("failed"):
+                self._record("failed")
+                raise RuntimeError("database is locked")
+            super().on_epoch_end(metrics)
+
+    flaky = Flaky()
+    run_fit([flaky], [epoch_message(1), epoch_message(2)], checkpoint(3))
+    assert [m["metrics"]["epoch"] for m in flaky.events("on_epoch_end")] == [2, 1, 3]
+
+
+def test_a_logger_whose_fit_start_failed_starts_again_when_the_fit_ends_and_logs_what_it_missed():
+    class DownAtStart(Recorder):
+        def on_fit_start(self, config, run_id):
+            if not self.events("failed"):
+                self._record("failed")
+                raise ConnectionError("tracking server down")
+            super().on_fit_start(config, run_id)
+
+    late = DownAtStart()
+    run_fit([late], [progress_message(1, 0.0), epoch_message(1)], checkpoint(2))
+    assert [e for e, _, _ in late.calls] == ["failed", "on_fit_start", "on_epoch_end", "on_epoch_end", "on_fit_end"]
+    assert [m["metrics"]["epoch"] for m in late.events("on_epoch_end")] == [1, 2]
+
+
+@pytest.mark.parametrize("value", [-1.0, float("inf"), "5", None, True])
+def test_a_bad_event_timeout_is_refused(value):
+    recorder = Recorder()
+    recorder.event_timeout_s = value
+    with pytest.raises(InvalidInputError, match=f"loggers\\[0\\].event_timeout_s must be a number of seconds "
+                                                f">= 0, got {value!r}"):
+        TorchEstimator(loggers=[recorder])
 
 
 def test_bad_loggers_are_refused_when_the_estimator_is_made():

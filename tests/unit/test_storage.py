@@ -1,8 +1,14 @@
 """Checkpoint directories: atomic writes, pruning, leftovers of killed writers, pointers."""
 
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 
-from spark_torch_est.storage import CheckpointDir
+import pytest
+
+from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
 
 RUN = "3f9c0a1b2d4e5f60"
 
@@ -58,3 +64,43 @@ def test_a_run_resumed_from_an_earlier_point_drops_what_it_wrote_past_it(tmp_pat
     directory.write(b"new", epoch=4, global_step=40)
     assert directory.newest().global_step == 40 and directory.latest().read() == b"new"
     assert len(list(tmp_path.glob("ckpt-*.pt"))) == 1
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path):
+    """A real write failure: the file size limit of a child process (EFBIG, as ENOSPC would)."""
+    probe = textwrap.dedent(f"""
+        import resource, signal, sys
+        sys.path.insert(0, ".")
+        from spark_torch_est.storage import CheckpointDir
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        try:
+            CheckpointDir({str(tmp_path)!r}, run_id={RUN!r}).write(b"x" * 100_000, epoch=1, global_step=10)
+        except OSError as error:
+            print("refused:", error.errno)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("refused:"), out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pointer_or_checkpoint_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, caplog):
+    os.mkfifo(tmp_path / "latest")
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.storage"):
+        assert CheckpointDir(str(tmp_path)).latest() is None
+    assert "latest: it is not a regular file" in caplog.text
+    os.mkfifo(tmp_path / "ckpt.pt")
+    with pytest.raises(FileNotFoundError, match="ckpt.pt is not a regular file"):
+        read_bytes(str(tmp_path / "ckpt.pt"))
+
+
+def test_a_directory_is_probed_for_writing(tmp_path):
+    probe_writable(str(tmp_path / "new" / "dir"))
+    assert list((tmp_path / "new" / "dir").iterdir()) == []
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes anywhere
+        with pytest.raises(OSError):
+            probe_writable(str(tmp_path / "ro"))
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(OSError):
+        probe_writable(str(tmp_path / "file"))
