@@ -277,12 +277,16 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str)
     """Gives labels the shape the loss expects beside the model's output, never by
     broadcasting: integer labels of a one-output model become float32 regression targets
     shaped like the output, integer labels of a k-output model stay int64 class indices,
+    as do whole-number float labels (Spark ML's indexers give doubles: 0.0, 1.0, ...),
     float labels take the output's shape when they hold as many values per row.
 
     Raises:
-        InputDataError: The labels cannot match the output without broadcasting.
+        InputDataError: The labels cannot match the output without broadcasting, or one
+            number per row for a k-output model is not a whole number.
     """
     per_row, width = list(labels.shape[1:]), math.prod(output_shape)
+    if labels.is_floating_point() and width > 1 and labels.dim() == 1:
+        return _class_indices(labels, output_shape, label_name)
     if not labels.is_floating_point():
         if width > 1 and labels.dim() == 1:
             return labels  # class indices
@@ -295,6 +299,25 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str)
     raise InputDataError(
         f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {held} per row; "
         "make the model's output match the label, or the label the output"
+    )
+
+
+def _class_indices(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:
+    """Float labels, one per row, of a model with several outputs: class indices when
+    every one is a whole number (as integer labels are).
+
+    Raises:
+        InputDataError: A label has a fraction (or is negative, NaN or infinite).
+    """
+    whole = torch.isfinite(labels) & (labels >= 0) & (labels == torch.round(labels))
+    if bool(whole.all()):
+        return labels.long()
+    bad = float(labels[~whole][0])
+    raise InputDataError(
+        f"labelCol {label_name!r} holds {bad:g}, but the model returns {output_shape} values per row, so it takes "
+        f"one class index per row (a whole number from 0 to {math.prod(output_shape) - 1}, as StringIndexer gives) "
+        "or as many values per row as it returns (an array or Vector label); index or round the label, or give "
+        "the model one output per row for regression"
     )
 
 

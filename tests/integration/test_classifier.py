@@ -134,3 +134,18 @@ def test_cross_validator_tunes_a_classifier_with_spark_evaluators(two):
     assert len(cv_model.avgMetrics) == 2
     assert cv_model.avgMetrics[1] < cv_model.avgMetrics[0]  # more epochs, lower log loss (smaller is better)
     assert isinstance(cv_model.bestModel, TorchModel) and cv_model.bestModel.checkpoint.progress.epoch == 3
+
+
+def test_string_indexer_labels_train_a_classifier_in_a_pipeline(spark):
+    """Spark ML's indexers give whole-number doubles: with a k-output model they are class indices."""
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import StringIndexer
+    from pyspark.sql import functions as F
+
+    colors = F.array(F.lit("red"), F.lit("green"), F.lit("blue"))
+    df = _blobs(spark, 3, rows=600, seed=2).select("id", "features", F.element_at(colors, (F.col("label") + 1).cast("int"))
+                                                     .alias("color"))
+    pipeline = Pipeline(stages=[StringIndexer(inputCol="color", outputCol="label"), _classifier(3, maxEpochs=4)])
+    scored = pipeline.fit(df).transform(df)
+    assert dict(scored.dtypes)["label"] == "double"
+    assert MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored) > 0.9
