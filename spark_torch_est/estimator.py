@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import cloudpickle
 import torch
@@ -26,7 +26,7 @@ from spark_torch_est.launcher import Launcher
 from spark_torch_est.logger_dispatch import LoggerDispatch
 from spark_torch_est.loggers import Logger, normalize_loggers
 from spark_torch_est.model import TorchModel
-from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
+from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
@@ -34,6 +34,9 @@ from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, read_bytes
 from spark_torch_est.view import DriverView
+
+if TYPE_CHECKING:
+    from pyspark.ml._typing import ParamMap
 
 __all__ = ["TorchEstimator"]
 
@@ -125,6 +128,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         self._fresh_hooks: set[str] = set()  # hooks added since the last fit: they keep their own state
         self._loggers = normalize_loggers(kwargs.pop("loggers", None))  # driver only: not in the creators
         self._checkpoint: Checkpoint | None = None
+        self._folds = 0  # fitMultiple calls (a tuner's folds) since the last refit
+        self._fold: str | None = None  # in a copy made by fitMultiple: its fold ("" for a train-validation split)
         self._set(**kwargs)
 
     # ----------------------------------------------------------------- run state
@@ -242,18 +247,39 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         if params is None:
             params = {}
         if isinstance(params, (list, tuple)):
-            if duration is None and resume_from is None:
-                return super().fit(dataset, params)  # fitMultiple, as pyspark does
             return [self.fit(dataset, param_map, duration=duration, resume_from=resume_from)
                     for param_map in params]
         if not isinstance(params, dict):
             raise TypeError(f"Params must be either a param map or a list/tuple of param maps, but got {type(params)}.")
-        return (self.copy(params) if params else self)._fit_run(dataset, duration, resume_from)
+        if not params:
+            return self._fit_run(dataset, duration, resume_from)
+        return self.copy(params)._fit_run(dataset, duration, resume_from, self._search_name(params))
+
+    def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> Iterator[tuple[int, TorchModel]]:
+        """As in pyspark (``CrossValidator`` and ``TrainValidationSplit`` call it once per
+        fold), and each fit is named for the loggers after its param map and fold
+        (``"batchSize=32 (fold 2)"``); the tuner's refit with the best map that follows is
+        ``"... (refit)"``."""
+        self._folds += 1
+        estimator = self.copy()
+        split = any(c.startswith("TrainValidationSplit_") and c.endswith("_rand") for c in dataset.columns)
+        estimator._fold = "" if split else f"fold {self._folds}"
+        return super(TorchEstimator, estimator).fitMultiple(dataset, paramMaps)
+
+    def _search_name(self, params: ParamMap) -> str:
+        """The name of a fit with a param map: the map, and its fold in a tuner's search
+        (set by :meth:`fitMultiple`) or ``refit`` for the fit that follows the search."""
+        text = ", ".join(f"{getattr(p, 'name', p)}={v}" for p, v in params.items())
+        where = self._fold
+        if where is None and self._folds:
+            where, self._folds = "refit", 0
+        return f"{text} ({where})" if where else text
 
     def _fit(self, dataset: DataFrame) -> TorchModel:
         return self._fit_run(dataset, None, None)
 
-    def _fit_run(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any) -> TorchModel:
+    def _fit_run(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
+                 name: str | None = None) -> TorchModel:
         start = _resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
         progress = start.progress if start is not None else Progress()
         self._check_params()
@@ -267,7 +293,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         spec = self._spec(target, schema, start, source)
         view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
         loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
-        loggers.start({p.name: v for p, v in self.extractParamMap().items()}, dict(self._creators.config), progress)
+        loggers.start({p.name: v for p, v in self.extractParamMap().items()}, dict(self._creators.config), progress,
+                      name)
 
         def on_message(message: dict) -> None:
             view.handle(message)
@@ -293,9 +320,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
 
     def _model(self, checkpoint: Checkpoint) -> TorchModel:
         model = TorchModel(creators=self._creators, checkpoint=checkpoint)
-        for name in MODEL_DEFAULTS:
-            if self.isSet(name):
-                model._set(**{name: self.getOrDefault(name)})
+        carry_params(self, model)
         return model
 
     # ---------------------------------------------------------------- persistence

@@ -52,7 +52,9 @@ class MLflowLogger(Logger):
         experiment_name: Experiment, created if missing (default None: the parent run's,
             else MLflow's current one: ``mlflow.set_experiment``, ``MLFLOW_EXPERIMENT_NAME``,
             a Databricks notebook's, else ``Default``).
-        run_name: Name of the MLflow run (default None: MLflow picks one).
+        run_name: Name of the MLflow run (default None: MLflow picks one). A fit of a
+            ``CrossValidator`` or ``TrainValidationSplit`` adds its param map and fold,
+            or ``refit`` (``"batchSize=32 (fold 2)"``).
         log_model: Log the model at the end of each fit (default True).
         artifact_location: Where an experiment this logger creates keeps its artifacts
             (default None: the tracking server's default, ``./mlruns`` for a local store).
@@ -72,7 +74,7 @@ class MLflowLogger(Logger):
         self.artifact_location = artifact_location
         self._active: dict[str, _Active] = {}  # estimator run id -> this fit's MLflow run
 
-    def on_fit_start(self, params: dict, config: dict, run_id: str) -> None:
+    def on_fit_start(self, params: dict, config: dict, run_id: str, name: str | None = None) -> None:
         """Finds the estimator run's MLflow run, or starts one; logs new params."""
         from mlflow import MlflowClient
         from mlflow.entities import Param
@@ -86,7 +88,8 @@ class MLflowLogger(Logger):
             client.update_run(run.info.run_id, status="RUNNING")
         else:
             tags = {RUN_ID_TAG: run_id, **({_PARENT_TAG: parent.info.run_id} if parent is not None else {})}
-            run = client.create_run(experiment_id, tags=tags, run_name=self.run_name)
+            run_name = " ".join(part for part in (self.run_name, name) if part) or None
+            run = client.create_run(experiment_id, tags=tags, run_name=run_name)
         new = [Param(key, _text(value)) for key, value in tracked_params(params, config).items()
                if key not in run.data.params]
         for start in range(0, len(new), 100):  # MLflow takes at most 100 params per batch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable
+
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
     HasFeaturesCol,
@@ -13,7 +15,7 @@ from pyspark.ml.param.shared import (
     HasValidationIndicatorCol,
 )
 
-__all__ = ["ModelParams", "EstimatorParams", "ESTIMATOR_DEFAULTS", "MODEL_DEFAULTS"]
+__all__ = ["ModelParams", "EstimatorParams", "ESTIMATOR_DEFAULTS", "MODEL_DEFAULTS", "carry_params", "declare_params"]
 
 
 def _to_optional_bool(value: object) -> bool | None:
@@ -234,3 +236,37 @@ for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpoi
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
               "allowNonFinite", "inputShapes", "paddingValue"):
     _accessors(EstimatorParams, _name)
+
+
+def carry_params(source: Params, target: Params) -> None:
+    """Gives ``target`` (a fitted model) every Param of ``source`` (its estimator) that it
+    lacks, with the value it has there: set where it is set, a default where it is a
+    default. So a model says what it was trained with, and saves and loads it."""
+    for param in source.params:
+        if not target.hasParam(param.name):
+            _declare(target, param.name, param.doc, param.typeConverter)
+        if not source.isDefined(param):
+            continue
+        if source.isSet(param):
+            target._set(**{param.name: source.getOrDefault(param)})
+        elif not target.isSet(param.name):
+            target._setDefault(**{param.name: source.getOrDefault(param)})
+
+
+def declare_params(instance: Params, names: Iterable[str]) -> None:
+    """Declares on ``instance`` the Params ``names`` that its class lacks (the estimator
+    Params a saved model was trained with, see :func:`carry_params`), as the estimator
+    declares them."""
+    for name in names:
+        if not instance.hasParam(name):
+            declared = getattr(EstimatorParams, name, None)
+            if isinstance(declared, Param):
+                _declare(instance, name, declared.doc, declared.typeConverter)
+            else:  # a Param of the estimator that this version does not know: kept as saved
+                _declare(instance, name, "a Param of the estimator the model was trained with",
+                         TypeConverters.identity)
+
+
+def _declare(instance: Params, name: str, doc: str, converter: Callable[[Any], Any]) -> None:
+    setattr(instance, name, Param(instance, name, doc, typeConverter=converter))
+    instance._params = None  # pyspark caches the Param list
