@@ -92,7 +92,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         useGpu: True, False or None to use GPUs when tasks have them (default None).
         timeout: Seconds before a stuck rendezvous or collective fails the fit (default 600).
         slotWaitTimeout: Seconds to wait for numWorkers free task slots (default 60).
-        showProgress: Progress bar or log lines on the driver (default True).
+        showProgress: A progress bar (terminal, notebook), else progress and epoch lines on stderr
+            or through logging where it is set up (default True).
         memoryBudgetMB: MB of a partition's feature rows a rank keeps in RAM; the rest
             goes to local files read per batch (default 4096; 0 never spills).
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
@@ -303,6 +304,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         launcher = Launcher(dataset.sparkSession, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), on_message)
         try:
             checkpoint = _train(launcher, spec, progress)
+            view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)
             raise

@@ -22,6 +22,7 @@ from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingF
 from spark_torch_est.failure import Decision, Failure, FailurePolicy, explain_job_failure
 from spark_torch_est.progress import Progress
 from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA, failure_key
+from spark_torch_est.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.spec import Launch, TaskSpec
 from spark_torch_est.storage import CheckpointDir
 from spark_torch_est.worker import train_task
@@ -138,6 +139,7 @@ class Launcher:
             KeyboardInterrupt: The fit was interrupted; the job was cancelled first.
         """
         policy = FailurePolicy(self.max_retries)
+        quiet_task_failures(self.spark)
         while True:
             launch = Launch(job_id=f"ste-{uuid.uuid4().hex[:12]}", secret=secrets.token_bytes(32))
             wait_for_slots(self.spark, spec.world_size, self.slot_wait_s)
@@ -265,6 +267,7 @@ class _JobControl:
         """Marks jobs started by the calling thread."""
         if self.context is not None:
             self.context.setJobGroup(self.name, "spark_torch_est training", interruptOnCancel=True)
+            self.context.setLocalProperty(TASK_PROPERTY, TASK_VALUE)  # see spark_log.py
         else:
             self.spark.addTag(self.name)
 

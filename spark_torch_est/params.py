@@ -210,7 +210,8 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                   "that step and the run keeps its last good state)",
                                   typeConverter=TypeConverters.toBoolean)
     showProgress: Param = Param(Params._dummy(), "showProgress",
-                                "show a progress bar (a terminal) or log lines on the driver",
+                                "show a progress bar (a terminal or notebook), else progress and epoch lines on "
+                                "stderr (through logging where it is set up)",
                                 typeConverter=TypeConverters.toBoolean)
 
     def setSeed(self, value: int):
