@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, overload
 
 import cloudpickle
 import torch
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks", "config")
 
 
-class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
+class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     """Trains a PyTorch model on a DataFrame with DDP in Spark barrier tasks.
 
     Each fit continues the estimator's run: ``fit(df)`` trains to ``maxEpochs``,
@@ -219,8 +219,18 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
 
     # ------------------------------------------------------------------------ fit
 
-    def fit(self, dataset: DataFrame, params: Any = None, *, duration: str | Duration | None = None,
-            resume_from: Any = None) -> Any:
+    @overload
+    def fit(self, dataset: DataFrame, params: ParamMap | None = None, *, duration: str | Duration | None = None,
+            resume_from: TorchModel | Checkpoint | str | None = None) -> TorchModel: ...
+
+    @overload
+    def fit(self, dataset: DataFrame, params: list[ParamMap] | tuple[ParamMap, ...], *,
+            duration: str | Duration | None = None,
+            resume_from: TorchModel | Checkpoint | str | None = None) -> list[TorchModel]: ...
+
+    def fit(self, dataset: DataFrame, params: ParamMap | list[ParamMap] | tuple[ParamMap, ...] | None = None, *,
+            duration: str | Duration | None = None,
+            resume_from: TorchModel | Checkpoint | str | None = None) -> TorchModel | list[TorchModel]:
         """Trains and returns a :class:`TorchModel`; continues this estimator's run.
 
         Param maps work as in ``pyspark.ml.Estimator.fit``: a non-empty dict trains a copy
