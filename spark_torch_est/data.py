@@ -18,7 +18,7 @@ import torch
 from spark_torch_est.columns import Budget, DenseRows, RaggedRows, Rows, RowsBuilder
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.protocol import IS_VALIDATION, LABEL, WEIGHT, input_column
-from spark_torch_est.schema import InputSchema
+from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema
 from spark_torch_est.spec import Columns
 
 __all__ = ["Table", "Shard", "EpochPlan", "arrow_values", "vectors_to_matrix", "list_column_to_matrix",
@@ -29,8 +29,10 @@ TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "bool": torch.bo
 _DENSE_VECTOR = 1
 
 
-def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | None, tuple[int, ...]]:
-    """An Arrow column as numpy without per-row Python.
+def arrow_values(array: pa.Array, name: str,
+                 parts: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray | None, tuple[int, ...]]:
+    """An Arrow column as numpy without per-row Python; ``parts`` names the columns whose
+    values make each row of an array column (``featureCols``), for messages.
 
     Returns:
         ``(values, lengths, inner)``: for one number per row, ``(values (n,), None, ())``;
@@ -68,7 +70,7 @@ def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | N
                    else np.diff(array.offsets.to_numpy()).astype(np.int64))
         flat = array.flatten()
         if flat.null_count:
-            raise InputDataError(f"column {name!r} has {flat.null_count} null elements in this partition")
+            raise InputDataError(_null_elements(name, flat, lengths, parts))
         values, inner_lengths, inner = arrow_values(flat, name)
         if inner_lengths is None:
             return values, lengths, ()
@@ -82,6 +84,19 @@ def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | N
     if pa.types.is_decimal(kind):
         array = array.cast(pa.float64())
     return array.to_numpy(zero_copy_only=False), None, ()
+
+
+def _null_elements(name: str, flat: pa.Array, lengths: np.ndarray, parts: tuple[str, ...] | None) -> str:
+    """What to say about null values inside an array column: for one made of ``parts``
+    (featureCols), which of those columns hold them."""
+    if not parts:
+        return f"column {name!r} has {flat.null_count} null elements in this partition"
+    nulls = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
+    positions = nulls - np.repeat(np.cumsum(lengths) - lengths, lengths)[nulls]
+    counts = np.bincount(positions, minlength=len(parts))
+    held = ", ".join(f"{parts[i]!r} has {int(count)}" for i, count in enumerate(counts) if count)
+    return (f"featureCols: column {held} null values in this partition; drop or fill them first, e.g. "
+            f"df.na.drop(subset={[parts[i] for i in np.flatnonzero(counts)]!r})")
 
 
 def vectors_to_matrix(array: pa.StructArray, name: str) -> np.ndarray:
@@ -204,10 +219,12 @@ def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: 
     """
     budget = Budget(memory_budget)
     parts = {role: _Builders(schema, budget, rows) for role in ("train", "validation")}
+    feature_cols = columns.features if schema.layout == FEATURES_LAYOUT else None
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        row = ([arrow_values(batch.column(input_column(i)), column.name) for i, column in enumerate(schema.columns)],
+        row = ([arrow_values(batch.column(input_column(i)), column.name, feature_cols)
+                for i, column in enumerate(schema.columns)],
                arrow_values(batch.column(LABEL), columns.label),
                _weights(batch.column(WEIGHT), columns.weight) if columns.weight is not None else None)
         if IS_VALIDATION in batch.schema.names:

@@ -455,7 +455,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             world_size=self.getNumWorkers(), batch_size=self.getBatchSize(), seed=self.getSeed(),
             timeout_s=self.getTimeout(), use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
             checkpoint_every=(interval.value, interval.unit),
-            columns=Columns(label=self.getLabelCol(), weight=self.getWeightCol()),
+            columns=Columns(label=self.getLabelCol(), weight=self.getWeightCol(),
+                            features=tuple(self.getFeatureCols() or ()) or None),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
             allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)), source=source,
         )

@@ -140,6 +140,7 @@ class Launcher:
         """
         policy = FailurePolicy(self.max_retries)
         quiet_task_failures(self.spark)
+        fit_start = start
         while True:
             launch = Launch(job_id=f"ste-{uuid.uuid4().hex[:12]}", secret=secrets.token_bytes(32))
             wait_for_slots(self.spark, spec.world_size, self.slot_wait_s)
@@ -148,6 +149,7 @@ class Launcher:
             except SparkTorchError as error:
                 decision = policy.decide(error)
                 if decision is Decision.RAISE:
+                    _point_to_checkpoint(error, spec, fit_start)
                     raise
                 if decision is Decision.REROUTE:
                     self._store_unreachable.add(_driver_host(self.spark) or "")
@@ -233,6 +235,24 @@ class Launcher:
         if "error" in outcome:
             raise outcome["error"]
         return outcome["table"]
+
+
+def _point_to_checkpoint(error: SparkTorchError, spec: TaskSpec, start: Progress) -> None:
+    """A failed fit that wrote periodic checkpoints past ``start`` says so in its error, and
+    how to continue from the newest: the estimator's run stays where the fit started."""
+    if not spec.checkpoint_dir or not isinstance(error, TrainingFailedError):
+        return
+    try:
+        newest = CheckpointDir(spec.checkpoint_dir, run_id=spec.run_id).newest()
+    except (OSError, ValueError) as failure:  # unreadable storage: the error stays as it is
+        logger.debug("cannot list checkpointDir after the failure: %s", failure)
+        return
+    if newest is None or newest.global_step <= start.global_step:
+        return
+    error.message += (f"; this fit wrote checkpoints to checkpointDir, the newest at epoch {newest.epoch}, global "
+                      f"step {newest.global_step}: continue from it with est.fit(df, resume_from={newest.url!r}) "
+                      "(a plain est.fit(df) starts again where this fit started)")
+    error.args = (error.message,)
 
 
 def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> bytes:
