@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import cast
 
 import torch
 from pyspark.ml import Pipeline
@@ -22,7 +23,7 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from spark_torch_est import TorchEstimator
+from spark_torch_est import TorchEstimator, TorchModel
 
 # Executors must run a Python that has torch; by default the one running this script.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -61,7 +62,7 @@ def main() -> None:
 
     auc = BinaryClassificationEvaluator(metricName="areaUnderROC").evaluate(scored)
     accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
-    log_loss = MulticlassClassificationEvaluator(metricName="logLoss").evaluate(scored)
+    log_loss = MulticlassClassificationEvaluator(metricName="logLoss").evaluate(scored)  # type: ignore[arg-type]
     print(f"test AUC {auc:.3f}  accuracy {accuracy:.3f}  log loss {log_loss:.3f}")
 
     # Tune the batch size; each grid point and fold trains a new run.
@@ -75,7 +76,8 @@ def main() -> None:
     print(f"best model: test AUC {best_auc:.3f}")
 
     # The fitted model as a SQL function: one Vector column in, the class probabilities out.
-    spark.udf.register("circle_probability", model.stages[1].predict_udf("probability"))
+    trained = cast(TorchModel, model.stages[1])  # a PipelineModel's stages are typed as Transformers
+    spark.udf.register("circle_probability", trained.predict_udf("probability"))
     assembler.transform(test).createOrReplaceTempView("points")
     spark.sql("SELECT label, circle_probability(features) AS probability FROM points LIMIT 3").show(truncate=False)
     spark.stop()

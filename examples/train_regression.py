@@ -81,15 +81,15 @@ def main() -> None:
         print(f"  epoch {entry['epoch']}: train_loss {entry['train_loss']:.4f}")
 
     scored = model.transform(test).select("label", "prediction")
-    rmse = scored.select(F.sqrt(F.avg((F.col("label") - F.col("prediction")) ** 2))).first()[0]
-    baseline = scored.select(F.stddev("label")).first()[0]
+    rmse = scored.select(F.sqrt(F.avg((F.col("label") - F.col("prediction")) ** 2))).collect()[0][0]
+    baseline = scored.select(F.stddev("label")).collect()[0][0]
     print(f"\ntest RMSE {rmse:.4f} (predicting the mean: {baseline:.4f})")
     print("sample predictions:")
     for row in scored.orderBy(F.rand(seed=3)).limit(5).collect():
         print(f"  label {row.label:+.3f}  prediction {row.prediction:+.3f}")
     if tracking_uri is not None:
         print(f"\nboth fits were logged as one MLflow run (experiment train_regression, tag "
-              f"spark_torch_est.run_id={est.checkpoint.run_id}) at {tracking_uri}")
+              f"spark_torch_est.run_id={model.checkpoint.run_id}) at {tracking_uri}")
         print(f"browse it with: mlflow ui --backend-store-uri {tracking_uri}")
     spark.stop()
 

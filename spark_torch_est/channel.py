@@ -26,7 +26,7 @@ import time
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from typing import Any, Callable
 
-__all__ = ["ChannelServer", "ChannelClient", "LogForwarder", "ProgressReporter"]
+__all__ = ["ChannelServer", "ChannelClient", "LogForwarder", "ProgressReporter", "EXECUTOR_ONLY"]
 
 logger = logging.getLogger(__name__)
 
@@ -309,6 +309,10 @@ class ChannelClient:
             self._connection = None
 
 
+#: A log record with this attribute set (``extra={EXECUTOR_ONLY: True}``) stays in the executor's log.
+EXECUTOR_ONLY = "spark_torch_est_executor_only"
+
+
 class LogForwarder(logging.Handler):
     """Sends a rank's warning and error log records to the driver."""
 
@@ -318,6 +322,8 @@ class LogForwarder(logging.Handler):
         self.rank = rank
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, EXECUTOR_ONLY, False):
+            return
         self.client.send({"type": "log", "rank": self.rank, "level": record.levelno, "logger": record.name,
                           "message": record.getMessage(), "time": time.time()})
 

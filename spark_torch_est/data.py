@@ -18,7 +18,7 @@ import torch
 from spark_torch_est.columns import Budget, DenseRows, RaggedRows, Rows, RowsBuilder
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.protocol import IS_VALIDATION, LABEL, WEIGHT, input_column
-from spark_torch_est.schema import InputSchema
+from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema
 from spark_torch_est.spec import Columns
 
 __all__ = ["Table", "Shard", "EpochPlan", "arrow_values", "vectors_to_matrix", "list_column_to_matrix",
@@ -29,8 +29,10 @@ TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "bool": torch.bo
 _DENSE_VECTOR = 1
 
 
-def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | None, tuple[int, ...]]:
-    """An Arrow column as numpy without per-row Python.
+def arrow_values(array: pa.Array, name: str,
+                 parts: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray | None, tuple[int, ...]]:
+    """An Arrow column as numpy without per-row Python; ``parts`` names the columns whose
+    values make each row of an array column (``featureCols``), for messages.
 
     Returns:
         ``(values, lengths, inner)``: for one number per row, ``(values (n,), None, ())``;
@@ -68,7 +70,7 @@ def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | N
                    else np.diff(array.offsets.to_numpy()).astype(np.int64))
         flat = array.flatten()
         if flat.null_count:
-            raise InputDataError(f"column {name!r} has {flat.null_count} null elements in this partition")
+            raise InputDataError(_null_elements(name, flat, lengths, parts))
         values, inner_lengths, inner = arrow_values(flat, name)
         if inner_lengths is None:
             return values, lengths, ()
@@ -82,6 +84,19 @@ def arrow_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray | N
     if pa.types.is_decimal(kind):
         array = array.cast(pa.float64())
     return array.to_numpy(zero_copy_only=False), None, ()
+
+
+def _null_elements(name: str, flat: pa.Array, lengths: np.ndarray, parts: tuple[str, ...] | None) -> str:
+    """What to say about null values inside an array column: for one made of ``parts``
+    (featureCols), which of those columns hold them."""
+    if not parts:
+        return f"column {name!r} has {flat.null_count} null elements in this partition"
+    nulls = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
+    positions = nulls - np.repeat(np.cumsum(lengths) - lengths, lengths)[nulls]
+    counts = np.bincount(positions, minlength=len(parts))
+    held = ", ".join(f"{parts[i]!r} has {int(count)}" for i, count in enumerate(counts) if count)
+    return (f"featureCols: column {held} null values in this partition; drop or fill them first, e.g. "
+            f"df.na.drop(subset={[parts[i] for i in np.flatnonzero(counts)]!r})")
 
 
 def vectors_to_matrix(array: pa.StructArray, name: str) -> np.ndarray:
@@ -204,10 +219,12 @@ def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: 
     """
     budget = Budget(memory_budget)
     parts = {role: _Builders(schema, budget, rows) for role in ("train", "validation")}
+    feature_cols = columns.features if schema.layout == FEATURES_LAYOUT else None
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        row = ([arrow_values(batch.column(input_column(i)), column.name) for i, column in enumerate(schema.columns)],
+        row = ([arrow_values(batch.column(input_column(i)), column.name, feature_cols)
+                for i, column in enumerate(schema.columns)],
                arrow_values(batch.column(LABEL), columns.label),
                _weights(batch.column(WEIGHT), columns.weight) if columns.weight is not None else None)
         if IS_VALIDATION in batch.schema.names:
@@ -277,12 +294,16 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str)
     """Gives labels the shape the loss expects beside the model's output, never by
     broadcasting: integer labels of a one-output model become float32 regression targets
     shaped like the output, integer labels of a k-output model stay int64 class indices,
+    as do whole-number float labels (Spark ML's indexers give doubles: 0.0, 1.0, ...),
     float labels take the output's shape when they hold as many values per row.
 
     Raises:
-        InputDataError: The labels cannot match the output without broadcasting.
+        InputDataError: The labels cannot match the output without broadcasting, or one
+            number per row for a k-output model is not a whole number.
     """
     per_row, width = list(labels.shape[1:]), math.prod(output_shape)
+    if labels.is_floating_point() and width > 1 and labels.dim() == 1:
+        return _class_indices(labels, output_shape, label_name)
     if not labels.is_floating_point():
         if width > 1 and labels.dim() == 1:
             return labels  # class indices
@@ -295,6 +316,25 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str)
     raise InputDataError(
         f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {held} per row; "
         "make the model's output match the label, or the label the output"
+    )
+
+
+def _class_indices(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:
+    """Float labels, one per row, of a model with several outputs: class indices when
+    every one is a whole number (as integer labels are).
+
+    Raises:
+        InputDataError: A label has a fraction (or is negative, NaN or infinite).
+    """
+    whole = torch.isfinite(labels) & (labels >= 0) & (labels == torch.round(labels))
+    if bool(whole.all()):
+        return labels.long()
+    bad = float(labels[~whole][0])
+    raise InputDataError(
+        f"labelCol {label_name!r} holds {bad:g}, but the model returns {output_shape} values per row, so it takes "
+        f"one class index per row (a whole number from 0 to {math.prod(output_shape) - 1}, as StringIndexer gives) "
+        "or as many values per row as it returns (an array or Vector label); index or round the label, or give "
+        "the model one output per row for regression"
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "SparkTorchError",
     "InvalidInputError",
@@ -70,9 +72,35 @@ class TrainingFailedError(SparkTorchError):
         where = [f"{k}={v}" for k, v in (("rank", self.rank), ("stage", self.stage),
                                          ("hook", self.hook)) if v is not None]
         text = f"{self.message} ({', '.join(where)})" if where else self.message
-        if self.remote_traceback:
-            text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()
+        frames = _user_frames(self.remote_traceback or "")
+        if frames:
+            text += "\n\nRemote traceback, your code's frames (all of it: .remote_traceback):\n" + frames
         return text
+
+
+_FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+')
+_OWN_FRAME = re.compile(r"[/\\]spark_torch_est[/\\][A-Za-z_]+\.py$")
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def _user_frames(text: str, limit: int = 30) -> str:
+    """The last Python traceback in ``text`` without this package's own frames: the
+    frames of the user's code (and the libraries it called) and the exception line, at
+    most ``limit`` lines; ``""`` when ``text`` holds no Python traceback."""
+    start = text.rfind(_TRACEBACK)
+    if start < 0:
+        return ""
+    kept: list[str] = []
+    skipping = False
+    for line in text[start:].splitlines():
+        frame = _FRAME.match(line)
+        if frame:
+            skipping = bool(_OWN_FRAME.search(frame["path"]))
+        elif not line.startswith("    "):  # the exception, or what Spark wrapped around it
+            skipping = line.startswith(("\tat ", " SQLSTATE"))
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept[:limit]).rstrip()
 
 
 def _rebuild_training_failed(message: str, attrs: dict) -> TrainingFailedError:

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, overload
 
 import cloudpickle
 import torch
@@ -26,7 +26,7 @@ from spark_torch_est.launcher import Launcher
 from spark_torch_est.logger_dispatch import LoggerDispatch
 from spark_torch_est.loggers import Logger, normalize_loggers
 from spark_torch_est.model import TorchModel
-from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams
+from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
@@ -35,6 +35,9 @@ from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
 from spark_torch_est.view import DriverView
 
+if TYPE_CHECKING:
+    from pyspark.ml._typing import ParamMap
+
 __all__ = ["TorchEstimator"]
 
 logger = logging.getLogger(__name__)
@@ -42,7 +45,7 @@ logger = logging.getLogger(__name__)
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks", "config")
 
 
-class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
+class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     """Trains a PyTorch model on a DataFrame with DDP in Spark barrier tasks.
 
     Each fit continues the estimator's run: ``fit(df)`` trains to ``maxEpochs``,
@@ -89,7 +92,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         useGpu: True, False or None to use GPUs when tasks have them (default None).
         timeout: Seconds before a stuck rendezvous or collective fails the fit (default 600).
         slotWaitTimeout: Seconds to wait for numWorkers free task slots (default 60).
-        showProgress: Progress bar or log lines on the driver (default True).
+        showProgress: A progress bar (terminal, notebook), else progress and epoch lines on stderr
+            or through logging where it is set up (default True).
         memoryBudgetMB: MB of a partition's feature rows a rank keeps in RAM; the rest
             goes to local files read per batch (default 4096; 0 never spills).
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
@@ -125,6 +129,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         self._fresh_hooks: set[str] = set()  # hooks added since the last fit: they keep their own state
         self._loggers = normalize_loggers(kwargs.pop("loggers", None))  # driver only: not in the creators
         self._checkpoint: Checkpoint | None = None
+        self._folds = 0  # fitMultiple calls (a tuner's folds) since the last refit
+        self._fold: str | None = None  # in a copy made by fitMultiple: its fold ("" for a train-validation split)
         self._set(**kwargs)
 
     # ----------------------------------------------------------------- run state
@@ -222,8 +228,18 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
 
     # ------------------------------------------------------------------------ fit
 
-    def fit(self, dataset: DataFrame, params: Any = None, *, duration: str | Duration | None = None,
-            resume_from: Any = None) -> Any:
+    @overload
+    def fit(self, dataset: DataFrame, params: ParamMap | None = None, *, duration: str | Duration | None = None,
+            resume_from: TorchModel | Checkpoint | str | None = None) -> TorchModel: ...
+
+    @overload
+    def fit(self, dataset: DataFrame, params: list[ParamMap] | tuple[ParamMap, ...], *,
+            duration: str | Duration | None = None,
+            resume_from: TorchModel | Checkpoint | str | None = None) -> list[TorchModel]: ...
+
+    def fit(self, dataset: DataFrame, params: ParamMap | list[ParamMap] | tuple[ParamMap, ...] | None = None, *,
+            duration: str | Duration | None = None,
+            resume_from: TorchModel | Checkpoint | str | None = None) -> TorchModel | list[TorchModel]:
         """Trains and returns a :class:`TorchModel`; continues this estimator's run.
 
         Param maps work as in ``pyspark.ml.Estimator.fit``: a non-empty dict trains a copy
@@ -251,18 +267,39 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         if params is None:
             params = {}
         if isinstance(params, (list, tuple)):
-            if duration is None and resume_from is None:
-                return super().fit(dataset, params)  # fitMultiple, as pyspark does
             return [self.fit(dataset, param_map, duration=duration, resume_from=resume_from)
                     for param_map in params]
         if not isinstance(params, dict):
             raise TypeError(f"Params must be either a param map or a list/tuple of param maps, but got {type(params)}.")
-        return (self.copy(params) if params else self)._fit_run(dataset, duration, resume_from)
+        if not params:
+            return self._fit_run(dataset, duration, resume_from)
+        return self.copy(params)._fit_run(dataset, duration, resume_from, self._search_name(params))
+
+    def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> Iterator[tuple[int, TorchModel]]:
+        """As in pyspark (``CrossValidator`` and ``TrainValidationSplit`` call it once per
+        fold), and each fit is named for the loggers after its param map and fold
+        (``"batchSize=32 (fold 2)"``); the tuner's refit with the best map that follows is
+        ``"... (refit)"``."""
+        self._folds += 1
+        estimator = self.copy()
+        split = any(c.startswith("TrainValidationSplit_") and c.endswith("_rand") for c in dataset.columns)
+        estimator._fold = "" if split else f"fold {self._folds}"
+        return super(TorchEstimator, estimator).fitMultiple(dataset, paramMaps)
+
+    def _search_name(self, params: ParamMap) -> str:
+        """The name of a fit with a param map: the map, and its fold in a tuner's search
+        (set by :meth:`fitMultiple`) or ``refit`` for the fit that follows the search."""
+        text = ", ".join(f"{getattr(p, 'name', p)}={v}" for p, v in params.items())
+        where = self._fold
+        if where is None and self._folds:
+            where, self._folds = "refit", 0
+        return f"{text} ({where})" if where else text
 
     def _fit(self, dataset: DataFrame) -> TorchModel:
         return self._fit_run(dataset, None, None)
 
-    def _fit_run(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any) -> TorchModel:
+    def _fit_run(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
+                 name: str | None = None) -> TorchModel:
         start = _resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
         progress = start.progress if start is not None else Progress()
         self._check_params()
@@ -276,7 +313,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         spec = self._spec(target, schema, start, source)
         view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
         loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
-        loggers.start({p.name: v for p, v in self.extractParamMap().items()}, dict(self._creators.config), progress)
+        loggers.start({p.name: v for p, v in self.extractParamMap().items()}, dict(self._creators.config), progress,
+                      name)
 
         def on_message(message: dict) -> None:
             view.handle(message)
@@ -285,6 +323,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
         launcher = Launcher(dataset.sparkSession, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), on_message)
         try:
             checkpoint = _train(launcher, spec, progress)
+            view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)
             raise
@@ -302,9 +341,7 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
 
     def _model(self, checkpoint: Checkpoint) -> TorchModel:
         model = TorchModel(creators=self._creators, checkpoint=checkpoint)
-        for name in MODEL_DEFAULTS:
-            if self.isSet(name):
-                model._set(**{name: self.getOrDefault(name)})
+        carry_params(self, model)
         return model
 
     # ---------------------------------------------------------------- persistence
@@ -434,7 +471,8 @@ class TorchEstimator(Estimator, EstimatorParams, TorchPersistence):
             world_size=self.getNumWorkers(), batch_size=self.getBatchSize(), seed=self.getSeed(),
             timeout_s=self.getTimeout(), use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
             checkpoint_every=(interval.value, interval.unit),
-            columns=Columns(label=self.getLabelCol(), weight=self.getWeightCol()),
+            columns=Columns(label=self.getLabelCol(), weight=self.getWeightCol(),
+                            features=tuple(self.getFeatureCols() or ()) or None),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
             allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)), source=source,
         )

@@ -197,7 +197,7 @@ def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> F
         kind = SYSTEM
     else:
         kind = USER
-    message = f"{type(error).__name__}: {error}"
+    message = "; ".join([f"{type(error).__name__}: {error}", *getattr(error, "__notes__", ())])
     if isinstance(error, ModuleNotFoundError) and stage == "setup":
         message += (f"; a creator or hook refers to module {error.name!r}, which the executors cannot import: "
                     "ship it (--py-files), define it in __main__ or a notebook, or call "

@@ -22,6 +22,7 @@ from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingF
 from spark_torch_est.failure import Decision, Failure, FailurePolicy, explain_job_failure
 from spark_torch_est.progress import Progress
 from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA, failure_key
+from spark_torch_est.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.spec import Launch, TaskSpec
 from spark_torch_est.storage import CheckpointDir
 from spark_torch_est.worker import train_task
@@ -147,6 +148,8 @@ class Launcher:
             KeyboardInterrupt: The fit was interrupted; the job was cancelled first.
         """
         policy = FailurePolicy(self.max_retries)
+        quiet_task_failures(self.spark)
+        fit_start = start
         while True:
             launch = Launch(job_id=f"ste-{uuid.uuid4().hex[:12]}", secret=secrets.token_bytes(32))
             wait_for_slots(self.spark, spec.world_size, self.slot_wait_s)
@@ -155,6 +158,7 @@ class Launcher:
             except SparkTorchError as error:
                 decision = policy.decide(error)
                 if decision is Decision.RAISE:
+                    _point_to_checkpoint(error, spec, fit_start)
                     raise
                 if decision is Decision.REROUTE:
                     self._store_unreachable.add(_driver_host(self.spark) or "")
@@ -269,6 +273,24 @@ def _shipped(spark: SparkSession, spec: TaskSpec) -> Iterator[TaskSpec | Any]:
             logger.debug("could not remove the spec's broadcast: %s", error)
 
 
+def _point_to_checkpoint(error: SparkTorchError, spec: TaskSpec, start: Progress) -> None:
+    """A failed fit that wrote periodic checkpoints past ``start`` says so in its error, and
+    how to continue from the newest: the estimator's run stays where the fit started."""
+    if not spec.checkpoint_dir or not isinstance(error, TrainingFailedError):
+        return
+    try:
+        newest = CheckpointDir(spec.checkpoint_dir, run_id=spec.run_id).newest()
+    except (OSError, ValueError) as failure:  # unreadable storage: the error stays as it is
+        logger.debug("cannot list checkpointDir after the failure: %s", failure)
+        return
+    if newest is None or newest.global_step <= start.global_step:
+        return
+    error.message += (f"; this fit wrote checkpoints to checkpointDir, the newest at epoch {newest.epoch}, global "
+                      f"step {newest.global_step}: continue from it with est.fit(df, resume_from={newest.url!r}) "
+                      "(a plain est.fit(df) starts again where this fit started)")
+    error.args = (error.message,)
+
+
 def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> bytes:
     """Rank 0's checkpoint: from the channel when its one result row says it was delivered
     there, else joined from its ordered result rows."""
@@ -301,6 +323,7 @@ class _JobControl:
         """Marks jobs started by the calling thread."""
         if self.context is not None:
             self.context.setJobGroup(self.name, "spark_torch_est training", interruptOnCancel=True)
+            self.context.setLocalProperty(TASK_PROPERTY, TASK_VALUE)  # see spark_log.py
         else:
             self.spark.addTag(self.name)
 

@@ -92,11 +92,12 @@ class LoggerDispatch:
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self, params: dict[str, Any], config: dict[str, Any], progress: Progress) -> None:
+    def start(self, params: dict[str, Any], config: dict[str, Any], progress: Progress,
+              name: str | None = None) -> None:
         """Calls ``on_fit_start``, then starts delivering channel messages."""
         if not self._plans:
             return
-        self._start_arguments = {"params": params, "config": config, "progress": progress}
+        self._start_arguments = {"params": params, "config": config, "progress": progress, "name": name}
         self._emit("on_fit_start", **self._start_arguments)
         self._queue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._deliver, name="spark_torch_est-loggers", daemon=True)

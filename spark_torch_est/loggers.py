@@ -5,7 +5,7 @@ executors, so no executor needs tracking credentials, and they add no work on th
 they receive rank 0's throttled progress and per-epoch metrics from the fit's
 authenticated channel, and the checkpoint when ``fit`` returns. The events of one fit::
 
-    on_fit_start(params, config, progress)   once, before the barrier job starts
+    on_fit_start(params, config, progress, name)   once, before the barrier job starts
     on_step(progress, loss)                  rank 0's progress, at most every step_interval_s
     on_epoch_end(metrics)                    once per new history entry, live or when fit returns
     on_fit_end(model, checkpoint)            the fit succeeded
@@ -39,7 +39,7 @@ __all__ = ["Logger", "EVENT_ARGUMENTS", "MLflowLogger", "TensorBoardLogger", "CS
 
 #: The keyword arguments on offer at each event.
 EVENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
-    "on_fit_start": ("params", "config", "progress", "run_id"),
+    "on_fit_start": ("params", "config", "progress", "name", "run_id"),
     "on_step": ("progress", "loss", "run_id"),
     "on_epoch_end": ("metrics", "run_id"),
     "on_fit_end": ("model", "checkpoint", "run_id"),
@@ -71,7 +71,9 @@ class Logger:
 
     def on_fit_start(self, **kwargs: Any) -> None:
         """Before the fit's barrier job starts. ``params``: the estimator's Param values by
-        name; ``config``: its config dict; ``progress``: where the run stands."""
+        name; ``config``: its config dict; ``progress``: where the run stands; ``name``: for
+        a fit with a param map, the map and, in a ``CrossValidator`` or
+        ``TrainValidationSplit``, its fold or ``refit`` (``"batchSize=32 (fold 2)"``), else None."""
 
     def on_step(self, **kwargs: Any) -> None:
         """Rank 0's position after a step (``progress``) and that step's ``loss``; throttled."""

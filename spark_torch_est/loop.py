@@ -162,11 +162,26 @@ class Trainer:
         model.eval()
         with torch.no_grad():
             inputs, _, _ = self.train.slice(0, 2)
-            output_shape = list(self._forward(self._on_device(inputs), model).shape[1:])
+            try:
+                output_shape = list(self._forward(self._on_device(inputs), model).shape[1:])
+            except Exception as error:  # say what the model was given (the failure report adds notes)
+                error.__notes__ = [*getattr(error, "__notes__", ()), self._inputs_text(inputs)]
+                raise
         model.train(was_training)
         for table in (self.train, self.validation):
             table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, self.spec.columns.label))
         return output_shape
+
+    def _inputs_text(self, inputs: list[torch.Tensor]) -> str:
+        """What the model's first forward was given, in the user's column names."""
+        schema, feature_cols = self.spec.schema, self.spec.columns.features
+        if schema.layout == FEATURES_LAYOUT:
+            width = math.prod(inputs[0].shape[1:])
+            source = f"featureCols {list(feature_cols)}" if feature_cols else f"featuresCol {schema.columns[0].name!r}"
+            return f"the model was given {width} features per row ({source}): a batch of shape {tuple(inputs[0].shape)}"
+        given = ", ".join(f"{c.name!r}: {str(t.dtype).replace('torch.', '')} {tuple(t.shape)}"
+                          for c, t in zip(schema.columns, inputs))
+        return f"the model was called as model(*inputs) with inputCols {given}"
 
     def _agree_on_rows(self) -> None:
         """Shares every rank's row counts and column layouts, gives each column one layout

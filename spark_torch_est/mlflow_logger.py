@@ -92,17 +92,24 @@ class MLflowLogger(Logger):
         experiment_name: Experiment, created if missing (default None: the parent run's,
             else MLflow's current one: ``mlflow.set_experiment``, ``MLFLOW_EXPERIMENT_NAME``,
             a Databricks notebook's, else ``Default``).
-        run_name: Name of the MLflow run (default None: MLflow picks one).
+        run_name: Name of the MLflow run (default None: MLflow picks one). A fit of a
+            ``CrossValidator`` or ``TrainValidationSplit`` adds its param map and fold,
+            or ``refit`` (``"batchSize=32 (fold 2)"``).
         log_model: Log the model at the end of each fit (default True).
         artifact_location: Where an experiment this logger creates keeps its artifacts
             (default None: the tracking server's default, ``./mlruns`` for a local store).
+        pip_requirements: The logged model's pip requirements (default None: ``torch`` and
+            ``cloudpickle`` pinned to the driver's versions, without a local version label
+            such as ``+cpu``). Given explicitly, so MLflow does not infer them, which costs
+            5 to 25 s per logged model; list what else your model's code imports.
 
     Raises:
         InvalidInputError: mlflow is not installed.
     """
 
     def __init__(self, tracking_uri: str | None = None, experiment_name: str | None = None,
-                 run_name: str | None = None, log_model: bool = True, artifact_location: str | None = None) -> None:
+                 run_name: str | None = None, log_model: bool = True, artifact_location: str | None = None,
+                 pip_requirements: list[str] | None = None) -> None:
         if importlib.util.find_spec("mlflow") is None:
             raise InvalidInputError("MLflowLogger needs mlflow: pip install 'spark-torch-est[mlflow]'")
         self.tracking_uri = tracking_uri
@@ -110,10 +117,11 @@ class MLflowLogger(Logger):
         self.run_name = run_name
         self.log_model = log_model
         self.artifact_location = artifact_location
+        self.pip_requirements = pip_requirements
         self._active: dict[str, _Active] = {}  # estimator run id -> this fit's MLflow run
 
     @_bounded
-    def on_fit_start(self, params: dict, config: dict, run_id: str) -> None:
+    def on_fit_start(self, params: dict, config: dict, run_id: str, name: str | None = None) -> None:
         """Finds the estimator run's MLflow run, or starts one; logs new params."""
         from mlflow import MlflowClient
         from mlflow.entities import Param
@@ -127,7 +135,8 @@ class MLflowLogger(Logger):
             client.update_run(run.info.run_id, status="RUNNING")
         else:
             tags = {RUN_ID_TAG: run_id, **({_PARENT_TAG: parent.info.run_id} if parent is not None else {})}
-            run = client.create_run(experiment_id, tags=tags, run_name=self.run_name)
+            run_name = " ".join(part for part in (self.run_name, name) if part) or None
+            run = client.create_run(experiment_id, tags=tags, run_name=run_name)
         new = [Param(key, _text(value)) for key, value in tracked_params(params, config).items()
                if key not in run.data.params]
         for start in range(0, len(new), 100):  # MLflow takes at most 100 params per batch
@@ -175,7 +184,8 @@ class MLflowLogger(Logger):
         logged = active.client.create_logged_model(active.experiment_id, name="model", source_run_id=active.run_id)
         with _process_tracking_uri(self.tracking_uri):
             mlflow.pytorch.log_model(model.torch_model(), name="model", input_example=input_example(model),
-                                     run_id=active.run_id, model_id=logged.model_id, step=epoch)
+                                     run_id=active.run_id, model_id=logged.model_id, step=epoch,
+                                     pip_requirements=self.pip_requirements or _requirements())
 
     def _ambient(self) -> bool:
         """Whether this logger logs where MLflow's process-wide tracking URI points."""
@@ -232,6 +242,15 @@ def _process_tracking_uri(uri: str | None) -> Iterator[None]:
             yield
         finally:
             mlflow.set_tracking_uri(before)
+
+
+def _requirements() -> list[str]:
+    """torch and cloudpickle (what ``mlflow.pytorch`` loads a model with) pinned to this
+    process's versions; a local version label (``2.13.0+cpu``) is dropped, as MLflow does,
+    so that pip can install them."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name).split('+')[0]}" for name in ("torch", "cloudpickle")]
 
 
 def _text(value: Any) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable, TypeVar
+
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
     HasFeaturesCol,
@@ -13,7 +15,10 @@ from pyspark.ml.param.shared import (
     HasValidationIndicatorCol,
 )
 
-__all__ = ["ModelParams", "EstimatorParams", "ESTIMATOR_DEFAULTS", "MODEL_DEFAULTS"]
+__all__ = ["ModelParams", "EstimatorParams", "ESTIMATOR_DEFAULTS", "MODEL_DEFAULTS", "carry_params", "declare_params"]
+
+
+_P = TypeVar("_P", bound=Params)
 
 
 def _to_optional_bool(value: object) -> bool | None:
@@ -133,33 +138,57 @@ class ModelParams(HasFeaturesCol, HasLabelCol, HasPredictionCol, HasRawPredictio
         """Gets the value of inferenceBatchSize or its default."""
         return self.getOrDefault(self.inferenceBatchSize)
 
-    def setFeaturesCol(self, value: str | None):
+    def setFeaturesCol(self: _P, value: str | None) -> _P:
         """Sets featuresCol (None: use featureCols)."""
         return self._set(featuresCol=value)
 
-    def setFeatureCols(self, value: list[str] | None):
+    def setFeatureCols(self: _P, value: list[str] | None) -> _P:
         """Sets featureCols."""
         return self._set(featureCols=value)
 
-    def setLabelCol(self, value: str):
+    def setLabelCol(self: _P, value: str) -> _P:
         """Sets labelCol."""
         return self._set(labelCol=value)
 
-    def setPredictionCol(self, value: str):
+    def setPredictionCol(self: _P, value: str) -> _P:
         """Sets predictionCol."""
         return self._set(predictionCol=value)
 
-    def setRawPredictionCol(self, value: str):
+    def setRawPredictionCol(self: _P, value: str) -> _P:
         """Sets rawPredictionCol ('' omits the column)."""
         return self._set(rawPredictionCol=value)
 
-    def setProbabilityCol(self, value: str):
+    def setProbabilityCol(self: _P, value: str) -> _P:
         """Sets probabilityCol ('' omits the column)."""
         return self._set(probabilityCol=value)
 
-    def setInferenceBatchSize(self, value: int):
+    def setInferenceBatchSize(self: _P, value: int) -> _P:
         """Sets inferenceBatchSize."""
         return self._set(inferenceBatchSize=value)
+
+    def getInputCols(self) -> list[str] | None:
+        """Gets the value of inputCols or its default."""
+        return self.getOrDefault(self.inputCols)
+
+    def setInputCols(self: _P, value: list[str] | None) -> _P:
+        """Sets inputCols."""
+        return self._set(inputCols=value)
+
+    def getWeightCol(self) -> str | None:
+        """Gets the value of weightCol or its default."""
+        return self.getOrDefault(self.weightCol)
+
+    def setWeightCol(self: _P, value: str | None) -> _P:
+        """Sets weightCol."""
+        return self._set(weightCol=value)
+
+    def getDirectRead(self) -> bool:
+        """Gets the value of directRead or its default."""
+        return self.getOrDefault(self.directRead)
+
+    def setDirectRead(self: _P, value: bool) -> _P:
+        """Sets directRead."""
+        return self._set(directRead=value)
 
 
 class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
@@ -208,20 +237,137 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                   "that step and the run keeps its last good state)",
                                   typeConverter=TypeConverters.toBoolean)
     showProgress: Param = Param(Params._dummy(), "showProgress",
-                                "show a progress bar (a terminal) or log lines on the driver",
+                                "show a progress bar (a terminal or notebook), else progress and epoch lines on "
+                                "stderr (through logging where it is set up)",
                                 typeConverter=TypeConverters.toBoolean)
 
-    def setSeed(self, value: int):
+    def setSeed(self: _P, value: int) -> _P:
         """Sets seed."""
         return self._set(seed=value)
 
-    def setValidationIndicatorCol(self, value: str | None):
+    def setValidationIndicatorCol(self: _P, value: str | None) -> _P:
         """Sets validationIndicatorCol."""
         return self._set(validationIndicatorCol=value)
 
+    def getBatchSize(self) -> int:
+        """Gets the value of batchSize or its default."""
+        return self.getOrDefault(self.batchSize)
+
+    def setBatchSize(self: _P, value: int) -> _P:
+        """Sets batchSize."""
+        return self._set(batchSize=value)
+
+    def getMaxEpochs(self) -> int:
+        """Gets the value of maxEpochs or its default."""
+        return self.getOrDefault(self.maxEpochs)
+
+    def setMaxEpochs(self: _P, value: int) -> _P:
+        """Sets maxEpochs."""
+        return self._set(maxEpochs=value)
+
+    def getNumWorkers(self) -> int:
+        """Gets the value of numWorkers or its default."""
+        return self.getOrDefault(self.numWorkers)
+
+    def setNumWorkers(self: _P, value: int) -> _P:
+        """Sets numWorkers."""
+        return self._set(numWorkers=value)
+
+    def getCheckpointDir(self) -> str | None:
+        """Gets the value of checkpointDir or its default."""
+        return self.getOrDefault(self.checkpointDir)
+
+    def setCheckpointDir(self: _P, value: str | None) -> _P:
+        """Sets checkpointDir."""
+        return self._set(checkpointDir=value)
+
+    def getCheckpointInterval(self) -> str:
+        """Gets the value of checkpointInterval or its default."""
+        return self.getOrDefault(self.checkpointInterval)
+
+    def setCheckpointInterval(self: _P, value: str) -> _P:
+        """Sets checkpointInterval."""
+        return self._set(checkpointInterval=value)
+
+    def getMaxRetries(self) -> int:
+        """Gets the value of maxRetries or its default."""
+        return self.getOrDefault(self.maxRetries)
+
+    def setMaxRetries(self: _P, value: int) -> _P:
+        """Sets maxRetries."""
+        return self._set(maxRetries=value)
+
+    def getUseGpu(self) -> bool | None:
+        """Gets the value of useGpu or its default."""
+        return self.getOrDefault(self.useGpu)
+
+    def setUseGpu(self: _P, value: bool | None) -> _P:
+        """Sets useGpu."""
+        return self._set(useGpu=value)
+
+    def getTimeout(self) -> float:
+        """Gets the value of timeout or its default."""
+        return self.getOrDefault(self.timeout)
+
+    def setTimeout(self: _P, value: float) -> _P:
+        """Sets timeout."""
+        return self._set(timeout=value)
+
+    def getSlotWaitTimeout(self) -> float:
+        """Gets the value of slotWaitTimeout or its default."""
+        return self.getOrDefault(self.slotWaitTimeout)
+
+    def setSlotWaitTimeout(self: _P, value: float) -> _P:
+        """Sets slotWaitTimeout."""
+        return self._set(slotWaitTimeout=value)
+
+    def getShowProgress(self) -> bool:
+        """Gets the value of showProgress or its default."""
+        return self.getOrDefault(self.showProgress)
+
+    def setShowProgress(self: _P, value: bool) -> _P:
+        """Sets showProgress."""
+        return self._set(showProgress=value)
+
+    def getMemoryBudgetMB(self) -> float:
+        """Gets the value of memoryBudgetMB or its default."""
+        return self.getOrDefault(self.memoryBudgetMB)
+
+    def setMemoryBudgetMB(self: _P, value: float) -> _P:
+        """Sets memoryBudgetMB."""
+        return self._set(memoryBudgetMB=value)
+
+    def getAllowNonFinite(self) -> bool:
+        """Gets the value of allowNonFinite or its default."""
+        return self.getOrDefault(self.allowNonFinite)
+
+    def setAllowNonFinite(self: _P, value: bool) -> _P:
+        """Sets allowNonFinite."""
+        return self._set(allowNonFinite=value)
+
+    def getInputShapes(self) -> dict[str, list[int]] | None:
+        """Gets the value of inputShapes or its default."""
+        return self.getOrDefault(self.inputShapes)
+
+    def setInputShapes(self: _P, value: dict[str, list[int]] | None) -> _P:
+        """Sets inputShapes."""
+        return self._set(inputShapes=value)
+
+    def getPaddingValue(self) -> float:
+        """Gets the value of paddingValue or its default."""
+        return self.getOrDefault(self.paddingValue)
+
+    def setPaddingValue(self: _P, value: float) -> _P:
+        """Sets paddingValue."""
+        return self._set(paddingValue=value)
+
 
 def _accessors(cls: type, name: str) -> None:
+    """Untyped getX/setX for a Param declared without typed ones above (a type checker does
+    not see these: declare them as the others are)."""
     cap, doc = name[0].upper() + name[1:], getattr(cls, name).doc
+    if f"get{cap}" in cls.__dict__:
+        return
     setattr(cls, f"get{cap}", lambda self: self.getOrDefault(getattr(self, name)))
     setattr(cls, f"set{cap}", lambda self, value: self._set(**{name: value}))
     getattr(cls, f"get{cap}").__doc__ = f"Gets the value of {name} or its default ({doc})."
@@ -234,3 +380,37 @@ for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpoi
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
               "allowNonFinite", "inputShapes", "paddingValue"):
     _accessors(EstimatorParams, _name)
+
+
+def carry_params(source: Params, target: Params) -> None:
+    """Gives ``target`` (a fitted model) every Param of ``source`` (its estimator) that it
+    lacks, with the value it has there: set where it is set, a default where it is a
+    default. So a model says what it was trained with, and saves and loads it."""
+    for param in source.params:
+        if not target.hasParam(param.name):
+            _declare(target, param.name, param.doc, param.typeConverter)
+        if not source.isDefined(param):
+            continue
+        if source.isSet(param):
+            target._set(**{param.name: source.getOrDefault(param)})
+        elif not target.isSet(param.name):
+            target._setDefault(**{param.name: source.getOrDefault(param)})
+
+
+def declare_params(instance: Params, names: Iterable[str]) -> None:
+    """Declares on ``instance`` the Params ``names`` that its class lacks (the estimator
+    Params a saved model was trained with, see :func:`carry_params`), as the estimator
+    declares them."""
+    for name in names:
+        if not instance.hasParam(name):
+            declared = getattr(EstimatorParams, name, None)
+            if isinstance(declared, Param):
+                _declare(instance, name, declared.doc, declared.typeConverter)
+            else:  # a Param of the estimator that this version does not know: kept as saved
+                _declare(instance, name, "a Param of the estimator the model was trained with",
+                         TypeConverters.identity)
+
+
+def _declare(instance: Params, name: str, doc: str, converter: Callable[[Any], Any]) -> None:
+    setattr(instance, name, Param(instance, name, doc, typeConverter=converter))
+    instance._params = None  # pyspark caches the Param list

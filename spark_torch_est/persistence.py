@@ -16,6 +16,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from pyspark.sql.utils import is_remote
 
 from spark_torch_est.errors import InvalidInputError, SparkTorchError
+from spark_torch_est.params import declare_params
 from spark_torch_est.storage import exists, read_bytes, write_atomic
 
 __all__ = ["Persistable", "TorchPersistence", "TorchWriter", "TorchReader"]
@@ -85,6 +86,7 @@ class TorchReader(MLReader):
             raise InvalidInputError(f"{path!r} has Params but no torch/{_REQUIRED}: it was not saved by "
                                     f"{self.cls.__name__}.save, or this process cannot read it{shared}")
         instance = self.cls._from_files(read)
+        declare_params(instance, [*metadata["paramMap"], *metadata.get("defaultParamMap", {})])
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         return instance

@@ -19,10 +19,13 @@ class Columns:
     Attributes:
         label: The label column.
         weight: The sample-weight column, or None without ``weightCol``.
+        features: The ``featureCols`` whose values make each row's features, in order, or
+            None (so messages name the column, not the whole list).
     """
 
     label: str = "label"
     weight: str | None = None
+    features: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

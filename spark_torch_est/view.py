@@ -21,8 +21,12 @@ _LOG_EVERY_S = 10.0
 class DriverView:
     """Turns channel messages into a tqdm bar (interactive) or INFO log lines.
 
-    Every progress message is also a DEBUG record on ``spark_torch_est.progress`` whose
-    ``progress`` attribute holds the message, for programs that follow a fit.
+    Lines go to the ``spark_torch_est.progress`` logger when logging is set up (a handler
+    anywhere on its way to the root logger: the program's levels then decide), else, while
+    ``show``, straight to stderr: a spark-submit job or a plain script shows them without
+    any setup, and nothing is shown twice. Every progress message is also a DEBUG record
+    on ``spark_torch_est.progress`` whose ``progress`` attribute holds the message, for
+    programs that follow a fit.
 
     Args:
         show: False logs progress at DEBUG only (the ``showProgress`` Param).
@@ -39,6 +43,7 @@ class DriverView:
         self.latest: dict | None = None
         self._lock = threading.Lock()
         self._bar = None
+        self._epoch_text = ""  # the last epoch's metrics
         self._last_line = 0.0
         self._interactive = show and _interactive()
 
@@ -49,8 +54,7 @@ class DriverView:
             if kind == "progress":
                 self._progress(message)
             elif kind == "epoch":
-                entry = message["entry"]
-                logger.info("epoch %d: %s", entry["epoch"], _format(entry))
+                self._epoch(message["entry"])
             elif kind == "log":
                 worker_logger.log(int(message["level"]), "[rank %d] %s: %s", message["rank"],
                                   message["logger"], message["message"])
@@ -68,8 +72,23 @@ class DriverView:
             self._update_bar(done, total, message)
         elif time.monotonic() - self._last_line >= _LOG_EVERY_S:
             self._last_line = time.monotonic()
-            logger.info("step %d/%d of this fit, epoch %d, loss %.4g", done, total, message["epoch"] + 1,
-                        message["loss"])
+            self._say(f"step {done}/{total} of this fit, epoch {message['epoch'] + 1}, loss {message['loss']:.4g}")
+
+    def _epoch(self, entry: dict) -> None:
+        self._epoch_text = f"epoch {entry['epoch']}: {_format(entry)}"
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._epoch_text)
+            if not logger.hasHandlers():
+                return  # the bar shows it
+        self._say(self._epoch_text)
+
+    def _say(self, line: str) -> None:
+        """An INFO line: through logging when it is set up, else on stderr while shown."""
+        if logger.hasHandlers():
+            logger.info(line)
+        elif self.show:
+            sys.stderr.write(f"spark_torch_est: {line}\n")
+            sys.stderr.flush()
 
     def _update_bar(self, done: int, total: int, message: dict) -> None:
         try:
@@ -81,8 +100,21 @@ class DriverView:
             self._bar = tqdm(total=total, unit="step", desc="training", leave=True)
         self._bar.total = total
         self._bar.n = done
-        self._bar.set_postfix(epoch=message["epoch"] + 1, loss=f"{message['loss']:.4g}", refresh=False)
+        now = f"epoch {message['epoch'] + 1}, loss {message['loss']:.4g}"
+        self._bar.set_postfix_str(f"{now} | {self._epoch_text}" if self._epoch_text else now, refresh=False)
         self._bar.refresh()
+
+    def finish(self, progress: Progress, history: list[dict]) -> None:
+        """After a successful fit: the bar ends at 100% with the last epoch's metrics."""
+        with self._lock:
+            if self._bar is not None:
+                done = progress.global_step - self.start.global_step
+                self._bar.total = self._bar.n = done
+                if history and history[-1]["epoch"] > self.start.epoch:
+                    self._bar.set_postfix_str(f"epoch {history[-1]['epoch']}: {_format(history[-1])}", refresh=False)
+                else:
+                    self._bar.set_postfix_str(self._epoch_text, refresh=False)
+                self._bar.refresh()
 
     def close(self) -> None:
         """Closes the bar."""

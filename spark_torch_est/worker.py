@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from spark_torch_est.barrier import Barrier, SparkBarrier
-from spark_torch_est.channel import ChannelClient, LogForwarder, ProgressReporter
+from spark_torch_est.channel import EXECUTOR_ONLY, ChannelClient, LogForwarder, ProgressReporter
 from spark_torch_est.checkpoint import iter_chunks
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import Shard, read_shard
@@ -219,7 +219,8 @@ def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
         stage = trainer.stage if trainer is not None else "setup"
         hook = trainer.hooks.current_hook if trainer is not None else None
         failure = describe(error, rank, stage, hook)
-        logger.error("rank %d failed at %s: %s", rank, stage, failure.message)
+        logger.error("rank %d failed at %s: %s", rank, stage, failure.message,
+                     extra={EXECUTOR_ONLY: True})  # the driver raises it: not forwarded
         error.__traceback__ = None
         return failure, None, _ddp_refs(trainer)
 

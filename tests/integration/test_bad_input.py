@@ -229,3 +229,18 @@ def test_after_all_that_a_good_fit_resumes_the_intact_run(trained, linear_df):
     assert trained.progress.epoch == 1
     trained.fit(linear_df)
     assert trained.progress.epoch == 3 and [e["epoch"] for e in trained.history] == [1, 2, 3]
+
+
+def test_feature_cols_messages_name_the_column_and_the_feature_count(spark):
+    """Nulls in one of featureCols name that column; a model of another width hears how many features it got."""
+    rows = [(None if i % 50 == 0 else float(i), 1.0, 2.0, 3.0, float(i % 3)) for i in range(200)]
+    df = spark.createDataFrame(rows, "a double, b double, c double, d double, label double")
+    est = TorchEstimator(model=lambda c: torch.nn.Linear(5, 1), optimizer=sgd, loss=torch.nn.MSELoss(),
+                         featureCols=["a", "b", "c", "d"], maxEpochs=1, numWorkers=2, showProgress=False)
+    with pytest.raises(InvalidInputError, match=r"featureCols: column 'a' has \d+ null values in this partition; "
+                                                r"drop or fill them first, e\.g\. df\.na\.drop\(subset=\['a'\]\)"):
+        est.fit(df)
+    with pytest.raises(TrainingFailedError, match=r"mat1 and mat2 shapes cannot be multiplied \(2x4 and 5x1\); the "
+                                                  r"model was given 4 features per row \(featureCols \['a', 'b', 'c', "
+                                                  r"'d'\]\)"):
+        est.fit(df.na.fill(0.0))

@@ -9,7 +9,7 @@ import torch
 import torchmetrics
 from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator
 from pyspark.ml.linalg import VectorUDT
-from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+from pyspark.ml.tuning import CrossValidator, CrossValidatorModel, ParamGridBuilder
 from pyspark.sql import types as T
 
 from spark_torch_est import TorchEstimator, TorchModel
@@ -124,7 +124,7 @@ def test_output_names_set_on_the_estimator_reach_the_model_and_survive_save(two,
     assert BinaryClassificationEvaluator(rawPredictionCol="logits").evaluate(loaded.transform(df)) > 0.9
 
 
-def test_cross_validator_tunes_a_classifier_with_spark_evaluators(two):
+def test_cross_validator_tunes_a_classifier_with_spark_evaluators(two, tmp_path):
     df, _ = two
     est = _classifier(2, maxEpochs=1, batchSize=64)
     grid = ParamGridBuilder().addGrid(est.maxEpochs, [1, 3]).build()
@@ -134,3 +134,25 @@ def test_cross_validator_tunes_a_classifier_with_spark_evaluators(two):
     assert len(cv_model.avgMetrics) == 2
     assert cv_model.avgMetrics[1] < cv_model.avgMetrics[0]  # more epochs, lower log loss (smaller is better)
     assert isinstance(cv_model.bestModel, TorchModel) and cv_model.bestModel.checkpoint.progress.epoch == 3
+    # the best model says what it was trained with, also once saved and loaded
+    cv_model.save(str(tmp_path / "cv"))
+    for model in cv_model.bestModel, CrossValidatorModel.load(str(tmp_path / "cv")).bestModel:
+        trained = {p.name: v for p, v in model.extractParamMap().items()}
+        assert model.getOrDefault(model.maxEpochs) == 3 and model.getOrDefault("batchSize") == 64
+        assert {"numWorkers": 2, "seed": 0, "showProgress": False}.items() <= trained.items()
+        assert model.isSet(model.batchSize) and not model.isSet(model.seed)  # set, or a default, as on the estimator
+
+
+def test_string_indexer_labels_train_a_classifier_in_a_pipeline(spark):
+    """Spark ML's indexers give whole-number doubles: with a k-output model they are class indices."""
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import StringIndexer
+    from pyspark.sql import functions as F
+
+    colors = F.array(F.lit("red"), F.lit("green"), F.lit("blue"))
+    color = F.element_at(colors, (F.col("label") + 1).cast("int")).alias("color")
+    df = _blobs(spark, 3, rows=600, seed=2).select("id", "features", color)
+    pipeline = Pipeline(stages=[StringIndexer(inputCol="color", outputCol="label"), _classifier(3, maxEpochs=4)])
+    scored = pipeline.fit(df).transform(df)
+    assert dict(scored.dtypes)["label"] == "double"
+    assert MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored) > 0.9

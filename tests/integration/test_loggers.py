@@ -91,6 +91,10 @@ def test_one_mlflow_run_follows_the_estimator_run_through_fits_and_a_failure(
     x = torch.from_numpy(linear_data[0][:100])
     with torch.no_grad():
         assert torch.allclose(logged(x), model.torch_model()(x))
+    # its requirements are given, not inferred (MLflow's inference took 5-25 s per fit), and installable
+    requirements = open(mlflow.pyfunc.get_model_dependencies(f"runs:/{run_id}/model")).read().split()
+    assert [r.split("==")[0] for r in requirements if not r.startswith("mlflow")] == ["torch", "cloudpickle"]
+    assert "+" not in " ".join(requirements) and torch.__version__.split("+")[0] in " ".join(requirements)
     _end_download_threads()
 
 
@@ -134,6 +138,8 @@ def test_reset_copy_and_crossvalidator_fits_start_new_runs_and_a_loaded_estimato
     assert len({c.data.tags[RUN_ID_TAG] for c in children}) == 3
     assert all(c.info.status == "FINISHED" and c.data.params["batchSize"] == "128" for c in children)
     assert all(_metric(client, c.info.run_id, "train_loss")[0][0] == 1 for c in children)
+    names = ["batchSize=128 (fold 1)", "batchSize=128 (fold 2)", "batchSize=128 (refit)"]
+    assert sorted(c.info.run_name for c in children) == names
 
 
 class Unshippable(Logger):

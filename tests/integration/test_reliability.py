@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 
 import pytest
@@ -39,14 +40,20 @@ def test_a_crashed_rank_is_relaunched_from_the_newest_checkpoint(spark, linear_d
     assert [e["epoch"] for e in crashing.history] == [1, 2, 3, 4]
 
 
-def test_without_retries_a_crash_fails_and_keeps_the_run(spark, linear_df, tmp_path):
-    est = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], maxRetries=0)
+def test_without_retries_a_crash_fails_keeps_the_run_and_names_the_checkpoint_to_continue_from(
+        spark, linear_df, tmp_path):
+    est = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], maxRetries=0, checkpointDir=str(tmp_path / "ck"))
     est.fit(linear_df, duration="1ep")
     before = est.checkpoint
     with pytest.raises(TrainingFailedError) as error:
-        est.fit(linear_df)
+        est.fit(linear_df)  # rank 1 dies in epoch 3, after this fit wrote epoch 2's checkpoint
     assert error.value.retryable
     assert est.checkpoint is before
+    hint = re.search(r"this fit wrote checkpoints to checkpointDir, the newest at epoch 2, global step \d+: continue "
+                     r"from it with est\.fit\(df, resume_from='([^']+)'\)", str(error.value))
+    assert hint, str(error.value)
+    est.fit(linear_df, resume_from=hint.group(1))
+    assert [e["epoch"] for e in est.history] == [1, 2, 3, 4]
 
 
 class HangOnRank1(Hook):

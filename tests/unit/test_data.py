@@ -94,6 +94,7 @@ def test_integer_labels_stay_integers_until_the_model_says_what_they_are():
 @pytest.mark.parametrize("labels, output_shape, expected_dtype, expected_shape", [
     (torch.tensor([1, 2]), [1], torch.float32, (2, 1)),      # integer labels, one output: regression
     (torch.tensor([1, 2]), [3], torch.int64, (2,)),          # integer labels, k outputs: class indices
+    (torch.tensor([0.0, 2.0]), [3], torch.int64, (2,)),      # whole-number doubles (StringIndexer): the same
     (torch.tensor([1.5, 2.5]), [1], torch.float32, (2, 1)),
     (torch.tensor([1.5, 2.5]), [], torch.float32, (2,)),
     (torch.ones(2, 4), [2, 2], torch.float32, (2, 2, 2)),    # as many values per row: reshaped
@@ -107,6 +108,11 @@ def test_labels_take_the_outputs_shape_never_by_broadcasting(labels, output_shap
 def test_labels_that_would_broadcast_are_refused(labels, output_shape):
     with pytest.raises(InputDataError, match="labelCol 'y'"):
         shape_labels(labels, output_shape, "y")
+
+
+def test_a_fractional_label_for_a_k_output_model_names_labelcol_and_the_fix():
+    with pytest.raises(InputDataError, match=r"labelCol 'y' holds 1\.5, .* class index .* from 0 to 2"):
+        shape_labels(torch.tensor([0.0, 1.5]), [3], "y")
 
 
 def test_null_labels_are_rejected_naming_the_column():

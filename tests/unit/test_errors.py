@@ -17,4 +17,30 @@ def test_errors_pickle_with_their_fields():
     error = TrainingFailedError("boom", rank=1, stage="s", hook="h", remote_traceback="tb", retryable=True)
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.rank, copy.stage, copy.hook, copy.remote_traceback, copy.retryable) == (1, "s", "h", "tb", True)
-    assert "rank=1, stage=s, hook=h" in str(copy) and "Remote traceback:\ntb" in str(copy)
+    assert "rank=1, stage=s, hook=h" in str(copy)
+
+
+_REMOTE = """Traceback (most recent call last):
+  File "/x/site-packages/spark_torch_est/loop.py", line 319, in _train_step
+    self._call("after_train_iter", batch_idx, **step)
+  File "/x/site-packages/spark_torch_est/hooks.py", line 199, in <lambda>
+    return lambda context: method(context[key])
+                           ^^^^^^^^^^^^^^^^^^^^
+  File "/home/me/train.py", line 8, in after_train_iter
+    raise ValueError("boom")
+ValueError: boom
+"""
+
+
+def test_the_message_shows_the_users_frames_and_keeps_the_whole_remote_traceback():
+    error = TrainingFailedError("hook 'H' raised: ValueError: boom", rank=0, stage="after_train_iter", hook="H",
+                                remote_traceback=_REMOTE)
+    assert str(error).splitlines()[2:] == [
+        "Remote traceback, your code's frames (all of it: .remote_traceback):",
+        "Traceback (most recent call last):",
+        '  File "/home/me/train.py", line 8, in after_train_iter',
+        '    raise ValueError("boom")',
+        "ValueError: boom",
+    ]
+    assert error.remote_traceback == _REMOTE
+    assert "\n\n" not in str(TrainingFailedError("x", remote_traceback="no Python traceback in here"))

@@ -34,3 +34,31 @@ def test_epochs_and_rank_logs_reach_their_loggers(caplog):
     assert ("spark_torch_est.progress", "epoch 1: train_loss=0.5, val_mae=0.125") in messages
     assert ("spark_torch_est.worker", "[rank 1] user: hello") in messages
     assert not any("of this fit" in m for _, m in messages)
+
+
+def test_without_logging_set_up_lines_go_to_stderr_while_shown(monkeypatch, capsys):
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # as in a plain script or a spark-submit job
+    for show in (True, False):
+        view = DriverView(show, Progress(), Target(epoch=1), samples_per_step=8)
+        view._interactive = False
+        view.handle(_progress(3, batch=3))
+        view.handle({"type": "epoch", "entry": {"epoch": 1, "train_loss": 0.5}})
+        view.close()
+        err = capsys.readouterr().err
+        expected = ["spark_torch_est: step 3/10 of this fit, epoch 1, loss 0.25",
+                    "spark_torch_est: epoch 1: train_loss=0.5"] if show else []
+        assert err.splitlines() == expected
+
+
+def test_the_bar_ends_at_100_percent_with_the_last_epochs_metrics(monkeypatch):
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    view = DriverView(True, Progress(), Target(epoch=2), samples_per_step=8)
+    view._interactive = True
+    view.handle(_progress(7, batch=7))
+    view.handle({"type": "epoch", "entry": {"epoch": 1, "train_loss": 0.5}})
+    bar = view._bar
+    view.finish(Progress(epoch=2, global_step=20), [{"epoch": 1, "train_loss": 0.5}, {"epoch": 2, "train_loss": 0.25}])
+    assert (bar.n, bar.total) == (20, 20)
+    assert "epoch 2: train_loss=0.25" in str(bar)
+    view.close()
