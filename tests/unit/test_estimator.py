@@ -55,3 +55,25 @@ def test_unpicklable_creators_are_reported():
     est = _est(model=lambda c: (lock, torch.nn.Linear(1, 1))[1])
     with pytest.raises(InvalidInputError, match="cannot be pickled"):
         est._spec(Target(epoch=1), features_schema(1), None, None)
+
+
+def test_config_is_a_param_that_param_maps_and_copies_vary():
+    est = _est(config={"lr": 0.1})
+    assert est.getParam("config") is est.config and est.getConfig() == {"lr": 0.1}
+    est.getConfig()["lr"] = 5.0  # a copy: changing it changes nothing
+    copied = est.copy({est.config: {"lr": 0.01, "width": 4}})
+    assert copied.getConfig() == {"lr": 0.01, "width": 4} and est.getConfig() == {"lr": 0.1}
+    assert copied._run_creators.config == {"lr": 0.01, "width": 4}  # what the creators and the tasks get
+    assert est.setConfig({"lr": 0.2}) is est and est.getConfig() == {"lr": 0.2}
+    assert _est().getConfig() == {}
+
+
+@pytest.mark.parametrize("config, message", [
+    (3, "config must be a dict, got int: 3"),
+    ({"act": torch.nn.ReLU}, "config must be a plain dict of JSON values .*got \\{'act': <class"),
+])
+def test_a_config_that_cannot_be_a_param_is_refused_by_name(config, message):
+    with pytest.raises(InvalidInputError, match=message):
+        _est(config=config)
+    with pytest.raises(InvalidInputError, match=message):
+        _est().setConfig(config)
