@@ -144,3 +144,26 @@ def test_param_maps_have_readable_names():
     est = linear_estimator()
     assert param_map_name({est.batchSize: 32, est.config: {"lr": 0.01}}) == "batchSize=32, config={'lr': 0.01}"
     assert param_map_name({}) == "defaults"
+
+
+def test_each_configuration_is_one_mlflow_run_named_after_its_map_under_the_tuner_run(
+        spark, split_df, store, monkeypatch):
+    import mlflow
+
+    from spark_torch_est import MLflowLogger
+
+    uri, client, experiment_id = store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tests")
+    est = linear_estimator(maxEpochs=2, seed=3, validationIndicatorCol="is_val", loggers=[MLflowLogger(log_model=False)])
+    grid = ParamGridBuilder().addGrid(est.config, [{"lr": 0.0}, {"lr": 0.05}]).build()
+    with mlflow.start_run(run_name="search") as outer:
+        _tuner(est, grid).fit(split_df)
+    (tuner,) = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{outer.info.run_id}'")
+    assert tuner.info.status == "FINISHED" and tuner.data.params["eta"] == "2"
+    children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{tuner.info.run_id}'")
+    epochs = {c.info.run_name: sorted(m.step for m in client.get_metric_history(c.info.run_id, "train_loss"))
+              for c in children}
+    assert epochs == {param_map_name(grid[0]): [1], param_map_name(grid[1]): [1, 2]}  # one run across the rungs
+    assert all(c.info.status == "FINISHED" for c in children) and len(children) == 2
+    assert est.loggers[0].run_name is None  # the estimator's own logger is left as it was
