@@ -95,6 +95,7 @@ class _Trial:
     estimator: TorchEstimator
     model: TorchModel | None = None
     metric: float | None = None
+    stalled: bool = False  # its last fit trained no epoch (a hook stopped it): it goes no further
 
     @property
     def epochs(self) -> int:
@@ -103,6 +104,10 @@ class _Trial:
     @property
     def max_epochs(self) -> int:
         return self.estimator.getMaxEpochs()
+
+    @property
+    def finished(self) -> bool:
+        return self.stalled or self.epochs >= self.max_epochs
 
 
 class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
@@ -169,7 +174,9 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
         evaluator = self.getEvaluator()
         with self._split(dataset, trials[0].estimator) as (train, validation), _tuner_run(self, trials):
             def advance(trial: _Trial, epochs: int) -> None:
-                trial.model = trial.estimator.fit(train, duration=f"{epochs - trial.epochs}ep")
+                before = trial.epochs
+                trial.model = trial.estimator.fit(train, duration=f"{epochs - before}ep")
+                trial.stalled = trial.epochs == before
                 trial.metric = float(evaluator.evaluate(trial.model.transform(validation)))
 
             winner, rungs = self._rungs(trials, min_epochs, evaluator.isLargerBetter(), _runner(self, dataset, advance))
@@ -184,8 +191,8 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
         alive, epochs, rung, rungs = list(trials), min_epochs, 0, []
         while True:
             goals = [(t, min(epochs, t.max_epochs)) for t in alive]
-            advance_all([(t, goal) for t, goal in goals if t.metric is None or t.epochs < goal])
-            capped = all(t.epochs >= t.max_epochs for t in alive)
+            advance_all([(t, goal) for t, goal in goals if t.metric is None or (t.epochs < goal and not t.stalled)])
+            capped = all(t.finished for t in alive)
             ranked = sorted(alive, key=lambda t: _rank_key(t, larger_is_better))
             kept = ranked[:1 if capped else math.ceil(len(alive) / self.getEta())]
             for trial in alive:
@@ -193,7 +200,7 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
                               "kept": trial in kept})
             logger.info("rung %d: %s; kept %s", rung, ", ".join(f"map {t.index}: {t.metric:.6g}" for t in alive),
                         [t.index for t in kept])
-            if len(kept) == 1 and kept[0].epochs >= kept[0].max_epochs:
+            if len(kept) == 1 and kept[0].finished:
                 return kept[0], rungs
             alive = sorted(kept, key=lambda t: t.index)
             epochs = alive[0].max_epochs if len(alive) == 1 else epochs * self.getEta()
