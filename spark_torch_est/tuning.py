@@ -364,8 +364,18 @@ def _tuner_run(tuner: SuccessiveHalving, trials: list[_Trial]) -> Iterator[None]
         return
     import mlflow
 
-    with mlflow.start_run(run_name=f"SuccessiveHalving-{tuner.uid[-12:]}", nested=mlflow.active_run() is not None):
-        mlflow.log_params({"eta": tuner.getEta(), "minDuration": tuner.getMinDuration(), "maps": len(maps)})
+    try:  # like a logger, the tuner's run never fails the search
+        run = mlflow.start_run(run_name=f"SuccessiveHalving-{tuner.uid[-12:]}", nested=mlflow.active_run() is not None)
+    except Exception as error:
+        logger.warning("cannot open the tuner's MLflow run (the configurations' runs are not nested): %s: %s",
+                       type(error).__name__, error)
+        yield
+        return
+    with run:
+        try:
+            mlflow.log_params({"eta": tuner.getEta(), "minDuration": tuner.getMinDuration(), "maps": len(maps)})
+        except Exception as error:
+            logger.warning("cannot log the tuner's params to MLflow: %s: %s", type(error).__name__, error)
         yield
 
 
