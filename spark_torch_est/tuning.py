@@ -87,7 +87,7 @@ class _SuccessiveHalvingParams(HasSeed, HasParallelism):
         return self.getOrDefault(self.trainRatio)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Trial:
     """One param map's run through the rungs."""
 
