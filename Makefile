@@ -30,7 +30,7 @@ test-all: $(STAMP)
 example: $(STAMP)  ## the main example on local[*]
 	$(RUN) $(BIN)/python examples/train_regression.py
 
-examples: $(STAMP)  ## every example in turn: regression, classifier, recommender, text, images, custom loop, notebook, tuning
+examples: $(STAMP)  ## all examples: regression, classifier, recommender, text, images, custom loop, notebook, tuning
 	for script in train_regression train_classifier recommender text_classifier image_classifier custom_training \
 	        notebook tune; do $(RUN) $(BIN)/python examples/$$script.py || exit 1; done
 

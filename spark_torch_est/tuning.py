@@ -315,7 +315,8 @@ def _check_evaluator(evaluator: Any, estimator: TorchEstimator, dataset: DataFra
     name = type(evaluator).__name__
     if evaluator.hasParam("labelCol") and evaluator.getOrDefault("labelCol") not in dataset.columns:
         raise InvalidInputError(f"evaluator={name} reads labelCol={evaluator.getOrDefault('labelCol')!r}, which the "
-                                f"DataFrame does not have (its columns: {dataset.columns}); set the evaluator's labelCol")
+                                f"DataFrame does not have (its columns: {dataset.columns}); set the evaluator's "
+                                "labelCol")
     several = label_kind(dataset.schema, estimator.getLabelCol()) not in ("long", "float")
     for param in _read_outputs(evaluator):
         wanted, written = evaluator.getOrDefault(param), estimator.getOrDefault(param)

@@ -155,7 +155,8 @@ def test_each_configuration_is_one_mlflow_run_named_after_its_map_under_the_tune
     uri, client, experiment_id = store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tests")
-    est = linear_estimator(maxEpochs=2, seed=3, validationIndicatorCol="is_val", loggers=[MLflowLogger(log_model=False)])
+    est = linear_estimator(maxEpochs=2, seed=3, validationIndicatorCol="is_val",
+                           loggers=[MLflowLogger(log_model=False)])
     grid = ParamGridBuilder().addGrid(est.config, [{"lr": 0.0}, {"lr": 0.05}]).build()
     with mlflow.start_run(run_name="search") as outer:
         _tuner(est, grid).fit(split_df)

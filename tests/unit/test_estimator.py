@@ -77,3 +77,14 @@ def test_a_config_that_cannot_be_a_param_is_refused_by_name(config, message):
         _est(config=config)
     with pytest.raises(InvalidInputError, match=message):
         _est().setConfig(config)
+
+
+def test_an_estimator_saved_before_config_was_a_param_loads_with_its_config():
+    import cloudpickle
+
+    from spark_torch_est.creators import Creators
+
+    old = Creators(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), config={"lr": 0.3})
+    files = {"creators.pkl": cloudpickle.dumps((old, {}, set()))}  # what creators.pkl held then
+    loaded = TorchEstimator._from_files(files.get)
+    assert loaded.getConfig() == {"lr": 0.3} and loaded._run_creators.config == {"lr": 0.3}
