@@ -76,7 +76,7 @@ def main() -> None:
         configs = [{"features": FEATURES, "hidden": width, "lr": lr} for width in WIDTHS for lr in LEARNING_RATES]
         grid = ParamGridBuilder().addGrid(est.getParam("config"), configs).build()
         evaluator = RegressionEvaluator(metricName="rmse")
-        est.copy().fit(df, duration="1ep")  # warm-up: the session's first job and Python workers
+        est.copy(grid[0]).fit(df, duration="1ep")  # warm-up: the session's first job and Python workers
         tvs, tvs_epochs, tvs_s = _timed(lambda: TrainValidationSplit(
             estimator=est, estimatorParamMaps=grid, evaluator=evaluator, trainRatio=0.75, seed=0).fit(df))
         sh, sh_epochs, sh_s = _timed(lambda: SuccessiveHalving(
