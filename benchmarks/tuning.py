@@ -61,7 +61,7 @@ def _timed(tune) -> tuple[object, int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tuning")
-    parser.add_argument("--rows", type=int, default=20_000, help="rows of the table (default 20,000)")
+    parser.add_argument("--rows", type=int, default=200_000, help="rows of the table (default 200,000)")
     parser.add_argument("--max-epochs", type=int, default=6, help="maxEpochs of every map (default 6)")
     args = parser.parse_args()
     use_local_environment()
