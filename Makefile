@@ -37,7 +37,7 @@ examples: $(STAMP)  ## all examples: regression, classifier, recommender, text, 
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py
 
-bench: $(STAMP)  ## the suite (peers, typed inputs, 4M-row ingest), the growth table, the hook overhead, tuning (about 14 minutes)
+bench: $(STAMP)  ## the suite (peers, typed inputs, 4M-row ingest), the growth table, the hook overhead, tuning (about 16 minutes)
 	$(RUN) $(BIN)/python -m benchmarks
 	$(RUN) $(BIN)/python -m benchmarks.scale
 	$(RUN) $(BIN)/python -m benchmarks.hook_overhead
