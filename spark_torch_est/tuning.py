@@ -247,13 +247,15 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
         widths = sorted((t.estimator.getNumWorkers() for t in trials), reverse=True)[:parallel]
         if parallel == 1 or task_slots(dataset.sparkSession) is None:
             return
+        spark = dataset.sparkSession
         try:
-            wait_for_slots(dataset.sparkSession, sum(widths), trials[0].estimator.getSlotWaitTimeout())
-        except InvalidInputError as error:
+            wait_for_slots(spark, sum(widths), trials[0].estimator.getSlotWaitTimeout())
+        except InvalidInputError:
             raise InvalidInputError(
                 f"parallelism={parallel} trains {parallel} configurations at once with numWorkers "
-                f"{' + '.join(map(str, widths))} = {sum(widths)} ranks, more task slots than the cluster offers: "
-                f"lower parallelism or numWorkers ({error})") from None
+                f"{' + '.join(map(str, widths))} = {sum(widths)} ranks, but the cluster offers {task_slots(spark)} task "
+                f"slots (master={spark.sparkContext.getConf().get('spark.master', '?')}): lower parallelism or "
+                "numWorkers") from None
 
     @contextmanager
     def _split(self, dataset: DataFrame, estimator: TorchEstimator) -> Iterator[tuple[DataFrame, DataFrame]]:
