@@ -31,17 +31,18 @@ test-all: $(STAMP)
 example: $(STAMP)  ## the main example on local[*]
 	$(RUN) $(BIN)/python examples/train_regression.py
 
-examples: $(STAMP)  ## every example in turn: regression, classifier, recommender, text, images, custom loop, notebook
+examples: $(STAMP)  ## all examples: regression, classifier, recommender, text, images, custom loop, notebook, tuning
 	for script in train_regression train_classifier recommender text_classifier image_classifier custom_training \
-	        notebook; do $(RUN) $(BIN)/python examples/$$script.py || exit 1; done
+	        notebook tune; do $(RUN) $(BIN)/python examples/$$script.py || exit 1; done
 
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py
 
-bench: $(STAMP)  ## the suite (peers, typed inputs, 4M-row ingest), the growth table, the hook overhead (about 11 minutes)
+bench: $(STAMP)  ## the suite (peers, typed inputs, 4M-row ingest), the growth table, the hook overhead, tuning (about 16 minutes)
 	$(RUN) $(BIN)/python -m benchmarks
 	$(RUN) $(BIN)/python -m benchmarks.scale
 	$(RUN) $(BIN)/python -m benchmarks.hook_overhead
+	$(RUN) $(BIN)/python -m benchmarks.tuning
 
 bench-scale: $(STAMP)  ## only the growth table: call to first step against pyarrow's read, 0.5M to 8M rows (about 3 minutes)
 	$(RUN) $(BIN)/python -m benchmarks.scale

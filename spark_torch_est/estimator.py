@@ -26,7 +26,7 @@ from spark_torch_est.launcher import Launcher
 from spark_torch_est.logger_dispatch import LoggerDispatch
 from spark_torch_est.loggers import Logger, normalize_loggers
 from spark_torch_est.model import TorchModel
-from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params
+from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params, to_config
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
@@ -42,7 +42,7 @@ __all__ = ["TorchEstimator"]
 
 logger = logging.getLogger(__name__)
 
-_CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks", "config")
+_CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks")
 
 
 class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
@@ -62,7 +62,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         hooks: A list of :class:`Hook` or a ``{name: Hook}`` dict, or None.
         loggers: A list of :class:`~spark_torch_est.loggers.Logger` run on the driver
             (experiment tracking, see docs/tracking.md), or None.
-        config: A plain dict handed to every creator (default ``{}``).
+        config: A plain dict of JSON values handed to every creator (default ``{}``); a Param,
+            so ``ParamGridBuilder`` and the tuners can vary it.
         featuresCol: Vector, ``array<numeric>`` or numeric column (default ``"features"``).
         featureCols: Numeric columns used instead of featuresCol (default None).
         inputCols: Columns given to the model as separate typed inputs, ``model(*inputs)``,
@@ -123,6 +124,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         super().__init__()
         self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
         kwargs = dict(self._input_kwargs)
+        if "config" in kwargs:
+            kwargs["config"] = _checked_config(kwargs["config"])
         creator_args = {name: kwargs.pop(name) for name in _CREATOR_ARGS if name in kwargs}
         self._creators = _make_creators(**creator_args)
         self._initial_hook_states = _hook_states(self._creators.hooks)
@@ -168,20 +171,17 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         self._creators = dataclasses.replace(self._creators, hooks=new)
         return self
 
-    @property
-    def config(self) -> dict:
-        """A copy of the config handed to every creator."""
-        return copy.deepcopy(dict(self._creators.config))
-
     def setConfig(self, config: Mapping[str, Any]) -> TorchEstimator:
         """Replaces the config between fits: the next fit builds the model (which must
         still fit the run's checkpoint), optimizer, scheduler and loss from it, and takes
         the optimizer's hyper-parameters (``lr``, ``weight_decay``, ...) from the new
         optimizer while keeping its state (moments, step counts)."""
-        if not isinstance(config, Mapping):
-            raise InvalidInputError(f"config must be a dict, got {type(config).__name__}")
-        self._creators = dataclasses.replace(self._creators, config=dict(config))
-        return self
+        return self._set(config=_checked_config(config))
+
+    @property
+    def _run_creators(self) -> Creators:
+        """The creators with the config Param: what the driver builds from and the tasks get."""
+        return dataclasses.replace(self._creators, config=self.getConfig())
 
     def setLoss(self, loss: Any) -> TorchEstimator:
         """Replaces the loss between fits (an ``nn.Module``, its class, or a callable)."""
@@ -313,8 +313,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         spec = self._spec(target, schema, start, source)
         view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
         loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
-        loggers.start({p.name: v for p, v in self.extractParamMap().items()}, dict(self._creators.config), progress,
-                      name)
+        loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
+                      progress, name)
 
         def on_message(message: dict) -> None:
             view.handle(message)
@@ -340,7 +340,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         return model
 
     def _model(self, checkpoint: Checkpoint) -> TorchModel:
-        model = TorchModel(creators=self._creators, checkpoint=checkpoint)
+        model = TorchModel(creators=self._run_creators, checkpoint=checkpoint)
         carry_params(self, model)
         return model
 
@@ -348,7 +348,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     def _persisted_files(self) -> dict[str, bytes]:
         """Creators and hooks cloudpickled, the loggers apart from them, and the checkpoint
-        (see persistence.py)."""
+        (see persistence.py); the config is a Param, saved with the others as JSON."""
         files = {"creators.pkl": cloudpickle.dumps((self._creators, self._initial_hook_states, self._fresh_hooks))}
         if self._loggers:
             files["loggers.pkl"] = cloudpickle.dumps(self._loggers)
@@ -361,6 +361,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         instance = cls()
         creators, initial_states, *fresh = cloudpickle.loads(read("creators.pkl"))  # fresh hooks: saved since 0.2
         instance._creators, instance._initial_hook_states = creators, initial_states
+        if creators.config:  # saved before config became a Param; a saved Param wins
+            instance._set(config=_checked_config(creators.config))
         instance._fresh_hooks = fresh[0] if fresh else set()
         loggers = read("loggers.pkl")
         instance._loggers = cloudpickle.loads(loggers) if loggers is not None else []
@@ -442,7 +444,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     def _check_creators(self, start: Checkpoint | None) -> None:
         """Builds every object once on the driver, so bad creators fail before any job."""
-        creators = self._creators
+        creators = self._run_creators
         for name in ("model", "optimizer", "loss"):
             if getattr(creators, name) is None:
                 raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
@@ -459,7 +461,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     def _spec(self, target: Target, schema: InputSchema, start: Checkpoint | None,
               source: FileSource | None) -> TaskSpec:
         try:
-            payload = cloudpickle.dumps(self._creators)
+            payload = cloudpickle.dumps(self._run_creators)
         except Exception as error:
             raise InvalidInputError(
                 f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
@@ -488,11 +490,16 @@ def _train(launcher: Launcher, spec: TaskSpec, start: Progress) -> Checkpoint:
         raise TrainingFailedError(f"the fit failed unexpectedly: {type(error).__name__}: {error}") from error
 
 
+def _checked_config(config: Any) -> dict[str, Any]:
+    """``config`` as the config Param takes it, or an InvalidInputError naming config."""
+    try:
+        return to_config(config)
+    except TypeError as error:
+        raise InvalidInputError(str(error)) from None
+
+
 def _make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None, scheduler: Any = None,
-                   metrics: Mapping[str, Any] | None = None, hooks: Any = None,
-                   config: Mapping[str, Any] | None = None) -> Creators:
-    if config is not None and not isinstance(config, Mapping):
-        raise InvalidInputError(f"config must be a dict, got {type(config).__name__}")
+                   metrics: Mapping[str, Any] | None = None, hooks: Any = None) -> Creators:
     for name, value in (("optimizer", optimizer), ("scheduler", scheduler)):
         if value is not None and not callable(value):
             raise InvalidInputError(f"{name} must be a callable creator, got {type(value).__name__}")
@@ -501,7 +508,7 @@ def _make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None
     if loss is not None and not callable(loss):
         raise InvalidInputError(f"loss must be an nn.Module or a callable(outputs, labels), got {type(loss).__name__}")
     return Creators(model=model, optimizer=optimizer, loss=loss, scheduler=scheduler,
-                    metrics=dict(metrics or {}), hooks=normalize_hooks(hooks), config=dict(config or {}))
+                    metrics=dict(metrics or {}), hooks=normalize_hooks(hooks))
 
 
 def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:

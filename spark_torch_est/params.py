@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, TypeVar
+import copy
+import json
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
@@ -15,7 +17,8 @@ from pyspark.ml.param.shared import (
     HasValidationIndicatorCol,
 )
 
-__all__ = ["ModelParams", "EstimatorParams", "ESTIMATOR_DEFAULTS", "MODEL_DEFAULTS", "carry_params", "declare_params"]
+__all__ = ["ModelParams", "EstimatorParams", "ESTIMATOR_DEFAULTS", "MODEL_DEFAULTS", "carry_params", "declare_params",
+           "to_config"]
 
 
 _P = TypeVar("_P", bound=Params)
@@ -40,6 +43,26 @@ def _to_shapes(value: object) -> dict[str, list[int]] | None:
     if not isinstance(value, dict):
         raise TypeError(f"inputShapes must be a dict of column name -> list of sizes, got {type(value).__name__}")
     return {str(name): TypeConverters.toListInt(shape) for name, shape in value.items()}
+
+
+def to_config(value: object) -> dict[str, Any]:
+    """A copy of a config dict (None is ``{}``), checked to be a plain JSON-serializable dict,
+    as every Param value is (so estimators save their Params as JSON and tuners vary it).
+
+    Raises:
+        TypeError: ``value`` is not a dict, or not JSON-serializable; the message shows it.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"config must be a dict, got {type(value).__name__}: {value!r}"[:500])
+    try:
+        json.dumps(dict(value), allow_nan=True)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"config must be a plain dict of JSON values (numbers, strings, booleans, None, lists, "
+                        f"dicts with string keys), so it saves with the Params; got {dict(value)!r} ({error}). "
+                        "Pass a name in config and look the object up in your creator"[:1000]) from None
+    return copy.deepcopy(dict(value))
 
 
 #: Defaults shared by TorchEstimator and TorchModel.
@@ -74,6 +97,7 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "allowNonFinite": False,
     "inputShapes": None,
     "paddingValue": 0.0,
+    "config": {},
 }
 
 
@@ -236,10 +260,17 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                   "train on when the loss is NaN or infinite (default False: the fit fails at "
                                   "that step and the run keeps its last good state)",
                                   typeConverter=TypeConverters.toBoolean)
+    config: Param = Param(Params._dummy(), "config",
+                          "plain dict handed to every creator (model, optimizer, scheduler); JSON values only",
+                          typeConverter=to_config)
     showProgress: Param = Param(Params._dummy(), "showProgress",
                                 "show a progress bar (a terminal or notebook), else progress and epoch lines on "
                                 "stderr (through logging where it is set up)",
                                 typeConverter=TypeConverters.toBoolean)
+
+    def getConfig(self) -> dict[str, Any]:
+        """A copy of config, the dict handed to every creator (mutating it changes nothing)."""
+        return copy.deepcopy(self.getOrDefault(self.config))
 
     def setSeed(self: _P, value: int) -> _P:
         """Sets seed."""

@@ -40,3 +40,15 @@ def linear_df(spark, linear_data):
     """The linear data as an array<double> features column plus a double label."""
     x, y, _, _ = linear_data
     return spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x, y)], ["features", "label"])
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A sqlite MLflow tracking store with an experiment "tests" whose artifacts stay in
+    tmp_path: (tracking URI, MlflowClient, experiment id)."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("tests", artifact_location=str(tmp_path / "artifacts"))
+    return uri, client, experiment_id

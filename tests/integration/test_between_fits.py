@@ -94,7 +94,7 @@ def test_a_new_config_is_honored_and_set_hyperparameters_too(spark, indexed_df):
     est = estimator(maxEpochs=3)
     est.fit(indexed_df, duration="1ep")
     before = {k: v.clone() for k, v in est.checkpoint.model_state.items()}
-    est.setConfig({**est.config, "lr": 0.0})
+    est.setConfig({**est.getConfig(), "lr": 0.0})
     est.fit(indexed_df, duration="1ep")
     for key, value in before.items():  # Adam at lr 0 moves nothing
         assert torch.equal(value, est.checkpoint.model_state[key]), key

@@ -67,6 +67,13 @@ def test_cross_validator(ml):
     assert found["metrics"][1] < found["metrics"][0] and found["best_epochs"] == 3
 
 
+def test_config_tuned_by_train_validation_split_and_successive_halving(ml):
+    found = ml["config_tuning"]
+    assert found["tvs_metrics"][1] < 0.9 * found["tvs_metrics"][0]  # lr 0 never learns
+    assert [(r["rung"], r["index"], r["kept"]) for r in found["rungs"]] == [(0, 0, False), (0, 1, True), (1, 1, True)]
+    assert found["best_epochs"] == 2 and found["best_predicts"] == 300
+
+
 def test_save_and_load_of_models_estimators_and_pipelines(ml):
     found = ml["persistence"]
     assert found["model_equal"] and found["pipeline_equal"]

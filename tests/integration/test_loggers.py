@@ -42,15 +42,6 @@ def _estimator(**params) -> TorchEstimator:
     return TorchEstimator(**settings)
 
 
-@pytest.fixture
-def store(tmp_path):
-    """A sqlite tracking store with an experiment whose artifacts stay in tmp_path."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    client = MlflowClient(uri)
-    experiment_id = client.create_experiment("tests", artifact_location=str(tmp_path / "artifacts"))
-    return uri, client, experiment_id
-
-
 def _metric(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 

@@ -17,7 +17,7 @@ import torchmetrics
 from pyspark.ml import Pipeline
 from pyspark.ml.evaluation import RegressionEvaluator
 from pyspark.ml.feature import VectorAssembler
-from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit
+from pyspark.ml.tuning import CrossValidator, CrossValidatorModel, ParamGridBuilder, TrainValidationSplit
 from pyspark.sql import functions as F
 
 from spark_torch_est import EarlyStopping, TorchEstimator, TorchModel
@@ -64,11 +64,11 @@ def test_pipeline_fit_save_and_load_in_a_fresh_process(spark, wide_df, tmp_path)
 
 
 def test_a_saved_estimator_carries_its_run(spark, linear_df, tmp_path):
-    est = _estimator()
+    est = _estimator(config={"lr": 0.02})
     est.fit(linear_df, duration="1ep")
     est.save(str(tmp_path / "est"))
     loaded = TorchEstimator.load(str(tmp_path / "est"))
-    assert loaded.progress == est.progress and loaded.getBatchSize() == 64
+    assert loaded.progress == est.progress and loaded.getBatchSize() == 64 and loaded.getConfig() == {"lr": 0.02}
     loaded.fit(linear_df)
     assert loaded.progress.epoch == 3 and est.progress.epoch == 1
 
@@ -95,6 +95,27 @@ def test_cross_validator_picks_the_better_batch_size_and_leaves_the_estimator_al
     tvs = TrainValidationSplit(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, seed=3)
     assert isinstance(tvs.fit(linear_df).bestModel, TorchModel)
     assert est.checkpoint is None
+
+
+def test_config_is_tuned_by_cross_validator_and_train_validation_split_and_saves_with_them(spark, linear_df,
+                                                                                           tmp_path):
+    est = _estimator(maxEpochs=1, config={"lr": 0.05})
+    grid = ParamGridBuilder().addGrid(est.getParam("config"), [{"lr": 0.0}, {"lr": 0.05}]).build()
+    evaluator = RegressionEvaluator(labelCol="label", predictionCol="prediction", metricName="rmse")
+    cv_model = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2,
+                              seed=3).fit(linear_df)
+    assert cv_model.avgMetrics[1] < cv_model.avgMetrics[0] / 2  # lr 0 never learns
+    tvs_model = TrainValidationSplit(estimator=est, estimatorParamMaps=grid, evaluator=evaluator,
+                                     seed=3).fit(linear_df)
+    assert tvs_model.validationMetrics[1] < tvs_model.validationMetrics[0] / 2
+    assert est.getConfig() == {"lr": 0.05} and est.checkpoint is None
+
+    cv_model.save(str(tmp_path / "cv"))
+    loaded = CrossValidatorModel.load(str(tmp_path / "cv"))
+    assert [m[loaded.getEstimator().config] for m in loaded.getEstimatorParamMaps()] == [{"lr": 0.0}, {"lr": 0.05}]
+    assert loaded.getEstimator().getConfig() == {"lr": 0.05}
+    expected = [r.prediction for r in cv_model.transform(linear_df).collect()]
+    assert [r.prediction for r in loaded.transform(linear_df).collect()] == expected
 
 
 def test_validation_loss_and_metrics_are_exact_over_all_validation_rows(spark, linear_df):

@@ -70,3 +70,36 @@ def test_copy_with_a_hook_that_cannot_be_copied_names_the_fix():
     with pytest.raises(InvalidInputError, match="copy\\(\\) copies the hooks, and one of them cannot be copied "
                                                 "\\(TypeError: .*lock.*\\); give it __deepcopy__"):
         est.copy()
+
+
+def test_config_is_a_param_that_param_maps_and_copies_vary():
+    est = _est(config={"lr": 0.1})
+    assert est.getParam("config") is est.config and est.getConfig() == {"lr": 0.1}
+    est.getConfig()["lr"] = 5.0  # a copy: changing it changes nothing
+    copied = est.copy({est.config: {"lr": 0.01, "width": 4}})
+    assert copied.getConfig() == {"lr": 0.01, "width": 4} and est.getConfig() == {"lr": 0.1}
+    assert copied._run_creators.config == {"lr": 0.01, "width": 4}  # what the creators and the tasks get
+    assert est.setConfig({"lr": 0.2}) is est and est.getConfig() == {"lr": 0.2}
+    assert _est().getConfig() == {}
+
+
+@pytest.mark.parametrize("config, message", [
+    (3, "config must be a dict, got int: 3"),
+    ({"act": torch.nn.ReLU}, "config must be a plain dict of JSON values .*got \\{'act': <class"),
+])
+def test_a_config_that_cannot_be_a_param_is_refused_by_name(config, message):
+    with pytest.raises(InvalidInputError, match=message):
+        _est(config=config)
+    with pytest.raises(InvalidInputError, match=message):
+        _est().setConfig(config)
+
+
+def test_an_estimator_saved_before_config_was_a_param_loads_with_its_config():
+    import cloudpickle
+
+    from spark_torch_est.creators import Creators
+
+    old = Creators(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), config={"lr": 0.3})
+    files = {"creators.pkl": cloudpickle.dumps((old, {}, set()))}  # what creators.pkl held then
+    loaded = TorchEstimator._from_files(files.get)
+    assert loaded.getConfig() == {"lr": 0.3} and loaded._run_creators.config == {"lr": 0.3}

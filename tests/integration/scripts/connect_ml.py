@@ -1,5 +1,6 @@
 """Run by test_connect.py: the Spark ML contract from a Spark Connect session (local server):
-every feature layout, a classifier with Spark's evaluators, CrossValidator, predict_udf,
+every feature layout, a classifier with Spark's evaluators, CrossValidator, config tuned by
+TrainValidationSplit and SuccessiveHalving, predict_udf,
 and save/load of models, estimators and pipelines. Prints one RESULT line of JSON."""
 
 import json
@@ -14,11 +15,13 @@ from pyspark.sql import SparkSession
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 from pyspark.ml import Pipeline, PipelineModel  # noqa: E402
-from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator  # noqa: E402
+from pyspark.ml.evaluation import (BinaryClassificationEvaluator, MulticlassClassificationEvaluator,  # noqa: E402
+                                   RegressionEvaluator)
 from pyspark.ml.feature import VectorAssembler  # noqa: E402
-from pyspark.ml.tuning import CrossValidator, ParamGridBuilder  # noqa: E402
+from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit  # noqa: E402
 
 from spark_torch_est import TorchEstimator, TorchModel  # noqa: E402
+from spark_torch_est.tuning import SuccessiveHalving  # noqa: E402
 from tests.helpers import FEATURE_LAYOUTS, layout_data, layout_frame, linear_model, sgd  # noqa: E402
 
 started = time.monotonic()
@@ -97,6 +100,20 @@ cv = CrossValidator(estimator=est, estimatorParamMaps=grid, numFolds=2, seed=1,
                     evaluator=MulticlassClassificationEvaluator(metricName="logLoss")).fit(assembled)
 result["cross_validator"] = {"metrics": list(map(float, cv.avgMetrics)),
                              "best_epochs": cv.bestModel.checkpoint.progress.epoch}
+
+# config tuned by ParamGridBuilder: TrainValidationSplit and SuccessiveHalving over learning rates.
+x, y = layout_data(8)
+linear, params = layout_frame(spark, "array_double", x, y)
+regression = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), maxEpochs=2, seed=3,
+                            showProgress=False, **params)
+config_grid = ParamGridBuilder().addGrid(regression.getParam("config"), [{"lr": 0.0}, {"lr": 0.05}]).build()
+tvs = TrainValidationSplit(estimator=regression, estimatorParamMaps=config_grid, seed=3,
+                           evaluator=RegressionEvaluator()).fit(linear)
+halving = SuccessiveHalving(estimator=regression, estimatorParamMaps=config_grid, seed=3, parallelism=2,
+                            evaluator=RegressionEvaluator()).fit(linear)
+result["config_tuning"] = {"tvs_metrics": list(map(float, tvs.validationMetrics)), "rungs": halving.rungs,
+                           "best_epochs": halving.bestModel.checkpoint.progress.epoch,
+                           "best_predicts": len(halving.transform(linear).select("prediction").collect())}
 
 # save and load: a model (twice, the second with overwrite), an estimator with its run, a PipelineModel.
 classifier.save(f"{directory}/model")

@@ -1,0 +1,170 @@
+"""Successive halving on exact resume: kept configurations continue their runs, the winner
+is a straight fit of its map, decisions follow the evaluator, bad settings fail before any job."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pyspark.ml.evaluation import MulticlassClassificationEvaluator, RegressionEvaluator
+from pyspark.ml.tuning import ParamGridBuilder
+from pyspark.sql import functions as F
+
+from spark_torch_est import Logger
+from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.tuning import SuccessiveHalving, SuccessiveHalvingModel, param_map_name
+from tests.helpers import linear_estimator, mlp, spark_jobs_started
+
+pytestmark = pytest.mark.spark
+
+
+
+class EpochsSeen(Logger):
+    """Records every completed epoch of every run (the list is shared by the tuner's copies)."""
+
+    seen: list = []
+
+    def on_epoch_end(self, metrics, run_id):
+        EpochsSeen.seen.append((run_id, int(metrics["epoch"])))
+
+
+@pytest.fixture(scope="module")
+def split_df(linear_df):
+    """The linear data with a fixed quarter of validation rows, cached."""
+    return linear_df.limit(1200).withColumn("is_val", F.rand(seed=4) < 0.25).cache()
+
+
+def _tuner(est, grid, **params) -> SuccessiveHalving:
+    settings = dict(estimator=est, estimatorParamMaps=grid, evaluator=RegressionEvaluator(metricName="rmse"), eta=2,
+                    minDuration="1ep")
+    settings.update(params)
+    return SuccessiveHalving(**settings)
+
+
+def _weights(model) -> list[torch.Tensor]:
+    return list(model.torch_model().state_dict().values())
+
+
+def test_survivors_continue_their_runs_and_the_winner_is_a_straight_fit_of_its_map(spark, split_df):
+    EpochsSeen.seen = []
+    est = linear_estimator(model=mlp, maxEpochs=4, seed=3, validationIndicatorCol="is_val", loggers=[EpochsSeen()])
+    grid = ParamGridBuilder().addGrid(est.getParam("config"),
+                                      [{"lr": 0.0}, {"lr": 0.002}, {"lr": 0.05}, {"lr": 0.02}]).build()
+    tuned = _tuner(est, grid).fit(split_df)
+
+    assert len(EpochsSeen.seen) == 8  # 4 maps x 1 epoch, 2 x 1 more, the winner 2 more: not 12 or 16
+    runs = {run for run, _ in EpochsSeen.seen}
+    assert all(sorted(e for r, e in EpochsSeen.seen if r == run) == list(range(1, 1 + sum(
+        r == run for r, _ in EpochsSeen.seen))) for run in runs)  # every run trained each epoch once
+    assert [(r["rung"], r["index"], r["epochs"], r["kept"]) for r in tuned.rungs] == [
+        (0, 0, 1, False), (0, 1, 1, False), (0, 2, 1, True), (0, 3, 1, True),
+        (1, 2, 2, True), (1, 3, 2, False), (2, 2, 4, True)]
+    assert tuned.validationMetrics[2] == min(tuned.validationMetrics) == tuned.rungs[-1]["metric"]
+    assert est.checkpoint is None and est.getConfig() == {}  # the estimator's own run is left alone
+
+    straight = est.copy(grid[2]).fit(split_df)
+    assert straight.history == tuned.bestModel.history
+    assert all(torch.equal(a, b) for a, b in zip(_weights(straight), _weights(tuned.bestModel)))
+    assert tuned.bestModel.checkpoint.progress == straight.checkpoint.progress
+
+
+def test_larger_is_better_evaluators_keep_the_largest_and_ties_go_to_the_earlier_map(spark, split_df):
+    est = linear_estimator(maxEpochs=2, seed=3, validationIndicatorCol="is_val")
+    grid = ParamGridBuilder().addGrid(est.config, [{"lr": 0.05}, {"lr": 0.0}, {"lr": 0.05}]).build()
+    r2 = RegressionEvaluator(labelCol="label", predictionCol="prediction", metricName="r2")
+    tuned = _tuner(est, grid, evaluator=r2).fit(split_df)
+    rung0 = [r for r in tuned.rungs if r["rung"] == 0]
+    assert rung0[0]["metric"] == rung0[2]["metric"] > rung0[1]["metric"]  # maps 0 and 2 are the same
+    assert [r["kept"] for r in rung0] == [True, False, True]
+    assert [(r["index"], r["kept"]) for r in tuned.rungs if r["rung"] == 1] == [(0, True), (2, False)]  # a tie
+    assert tuned.bestModel.checkpoint.progress.epoch == 2
+
+
+@pytest.mark.slow
+def test_parallelism_gives_the_same_decisions_and_the_split_is_seeded(spark, linear_df):
+    est = linear_estimator(maxEpochs=2, numWorkers=1, seed=3)
+    grid = ParamGridBuilder().addGrid(est.config, [{"lr": 0.001}, {"lr": 0.05}, {"lr": 0.0}, {"lr": 0.01}]).build()
+    one = _tuner(est, grid, parallelism=1, seed=7, trainRatio=0.7).fit(linear_df)
+    two = _tuner(est, grid, parallelism=2, seed=7, trainRatio=0.7).fit(linear_df)
+    assert one.rungs == two.rungs and one.validationMetrics == two.validationMetrics
+    assert [r["index"] for r in one.rungs if r["kept"] and r["rung"] == 1] == [1]
+    assert all(torch.equal(a, b) for a, b in zip(_weights(one.bestModel), _weights(two.bestModel)))
+
+
+def test_maps_may_vary_batch_size_workers_and_max_epochs_and_the_model_saves(spark, split_df, tmp_path):
+    est = linear_estimator(seed=3, validationIndicatorCol="is_val", config={"lr": 0.05})
+    grid = [{est.batchSize: 32, est.numWorkers: 1, est.maxEpochs: 3},
+            {est.batchSize: 64, est.numWorkers: 2, est.maxEpochs: 2},
+            {est.batchSize: 128, est.numWorkers: 2, est.maxEpochs: 1, est.config: {"lr": 0.0}}]
+    tuned = _tuner(est, grid).fit(split_df)
+    winner = tuned.rungs[-1]["index"]
+    assert tuned.rungs[-1]["epochs"] == grid[winner][est.maxEpochs]
+    assert tuned.bestModel.checkpoint.progress.epoch == grid[winner][est.maxEpochs]
+    assert [r["kept"] for r in tuned.rungs if r["rung"] == 0][2] is False  # lr 0 learns nothing
+
+    tuned.save(str(tmp_path / "tuned"))
+    loaded = SuccessiveHalvingModel.load(str(tmp_path / "tuned"))
+    assert loaded.rungs == tuned.rungs and loaded.validationMetrics == tuned.validationMetrics
+    expected = [r.prediction for r in tuned.transform(split_df).collect()]
+    assert [r.prediction for r in loaded.transform(split_df).collect()] == expected
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"eta": 1}, "eta must be at least 2 .*got 1"),
+    ({"minDuration": "0ep"}, "minDuration must look like .*got '0ep'"),
+    ({"minDuration": "3ep"}, "minDuration='3ep' is past maxEpochs=2 of param map 0 \\(maxEpochs=2\\)"),
+    ({"minDuration": "100ba"}, "minDuration counts epochs"),
+    ({"evaluator": lambda: RegressionEvaluator(predictionCol="p")}, "reads predictionCol='p', but the model "
+                                                                    "writes predictionCol='prediction'"),
+    ({"evaluator": lambda: MulticlassClassificationEvaluator(metricName="logLoss")},
+     "reads probabilityCol='probability', but the model writes no probabilityCol"),
+    ({"evaluator": lambda: RegressionEvaluator(labelCol="y")}, "reads labelCol='y', which the DataFrame does not have"),
+    ({"parallelism": 2}, "parallelism=2 trains 2 configurations at once with numWorkers 2 \\+ 2 = 4 ranks"),
+    ({"trainRatio": 1.0}, "trainRatio must be between 0 and 1 .*got 1.0"),
+])
+def test_bad_settings_are_refused_before_any_job_by_name(spark, linear_df, params, message):
+    est = linear_estimator(probabilityCol="")
+    grid = [{est.maxEpochs: 2}, {est.maxEpochs: 4}]
+    params = {name: value() if callable(value) else value for name, value in params.items()}
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match=message):
+        _tuner(est, grid, **params).fit(linear_df)
+    assert spark_jobs_started(spark) == jobs and est.checkpoint is None
+
+
+def test_an_evaluator_reading_one_number_per_row_is_refused_for_several_labels(spark, linear_df):
+    df = linear_df.withColumn("pair", F.array("label", "label"))
+    est = linear_estimator(labelCol="pair")
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match="labelCol='pair' holds several numbers per row"):
+        _tuner(est, [{est.maxEpochs: 2}], evaluator=RegressionEvaluator(labelCol="pair")).fit(df)
+    assert spark_jobs_started(spark) == jobs
+
+
+def test_param_maps_have_readable_names():
+    est = linear_estimator()
+    assert param_map_name({est.batchSize: 32, est.config: {"lr": 0.01}}) == "batchSize=32, config={'lr': 0.01}"
+    assert param_map_name({}) == "defaults"
+
+
+def test_each_configuration_is_one_mlflow_run_named_after_its_map_under_the_tuner_run(
+        spark, split_df, store, monkeypatch):
+    import mlflow
+
+    from spark_torch_est import MLflowLogger
+
+    uri, client, experiment_id = store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tests")
+    est = linear_estimator(maxEpochs=2, seed=3, validationIndicatorCol="is_val",
+                           loggers=[MLflowLogger(log_model=False)])
+    grid = ParamGridBuilder().addGrid(est.config, [{"lr": 0.0}, {"lr": 0.05}]).build()
+    with mlflow.start_run(run_name="search") as outer:
+        _tuner(est, grid).fit(split_df)
+    (tuner,) = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{outer.info.run_id}'")
+    assert tuner.info.status == "FINISHED" and tuner.data.params["eta"] == "2"
+    children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{tuner.info.run_id}'")
+    epochs = {c.info.run_name: sorted(m.step for m in client.get_metric_history(c.info.run_id, "train_loss"))
+              for c in children}
+    assert epochs == {param_map_name(grid[0]): [1], param_map_name(grid[1]): [1, 2]}  # one run across the rungs
+    assert all(c.info.status == "FINISHED" for c in children) and len(children) == 2
+    assert est.loggers[0].run_name is None  # the estimator's own logger is left as it was
