@@ -31,6 +31,8 @@ from spark_torch_est.errors import InputDataError
 from spark_torch_est.hooks import Control, HookSet
 from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
+from spark_torch_est.precision import Precision
+from spark_torch_est.prefetch import prefetch, transfer_for
 from spark_torch_est.schema import FEATURES_LAYOUT
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import TaskSpec
@@ -82,6 +84,8 @@ class Trainer:
                                           "device": device, "config": dict(creators.config)}
         self._sync_flags = world_size > 1 and bool(self.hooks)
         self._sync_step_flags = world_size > 1 and self.hooks.controls_steps
+        self._transfer = transfer_for(device)
+        self._compiling = False  # until the first step of a compiled model has run
 
     # ----------------------------------------------------------------- public entry
 
@@ -114,6 +118,9 @@ class Trainer:
             check_compatible(model.state_dict(), resume.model_state)
             model.load_state_dict(resume.model_state)
         self.output_shape = self._shape_labels(model)
+        self.precision = Precision(spec.precision, self.device)
+        if spec.compile_model:
+            self._compile(model)
         self.model = model
         self.ddp_model: nn.Module = model
         if self.world_size > 1:
@@ -140,7 +147,18 @@ class Trainer:
         self._offset = self._resume_offset(resume)
         self._last_batch_idx = max(self.progress.batch_in_epoch - 1, 0)
         self._run_args.update(model=model, ddp_model=self.ddp_model, optimizer=self.optimizer,
-                              scheduler=self.scheduler, loss_fn=self.loss_fn)
+                              scheduler=self.scheduler, loss_fn=self.loss_fn, scaler=self.precision.scaler)
+
+    def _compile(self, model: nn.Module) -> None:
+        """Compiles the model in place (``nn.Module.compile``), so its state keeps its plain
+        keys. One graph per batch shape (``dynamic=False``): the kernels a step runs do not
+        depend on the shapes seen before, so a resumed run equals an uninterrupted one. Each
+        fit compiles afresh; the first step's time is logged (see :meth:`_train_step`)."""
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        model.compile(dynamic=False)
+        self._compiling = True
 
     def _restore(self, resume: Checkpoint) -> None:
         """Loads the optimizer, scheduler and hook states of the run. A hyper-parameter the
@@ -148,6 +166,7 @@ class Trainer:
         others keep the run's, as a scheduler left them. Hooks added since keep their own
         state."""
         self.optimizer.load_state_dict(resume.optimizer_state)
+        self.precision.load_state_dict(resume.scaler_state)
         if self.scheduler is not None and resume.scheduler_state is not None:
             self.scheduler.load_state_dict(resume.scheduler_state)
         for group, made, before in zip(self.optimizer.param_groups, self.optimizer_made, resume.optimizer_made):
@@ -272,10 +291,11 @@ class Trainer:
         spec = self.spec
         plan = EpochPlan(self.train_rows, spec.batch_size, self._offset)
         order = epoch_order(len(self.train), spec.seed, self.progress.epoch, self.rank)
+        batches = prefetch((self.train.take(plan.positions(order, step)) for step in range(plan.steps)), self._transfer)
         for step in range(plan.steps):
             if spec.target.reached(self.progress):
                 return False
-            self._train_step(*self.train.take(plan.positions(order, step)), plan.samples(step))
+            self._train_step(*next(batches), plan.samples(step))
             self._maybe_write_checkpoint("ba")
             if self._sync_step_flags:
                 self._agree_on_flags()
@@ -303,18 +323,25 @@ class Trainer:
     def _train_step(self, inputs: list[torch.Tensor], labels: torch.Tensor, weights: torch.Tensor | None,
                     samples: int) -> None:
         batch_idx = self._last_batch_idx = self.progress.batch_in_epoch
+        started = time.perf_counter()
         step = self._batch(inputs, labels, weights)
         replaced = self._call("before_train_iter", batch_idx, **step)
         if replaced is not None:
             step.update(batch=tuple(replaced), inputs=replaced[0], labels=replaced[1])
         if self.hooks.train_step is not None:
             self.stage = "train_step"
-            result = self.hooks.run_train_step(self._arguments(batch_idx, step, model=self.ddp_model))
+            with self.precision.autocast():
+                result = self.hooks.run_train_step(self._arguments(batch_idx, step, model=self.ddp_model))
             loss, outputs = result if isinstance(result, tuple) else (result, None)
             self.progress = self.progress.to_next_batch(samples)
         else:
             loss, outputs = self._default_step(batch_idx, step, samples)
         step.update(outputs=outputs, loss=loss)
+        if self._compiling:
+            self._compiling = False
+            if self.rank == 0:
+                logger.info("rank 0: compileModel: the first step, compiling the model, took %.1fs",
+                            time.perf_counter() - started)
         self._account(batch_idx, step)
         self._call("after_train_iter", batch_idx, **step)
         self.reporter.step(self.progress, loss.detach(), self.steps_per_epoch)
@@ -322,9 +349,10 @@ class Trainer:
     def _default_step(self, batch_idx: int, step: dict[str, Any], samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.stage = "forward"
         self.optimizer.zero_grad(set_to_none=True)
-        outputs = self._forward(step["inputs"])
-        self.stage = "loss"
-        loss = _scalar_loss(self.loss_fn(outputs, step["labels"], step["weights"]))
+        with self.precision.autocast():
+            outputs = self._forward(step["inputs"])
+            self.stage = "loss"
+            loss = _scalar_loss(self.loss_fn(outputs, step["labels"], step["weights"]))
         step.update(outputs=outputs, loss=loss)
         replaced = self._call("before_backward", batch_idx, **step)
         if replaced is not None:
@@ -333,11 +361,12 @@ class Trainer:
             # step simply has zero gradients.
             loss = step["loss"] = replaced if replaced.requires_grad else replaced + _zero_through(self.ddp_model)
         self.stage = "backward"
-        loss.backward()
+        self.precision.backward(loss)
+        self.precision.unscale(self.optimizer)  # hooks see (and clip) the true gradients
         self._call("after_backward", batch_idx, **step)
         self._call("before_optimizer_step", batch_idx, **step)
         self.stage = "optimizer_step"
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         self.progress = self.progress.to_next_batch(samples)  # the step is done from here on
         self._call("after_optimizer_step", batch_idx, **step)
         return loss, outputs
@@ -414,13 +443,15 @@ class Trainer:
         model, table, size, metrics = self.model, self.validation, self.spec.batch_size, self.val_metrics
         metrics.reset()
         model.eval()
+        starts = range(0, len(table), size)
         with torch.no_grad():
-            for start in range(0, len(table), size):
-                step = self._batch(*table.slice(start, start + size))
+            for start, batch in zip(starts, prefetch((table.slice(s, s + size) for s in starts), self._transfer)):
+                step = self._batch(*batch)
                 self._call("before_val_iter", start // size, **step)
                 self.stage = "validation"
-                outputs = self._forward(step["inputs"], model)
-                step.update(outputs=outputs, loss=metrics.update(outputs, step["labels"], step["weights"]))
+                with self.precision.autocast():
+                    outputs = self._forward(step["inputs"], model)
+                    step.update(outputs=outputs, loss=metrics.update(outputs, step["labels"], step["weights"]))
                 self._call("after_val_iter", start // size, **step)
                 self.stage = "validation"
         model.train()
@@ -538,7 +569,8 @@ class Trainer:
             model=model_state,
             optimizer=_to_cpu(self.optimizer.state_dict()),
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
-            rng=states, hooks=self.hooks.state_dict(),
+            rng=states, hooks=self.hooks.state_dict(), precision=self.precision.name,
+            scaler=self.precision.state_dict(),
         ).to_bytes()
 
 

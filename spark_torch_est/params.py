@@ -69,6 +69,8 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "allowNonFinite": False,
     "inputShapes": None,
     "paddingValue": 0.0,
+    "precision": "32",
+    "compileModel": False,
 }
 
 
@@ -210,6 +212,14 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
     showProgress: Param = Param(Params._dummy(), "showProgress",
                                 "show a progress bar (a terminal) or log lines on the driver",
                                 typeConverter=TypeConverters.toBoolean)
+    precision: Param = Param(Params._dummy(), "precision",
+                             "'32' (float32), 'bf16-mixed' (bfloat16 autocast) or '16-mixed' (float16 autocast and a "
+                             "gradient scaler): the forward pass and loss of training, validation, evaluate and "
+                             "transform; weights stay float32",
+                             typeConverter=TypeConverters.toString)
+    compileModel: Param = Param(Params._dummy(), "compileModel",
+                                "compile each rank's model with torch.compile (one graph per batch shape)",
+                                typeConverter=TypeConverters.toBoolean)
 
     def setSeed(self, value: int):
         """Sets seed."""
@@ -232,5 +242,5 @@ for _name in ("inputCols", "weightCol", "directRead"):
     _accessors(ModelParams, _name)
 for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
-              "allowNonFinite", "inputShapes", "paddingValue"):
+              "allowNonFinite", "inputShapes", "paddingValue", "precision", "compileModel"):
     _accessors(EstimatorParams, _name)

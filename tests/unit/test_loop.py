@@ -17,12 +17,11 @@ from spark_torch_est.hooks import STAGES, STAGE_ARGUMENTS
 from spark_torch_est.progress import Target
 from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
 from spark_torch_est.worker import run_rank
-from tests.helpers import LOCAL_LAUNCH, CountSteps, adam, arrow_batches, flat_weights, mlp, sgd, step_lr, task_spec
+from tests.helpers import (LOCAL_LAUNCH, CountSteps, adam, arrow_batches, flat_weights, mlp, sgd, step_lr, task_spec,
+                           train_locally)
 
 
-def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200, **fields) -> Checkpoint:
-    spec = task_spec(target, hooks=hooks, resume=resume, **fields)
-    return Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter(arrow_batches(rows)), LocalBarrier()))
+_run = train_locally
 
 
 def _failure(spec, batches=None):
