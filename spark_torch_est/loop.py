@@ -119,8 +119,6 @@ class Trainer:
             model.load_state_dict(resume.model_state)
         self.output_shape = self._shape_labels(model)
         self.precision = Precision(spec.precision, self.device)
-        if spec.compile_model:
-            self._compile(model)
         self.model = model
         self.ddp_model: nn.Module = model
         if self.world_size > 1:
@@ -132,6 +130,8 @@ class Trainer:
             skip_sync = resume is not None and "init_sync" in inspect.signature(DistributedDataParallel).parameters
             self.ddp_model = DistributedDataParallel(model, device_ids=ids,
                                                      **({"init_sync": False} if skip_sync else {}))
+        if spec.compile_model:
+            self.ddp_model = self._compile(self.ddp_model)
         self.optimizer = creators.build_optimizer(model)
         self.optimizer_made = [{k: v for k, v in group.items() if k != "params"}
                                for group in self.optimizer.param_groups]
@@ -149,16 +149,18 @@ class Trainer:
         self._run_args.update(model=model, ddp_model=self.ddp_model, optimizer=self.optimizer,
                               scheduler=self.scheduler, loss_fn=self.loss_fn, scaler=self.precision.scaler)
 
-    def _compile(self, model: nn.Module) -> None:
-        """Compiles the model in place (``nn.Module.compile``), so its state keeps its plain
-        keys. One graph per batch shape (``dynamic=False``): the kernels a step runs do not
-        depend on the shapes seen before, so a resumed run equals an uninterrupted one. Each
-        fit compiles afresh; the first step's time is logged (see :meth:`_train_step`)."""
+    def _compile(self, model: nn.Module) -> nn.Module:
+        """The training module compiled (``torch.compile`` of the DDP wrapper, as torch
+        recommends, or of the model on one rank). The model itself stays as it is, so its
+        state keeps its plain keys (no ``_orig_mod.``), and validation runs it uncompiled.
+        One graph per batch shape (``dynamic=False``): the kernels a step runs do not
+        depend on the shapes seen before, so a resumed run equals an uninterrupted one.
+        Each fit compiles afresh; its first step's time is logged (see :meth:`_train_step`)."""
         import torch._dynamo
 
         torch._dynamo.reset()
-        model.compile(dynamic=False)
         self._compiling = True
+        return torch.compile(model, dynamic=False)
 
     def _restore(self, resume: Checkpoint) -> None:
         """Loads the optimizer, scheduler and hook states of the run. A hyper-parameter the
@@ -340,8 +342,9 @@ class Trainer:
         if self._compiling:
             self._compiling = False
             if self.rank == 0:
-                logger.info("rank 0: compileModel: the first step, compiling the model, took %.1fs",
-                            time.perf_counter() - started)
+                note = f"compileModel: the first step, compiling the model, took {time.perf_counter() - started:.1f}s"
+                logger.info("rank 0: %s", note)
+                self.reporter.note(__name__, note)
         self._account(batch_idx, step)
         self._call("after_train_iter", batch_idx, **step)
         self.reporter.step(self.progress, loss.detach(), self.steps_per_epoch)
