@@ -18,7 +18,7 @@ import torch
 
 from spark_torch_est.errors import InputDataError
 
-__all__ = ["TaskGpu", "task_gpu", "choose_device", "task_device", "task_gpus"]
+__all__ = ["TaskGpu", "task_gpu", "choose_device", "task_device", "task_gpus", "cpu_despite_gpus"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +92,6 @@ def choose_device(use_gpu: bool | None, gpus: list[str], cuda_devices: int, rank
             raise InputDataError(
                 f"useGpu=True but torch sees no CUDA device on this executor (Spark assigned GPUs {gpus or 'none'}); "
                 "install a CUDA build of torch there or set useGpu=False")
-        if gpus:
-            logger.warning("Spark gave this task GPU(s) %s, but torch sees no CUDA device (a CPU build of torch?): "
-                           "running on the CPU", gpus)
         return torch.device("cpu")
     if not gpus:
         return torch.device("cuda", rank % cuda_devices)
@@ -104,6 +101,15 @@ def choose_device(use_gpu: bool | None, gpus: list[str], cuda_devices: int, rank
                              "device(s) on this executor; fix spark.executor.resource.gpu.discoveryScript")
     logger.info("on GPU %s (Spark's address %s, cuda:%d)", gpu.physical, gpus[0], gpu.index)
     return torch.device("cuda", gpu.index)
+
+
+def cpu_despite_gpus(device: torch.device, gpus: list[str], use_gpu: bool | None) -> str | None:
+    """What to tell the user when a task Spark gave GPUs runs on the CPU because torch sees
+    no CUDA device; None otherwise."""
+    if device.type != "cpu" or not gpus or use_gpu is False:
+        return None
+    return (f"Spark gave this task GPU(s) {gpus}, but torch sees no CUDA device (a CPU build of torch?): "
+            "running on the CPU")
 
 
 def task_device(use_gpu: bool | None, gpus: list[str], rank: int) -> torch.device:

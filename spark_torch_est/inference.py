@@ -7,6 +7,7 @@ weights, so a reused worker scores every later batch and task without reloading.
 from __future__ import annotations
 
 import io
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -19,7 +20,7 @@ import torch
 from spark_torch_est.columns import DenseRows, Rows, RowsBuilder
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import TORCH_DTYPES, arrow_values, shape_labels
-from spark_torch_est.devices import task_device, task_gpus
+from spark_torch_est.devices import cpu_despite_gpus, task_device, task_gpus
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
@@ -28,6 +29,8 @@ from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema
 
 __all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "read_inputs",
            "predict_outputs", "output_columns"]
+
+logger = logging.getLogger(__name__)
 
 _INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _CACHE: OrderedDict[tuple[str, str], torch.nn.Module] = OrderedDict()
@@ -121,6 +124,9 @@ def load_model(spec: ScoringSpec) -> torch.nn.Module:
     key = (spec.key, str(device))
     model = _CACHE.get(key)
     if model is None:
+        note = cpu_despite_gpus(device, gpus, None)
+        if note is not None:
+            logger.warning("%s", note)
         creators: Creators = cloudpickle.loads(spec.creators)
         model = creators.build_model()
         model.load_state_dict(torch.load(io.BytesIO(spec.weights), map_location="cpu", weights_only=True))

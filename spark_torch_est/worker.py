@@ -31,7 +31,7 @@ from spark_torch_est.channel import ChannelClient, LogForwarder, ProgressReporte
 from spark_torch_est.checkpoint import iter_chunks
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import Shard, read_shard
-from spark_torch_est.devices import task_device
+from spark_torch_est.devices import cpu_despite_gpus, task_device
 from spark_torch_est.failure import Failure, RankFailure, describe
 from spark_torch_est.files import read_part
 from spark_torch_est.protocol import DELIVERED, failure_key
@@ -107,6 +107,9 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     forwarder = LogForwarder(channel, rank) if channel is not None else None
     if forwarder is not None:
         logging.getLogger().addHandler(forwarder)
+    note = cpu_despite_gpus(device, barrier.gpus(), spec.use_gpu)
+    if note is not None:
+        logger.warning("rank %d: %s", rank, note)  # now the driver sees it
     try:
         gc.freeze()  # everything older than the trainer: the teardown's collection skips it
         failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank))

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from spark_torch_est.devices import TaskGpu, choose_device, task_gpu, task_gpus
+from spark_torch_est.devices import TaskGpu, choose_device, cpu_despite_gpus, task_gpu, task_gpus
 from spark_torch_est.errors import InputDataError
 
 
@@ -62,10 +62,11 @@ def test_use_gpu_without_cuda_is_a_clear_error():
         choose_device(True, ["0"], 0, 0)
 
 
-def test_gpus_spark_gave_a_task_without_cuda_run_on_the_cpu_and_say_so(caplog):
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.devices"):
-        assert choose_device(None, ["0"], 0, 0) == torch.device("cpu")
-    assert "Spark gave this task GPU(s) ['0'], but torch sees no CUDA device" in caplog.text
+def test_gpus_spark_gave_a_task_without_cuda_run_on_the_cpu_and_say_so():
+    device = choose_device(None, ["0"], 0, 0)
+    assert device == torch.device("cpu")
+    assert "Spark gave this task GPU(s) ['0'], but torch sees no CUDA device" in cpu_despite_gpus(device, ["0"], None)
+    assert cpu_despite_gpus(device, [], None) is None and cpu_despite_gpus(device, ["0"], False) is None
 
 
 def test_outside_a_spark_task_there_are_no_task_gpus():
