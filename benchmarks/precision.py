@@ -138,8 +138,8 @@ def main() -> None:
         for who, name in (("plain", "plain torch"), ("ours", "TorchEstimator")):
             m = medians[who]
             ratio = m["cpu_us_per_sample"] / medians["plain"]["cpu_us_per_sample"]
-            print(f"{precision:<11} {str(compiled):<9} {name:<15} {m['first_step_s']:12.2f} {m['samples_per_s']:11,.0f} "
-                  f"{m['cpu_us_per_sample']:14.2f} {ratio:8.2f}x")
+            print(f"{precision:<11} {str(compiled):<9} {name:<15} {m['first_step_s']:12.2f} "
+                  f"{m['samples_per_s']:11,.0f} {m['cpu_us_per_sample']:14.2f} {ratio:8.2f}x")
 
 
 if __name__ == "__main__":
