@@ -340,14 +340,18 @@ class Trainer:
             loss, outputs = self._default_step(batch_idx, step, samples)
         step.update(outputs=outputs, loss=loss)
         if self._compiling:
-            self._compiling = False
-            if self.rank == 0:
-                note = f"compileModel: the first step, compiling the model, took {time.perf_counter() - started:.1f}s"
-                logger.info("rank 0: %s", note)
-                self.reporter.note(__name__, note)
+            self._report_compile(time.perf_counter() - started)
         self._account(batch_idx, step)
         self._call("after_train_iter", batch_idx, **step)
         self.reporter.step(self.progress, loss.detach(), self.steps_per_epoch)
+
+    def _report_compile(self, seconds: float) -> None:
+        """Reports the first compiled step's time once per fit, from rank 0, in the driver's log."""
+        self._compiling = False
+        if self.rank == 0:
+            note = f"compileModel: the first step, compiling the model, took {seconds:.1f}s"
+            logger.info("rank 0: %s", note)
+            self.reporter.note(__name__, note)
 
     def _default_step(self, batch_idx: int, step: dict[str, Any], samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.stage = "forward"
