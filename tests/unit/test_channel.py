@@ -158,3 +158,18 @@ def test_a_checkpoint_the_driver_does_not_acknowledge_is_not_delivered(rank_chan
     server._receive_blob = lambda connection, header: None  # reads nothing, answers nothing
     assert client.send_blob("job-1", b"x" * 1000, ack_timeout=0.5) is None
     assert client.send_blob("job-1", b"x") is None, "the channel is closed after a failed send"
+
+
+def test_a_note_from_rank_0_reaches_the_drivers_log_once_and_other_ranks_send_none(rank_channel, caplog):
+    import logging
+
+    from spark_torch_est.channel import ProgressReporter
+    from spark_torch_est.view import DriverView
+
+    _, client, received = rank_channel
+    ProgressReporter(client, rank=1).note("spark_torch_est.loop", "from rank 1")
+    ProgressReporter(client, rank=0).note("spark_torch_est.loop", "compileModel: took 4.9s")
+    assert _wait_for(lambda: len(received) == 1)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.worker"):
+        DriverView(False, None, None, 1).handle(received[0])
+    assert caplog.messages == ["[rank 0] spark_torch_est.loop: compileModel: took 4.9s"]
