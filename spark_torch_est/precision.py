@@ -1,13 +1,13 @@
 """[both] The ``precision`` Param: the autocast a step's forward and loss run under, and
 the gradient scaler of ``"16-mixed"``.
 
-============  =====================================  ===========================
-precision     forward and loss                        backward and step
-============  =====================================  ===========================
-"32"          float32                                 plain
-"bf16-mixed"  ``torch.autocast(dtype=torch.bfloat16)`` plain
-"16-mixed"    ``torch.autocast(dtype=torch.float16)``  through a ``torch.amp.GradScaler``
-============  =====================================  ===========================
+============  =========================================  ================================
+precision     forward and loss                           backward and step
+============  =========================================  ================================
+"32"          float32                                    plain
+"bf16-mixed"  ``torch.autocast(dtype=torch.bfloat16)``   plain
+"16-mixed"    ``torch.autocast(dtype=torch.float16)``    through a ``torch.amp.GradScaler``
+============  =========================================  ================================
 
 Weights, gradients and optimizer state stay float32 under every precision; the scaler's
 state travels in the checkpoint, so a run resumed under ``"16-mixed"`` goes on with the
