@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.' '_
 RUN := PYSPARK_PYTHON=$(abspath $(BIN))/python PYSPARK_DRIVER_PYTHON=$(abspath $(BIN))/python \
        SPARK_LOCAL_IP=127.0.0.1 SPARK_CONF_DIR=$(abspath conf)
 
-.PHONY: test test-slow test-all example examples example-submit bench bench-scale clean
+.PHONY: test test-slow test-all example examples example-submit bench bench-scale bench-precision clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ bench: $(STAMP)  ## the suite (peers, typed inputs, 4M-row ingest), the growth t
 
 bench-scale: $(STAMP)  ## only the growth table: call to first step against pyarrow's read, 0.5M to 8M rows (about 3 minutes)
 	$(RUN) $(BIN)/python -m benchmarks.scale
+
+bench-precision: $(STAMP)  ## the loop under precision 32 and bf16-mixed, compiled or not, against plain torch (CPU, about 15 minutes)
+	$(RUN) $(BIN)/python -m benchmarks.precision
 
 clean:
 	rm -rf $(VENV) .pytest_cache spark-warehouse

@@ -3,7 +3,8 @@ bare DDP and TorchDistributor's train_fn. Pickled by value (see :mod:`benchmarks
 
 It does what ``spark_torch_est``'s loop does per step (seeded per-epoch shuffle, batches
 of ``batch_size`` rows, the last one partial, the workload's loss,
-zero_grad/forward/backward/step, the model called as ``model(*inputs)``) and nothing else.
+zero_grad/forward/backward/step, the model called as ``model(*inputs)``, forward and loss
+under ``torch.autocast`` when given a dtype) and nothing else.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ __all__ = ["train"]
 
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tuple[torch.Tensor, ...], labels: torch.Tensor,
           loss_fn: nn.Module, *, epochs: int, batch_size: int, seed: int, rank: int = 0,
-          world_size: int = 1) -> StepClock:
+          world_size: int = 1, autocast: torch.dtype | None = None) -> StepClock:
     """Trains ``model`` (a module or a DDP wrapper) in place; returns the step stamps.
 
     Every rank is assumed to hold as many rows as this one (the callers split evenly).
+    ``autocast`` runs each forward and loss under ``torch.autocast`` with that dtype.
     """
     clock = StepClock()
     trained = 0
@@ -32,7 +34,8 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tuple[torc
         for start in range(0, len(labels), batch_size):
             rows = order[start:start + batch_size]
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(*[tensor[rows] for tensor in inputs]), labels[rows])
+            with torch.autocast(labels.device.type, dtype=autocast, enabled=autocast is not None):
+                loss = loss_fn(model(*[tensor[rows] for tensor in inputs]), labels[rows])
             loss.backward()
             optimizer.step()
             trained += len(rows) * world_size

@@ -357,3 +357,9 @@ class ProgressReporter:
         """Reports a finished epoch's history entry."""
         if self.client is not None:
             self.client.send({"type": "epoch", "entry": entry, "time": time.time()})
+
+    def note(self, logger_name: str, message: str) -> None:
+        """Logs ``message`` at INFO on the driver, once (rank 0's log forwarder sends warnings only)."""
+        if self.client is not None:
+            self.client.send({"type": "log", "rank": 0, "level": logging.INFO, "logger": logger_name,
+                              "message": message, "time": time.time()})

@@ -25,6 +25,8 @@ runs code::
     scheduler       scheduler.state_dict() or None
     rng             one float64 tensor per rank (see :mod:`spark_torch_est.rng`)
     hooks           {hook name: hook.state_dict()} from rank 0
+    precision       the ``precision`` Param the state was trained under (absent: "32")
+    scaler          the gradient scaler's state_dict under "16-mixed", else None (may be absent)
 
 A checkpoint keeps the bytes it was read from, so handing it on (to the next fit, to a
 file) never serializes it again.
@@ -81,7 +83,8 @@ class Checkpoint:
               output_shape: list[int],
               label_kind: str, input_schema: dict, input_rows: list[list[int] | None],
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
-              rng: list[torch.Tensor], hooks: dict[str, dict]) -> Checkpoint:
+              rng: list[torch.Tensor], hooks: dict[str, dict], precision: str = "32",
+              scaler: dict | None = None) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
         return cls({
             "format_version": FORMAT_VERSION, "run_id": run_id, "fit_id": fit_id, "progress": progress.to_dict(),
@@ -92,6 +95,7 @@ class Checkpoint:
             "outputs": {"shape": list(output_shape), "label_kind": label_kind},
             "inputs": {"schema": input_schema, "rows": input_rows},
             "model": dict(model), "optimizer": optimizer, "scheduler": scheduler, "rng": list(rng), "hooks": hooks,
+            "precision": precision, "scaler": scaler,
         })
 
     # ------------------------------------------------------------------ properties
@@ -192,6 +196,16 @@ class Checkpoint:
     def hook_states(self) -> dict[str, dict]:
         """``{hook name: state}`` saved from rank 0."""
         return self._state["hooks"]
+
+    @property
+    def precision(self) -> str:
+        """The ``precision`` the state was trained under; ``evaluate`` and ``transform`` use it."""
+        return self._state.get("precision", "32")
+
+    @property
+    def scaler_state(self) -> dict | None:
+        """The gradient scaler's ``state_dict`` (``"16-mixed"``), or None."""
+        return self._state.get("scaler")
 
     # ---------------------------------------------------------------------- bytes
 

@@ -28,6 +28,7 @@ from spark_torch_est.loggers import Logger, normalize_loggers
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params, to_config
 from spark_torch_est.persistence import TorchPersistence
+from spark_torch_est.precision import PRECISIONS
 from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
 from spark_torch_est.sources import parquet_source
@@ -103,6 +104,10 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         directRead: Let the tasks read a plain Parquet table on a local or mounted
             filesystem themselves, with pyarrow (default True; see docs/ingest.md); the
             model keeps it for ``transform`` and ``evaluate``.
+        precision: ``"32"`` (default), ``"bf16-mixed"`` (bfloat16 autocast) or
+            ``"16-mixed"`` (float16 autocast and a gradient scaler) for the forward pass
+            and loss; weights stay float32 (see docs/gpu.md).
+        compileModel: Compile each rank's model with ``torch.compile`` (default False).
     """
 
     @keyword_only
@@ -120,7 +125,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
                  memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
-                 allowNonFinite: bool = False, directRead: bool = True) -> None:
+                 allowNonFinite: bool = False, directRead: bool = True, precision: str = "32",
+                 compileModel: bool = False) -> None:
         super().__init__()
         self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
         kwargs = dict(self._input_kwargs)
@@ -381,6 +387,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         for name in ("timeout", "slotWaitTimeout"):
             if not self.getOrDefault(name) > 0:
                 raise InvalidInputError(f"{name} must be a positive number of seconds, got {self.getOrDefault(name)}")
+        if self.getPrecision() not in PRECISIONS:
+            raise InvalidInputError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
+                                    f"got {self.getPrecision()!r}")
         if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
             raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
                                     f"got {self.getCheckpointInterval()!r}")
@@ -477,6 +486,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                             features=tuple(self.getFeatureCols() or ()) or None),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
             allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)), source=source,
+            precision=self.getPrecision(), compile_model=self.getCompileModel(),
         )
 
 

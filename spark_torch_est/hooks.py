@@ -35,7 +35,7 @@ __all__ = ["Hook", "Control", "HookSet", "STAGES", "STAGE_ARGUMENTS", "bind_keyw
 
 _COMMON = (
     "model", "ddp_model", "optimizer", "scheduler", "loss_fn", "epoch", "batch_idx",
-    "global_step", "rank", "world_size", "config", "state", "control", "device",
+    "global_step", "rank", "world_size", "config", "state", "control", "device", "scaler",
 )
 _BATCH = ("batch", "inputs", "labels", "weights")
 _STEP = _BATCH + ("outputs", "loss")

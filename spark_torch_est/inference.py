@@ -7,6 +7,7 @@ weights, so a reused worker scores every later batch and task without reloading.
 from __future__ import annotations
 
 import io
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -19,16 +20,20 @@ import torch
 from spark_torch_est.columns import DenseRows, Rows, RowsBuilder
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import TORCH_DTYPES, arrow_values, shape_labels
+from spark_torch_est.devices import cpu_despite_gpus, task_device, task_gpus
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
+from spark_torch_est.precision import autocast
 from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema
 
 __all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "read_inputs",
            "predict_outputs", "output_columns"]
 
+logger = logging.getLogger(__name__)
+
 _INTEGERS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-_CACHE: OrderedDict[str, torch.nn.Module] = OrderedDict()
+_CACHE: OrderedDict[tuple[str, str], torch.nn.Module] = OrderedDict()
 _CACHE_SIZE = 2
 #: One row per partition: :meth:`MetricAccumulator.totals` and ``states``.
 EVALUATION_SCHEMA = "totals array<double>, metric_states array<binary>"
@@ -54,6 +59,8 @@ class ScoringSpec:
             Vectors ('' or None: omitted).
         label_col: The label column (``evaluate``).
         weight_col: The sample-weight column (``evaluate``), or None.
+        precision: The ``precision`` the model was trained under: its forward passes and
+            losses run under the same autocast.
     """
 
     key: str
@@ -68,6 +75,7 @@ class ScoringSpec:
     probability_col: str | None = None
     label_col: str = "label"
     weight_col: str | None = None
+    precision: str = "32"
 
     @property
     def stacked(self) -> bool:
@@ -108,19 +116,26 @@ def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Rows]:
 
 
 def load_model(spec: ScoringSpec) -> torch.nn.Module:
-    """Builds the model in eval mode (on the GPU when there is one), once per process and weights."""
-    model = _CACHE.get(spec.key)
+    """Builds the model in eval mode on the task's device, once per process, weights and
+    device: the GPU Spark gave the task, else one of the executor's GPUs by partition,
+    else the CPU (see :func:`spark_torch_est.devices.choose_device`)."""
+    gpus, partition = task_gpus()
+    device = task_device(None, gpus, partition)
+    key = (spec.key, str(device))
+    model = _CACHE.get(key)
     if model is None:
+        note = cpu_despite_gpus(device, gpus, None)
+        if note is not None:
+            logger.warning("%s", note)
         creators: Creators = cloudpickle.loads(spec.creators)
         model = creators.build_model()
         model.load_state_dict(torch.load(io.BytesIO(spec.weights), map_location="cpu", weights_only=True))
         model.eval()
-        if torch.cuda.is_available():
-            model.to("cuda")
-        _CACHE[spec.key] = model
+        model.to(device)
+        _CACHE[key] = model
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
-    _CACHE.move_to_end(spec.key)
+    _CACHE.move_to_end(key)
     return model
 
 
@@ -136,7 +151,9 @@ def _forward(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> I
         for start in range(0, rows, spec.batch_size):
             chunk = [x.slice(start, start + spec.batch_size).to(device) for x in inputs]
             chunk = [x.reshape(len(x), *c.shape) if c.shape is not None else x for x, c in zip(chunk, schema.columns)]
-            yield start, model(chunk[0]) if schema.layout == FEATURES_LAYOUT else model(*chunk)
+            with autocast(spec.precision, device):
+                outputs = model(chunk[0]) if schema.layout == FEATURES_LAYOUT else model(*chunk)
+            yield start, outputs
 
 
 def predict_outputs(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> np.ndarray:
@@ -178,8 +195,9 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
             for start, outputs in _forward(model, inputs, spec):
                 stop = start + len(outputs)
                 target = shape_labels(labels[start:stop], list(outputs.shape[1:]), spec.label_col).to(outputs.device)
-                accumulator.update(outputs, target, weights[start:stop].to(outputs.device) if weights is not None
-                                   else None)
+                with autocast(spec.precision, outputs.device):  # the loss as validation computes it
+                    accumulator.update(outputs, target, weights[start:stop].to(outputs.device) if weights is not None
+                                       else None)
         yield pa.RecordBatch.from_pydict(
             {"totals": [accumulator.totals().tolist()], "metric_states": [accumulator.states()]},
             schema=pa.schema([("totals", pa.list_(pa.float64())), ("metric_states", pa.list_(pa.binary()))]),

@@ -31,6 +31,8 @@ from spark_torch_est.errors import InputDataError
 from spark_torch_est.hooks import Control, HookSet
 from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
+from spark_torch_est.precision import Precision
+from spark_torch_est.prefetch import prefetch, transfer_for
 from spark_torch_est.schema import FEATURES_LAYOUT
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import TaskSpec
@@ -82,6 +84,8 @@ class Trainer:
                                           "device": device, "config": dict(creators.config)}
         self._sync_flags = world_size > 1 and bool(self.hooks)
         self._sync_step_flags = world_size > 1 and self.hooks.controls_steps
+        self._transfer = transfer_for(device)
+        self._compiling = False  # until the first step of a compiled model has run
 
     # ----------------------------------------------------------------- public entry
 
@@ -114,6 +118,7 @@ class Trainer:
             check_compatible(model.state_dict(), resume.model_state)
             model.load_state_dict(resume.model_state)
         self.output_shape = self._shape_labels(model)
+        self.precision = Precision(spec.precision, self.device)
         self.model = model
         self.ddp_model: nn.Module = model
         if self.world_size > 1:
@@ -125,6 +130,8 @@ class Trainer:
             skip_sync = resume is not None and "init_sync" in inspect.signature(DistributedDataParallel).parameters
             self.ddp_model = DistributedDataParallel(model, device_ids=ids,
                                                      **({"init_sync": False} if skip_sync else {}))
+        if spec.compile_model:
+            self.ddp_model = self._compile(self.ddp_model)
         self.optimizer = creators.build_optimizer(model)
         self.optimizer_made = [{k: v for k, v in group.items() if k != "params"}
                                for group in self.optimizer.param_groups]
@@ -140,7 +147,20 @@ class Trainer:
         self._offset = self._resume_offset(resume)
         self._last_batch_idx = max(self.progress.batch_in_epoch - 1, 0)
         self._run_args.update(model=model, ddp_model=self.ddp_model, optimizer=self.optimizer,
-                              scheduler=self.scheduler, loss_fn=self.loss_fn)
+                              scheduler=self.scheduler, loss_fn=self.loss_fn, scaler=self.precision.scaler)
+
+    def _compile(self, model: nn.Module) -> nn.Module:
+        """The training module compiled (``torch.compile`` of the DDP wrapper, as torch
+        recommends, or of the model on one rank). The model itself stays as it is, so its
+        state keeps its plain keys (no ``_orig_mod.``), and validation runs it uncompiled.
+        One graph per batch shape (``dynamic=False``): the kernels a step runs do not
+        depend on the shapes seen before, so a resumed run equals an uninterrupted one.
+        Each fit compiles afresh; its first step's time is logged (see :meth:`_train_step`)."""
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        self._compiling = True
+        return torch.compile(model, dynamic=False)
 
     def _restore(self, resume: Checkpoint) -> None:
         """Loads the optimizer, scheduler and hook states of the run. A hyper-parameter the
@@ -148,6 +168,7 @@ class Trainer:
         others keep the run's, as a scheduler left them. Hooks added since keep their own
         state."""
         self.optimizer.load_state_dict(resume.optimizer_state)
+        self.precision.load_state_dict(resume.scaler_state)
         if self.scheduler is not None and resume.scheduler_state is not None:
             self.scheduler.load_state_dict(resume.scheduler_state)
         for group, made, before in zip(self.optimizer.param_groups, self.optimizer_made, resume.optimizer_made):
@@ -287,10 +308,11 @@ class Trainer:
         spec = self.spec
         plan = EpochPlan(self.train_rows, spec.batch_size, self._offset)
         order = epoch_order(len(self.train), spec.seed, self.progress.epoch, self.rank)
+        batches = prefetch((self.train.take(plan.positions(order, step)) for step in range(plan.steps)), self._transfer)
         for step in range(plan.steps):
             if spec.target.reached(self.progress):
                 return False
-            self._train_step(*self.train.take(plan.positions(order, step)), plan.samples(step))
+            self._train_step(*next(batches), plan.samples(step))
             self._maybe_write_checkpoint("ba")
             if self._sync_step_flags:
                 self._agree_on_flags()
@@ -318,28 +340,41 @@ class Trainer:
     def _train_step(self, inputs: list[torch.Tensor], labels: torch.Tensor, weights: torch.Tensor | None,
                     samples: int) -> None:
         batch_idx = self._last_batch_idx = self.progress.batch_in_epoch
+        started = time.perf_counter()
         step = self._batch(inputs, labels, weights)
         replaced = self._call("before_train_iter", batch_idx, **step)
         if replaced is not None:
             step.update(batch=tuple(replaced), inputs=replaced[0], labels=replaced[1])
         if self.hooks.train_step is not None:
             self.stage = "train_step"
-            result = self.hooks.run_train_step(self._arguments(batch_idx, step, model=self.ddp_model))
+            with self.precision.autocast():
+                result = self.hooks.run_train_step(self._arguments(batch_idx, step, model=self.ddp_model))
             loss, outputs = result if isinstance(result, tuple) else (result, None)
             self.progress = self.progress.to_next_batch(samples)
         else:
             loss, outputs = self._default_step(batch_idx, step, samples)
         step.update(outputs=outputs, loss=loss)
+        if self._compiling:
+            self._report_compile(time.perf_counter() - started)
         self._account(batch_idx, step)
         self._call("after_train_iter", batch_idx, **step)
         self.reporter.step(self.progress, loss.detach(), self.steps_per_epoch)
 
+    def _report_compile(self, seconds: float) -> None:
+        """Reports the first compiled step's time once per fit, from rank 0, in the driver's log."""
+        self._compiling = False
+        if self.rank == 0:
+            note = f"compileModel: the first step, compiling the model, took {seconds:.1f}s"
+            logger.info("rank 0: %s", note)
+            self.reporter.note(__name__, note)
+
     def _default_step(self, batch_idx: int, step: dict[str, Any], samples: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.stage = "forward"
         self.optimizer.zero_grad(set_to_none=True)
-        outputs = self._forward(step["inputs"])
-        self.stage = "loss"
-        loss = _scalar_loss(self.loss_fn(outputs, step["labels"], step["weights"]))
+        with self.precision.autocast():
+            outputs = self._forward(step["inputs"])
+            self.stage = "loss"
+            loss = _scalar_loss(self.loss_fn(outputs, step["labels"], step["weights"]))
         step.update(outputs=outputs, loss=loss)
         replaced = self._call("before_backward", batch_idx, **step)
         if replaced is not None:
@@ -348,11 +383,12 @@ class Trainer:
             # step simply has zero gradients.
             loss = step["loss"] = replaced if replaced.requires_grad else replaced + _zero_through(self.ddp_model)
         self.stage = "backward"
-        loss.backward()
+        self.precision.backward(loss)
+        self.precision.unscale(self.optimizer)  # hooks see (and clip) the true gradients
         self._call("after_backward", batch_idx, **step)
         self._call("before_optimizer_step", batch_idx, **step)
         self.stage = "optimizer_step"
-        self.optimizer.step()
+        self.precision.step(self.optimizer)
         self.progress = self.progress.to_next_batch(samples)  # the step is done from here on
         self._call("after_optimizer_step", batch_idx, **step)
         return loss, outputs
@@ -439,13 +475,15 @@ class Trainer:
         model, table, size, metrics = self.model, self.validation, self.spec.batch_size, self.val_metrics
         metrics.reset()
         model.eval()
+        starts = range(0, len(table), size)
         with torch.no_grad():
-            for start in range(0, len(table), size):
-                step = self._batch(*table.slice(start, start + size))
+            for start, batch in zip(starts, prefetch((table.slice(s, s + size) for s in starts), self._transfer)):
+                step = self._batch(*batch)
                 self._call("before_val_iter", start // size, **step)
                 self.stage = "validation"
-                outputs = self._forward(step["inputs"], model)
-                step.update(outputs=outputs, loss=metrics.update(outputs, step["labels"], step["weights"]))
+                with self.precision.autocast():
+                    outputs = self._forward(step["inputs"], model)
+                    step.update(outputs=outputs, loss=metrics.update(outputs, step["labels"], step["weights"]))
                 self._call("after_val_iter", start // size, **step)
                 self.stage = "validation"
         model.train()
@@ -563,7 +601,8 @@ class Trainer:
             model=model_state,
             optimizer=_to_cpu(self.optimizer.state_dict()),
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
-            rng=states, hooks=self.hooks.state_dict(),
+            rng=states, hooks=self.hooks.state_dict(), precision=self.precision.name,
+            scaler=self.precision.state_dict(),
         ).to_bytes()
 
 

@@ -84,7 +84,7 @@ class TorchModel(Model, ModelParams, TorchPersistence):
                           **{spec_field: outputs.get(param, "") for param, spec_field in _SPEC_FIELDS.items()})
         return ScoringSpec(key=hashlib.sha256(weights.getbuffer()).hexdigest(),
                            creators=cloudpickle.dumps(self._creators), weights=weights.getvalue(),
-                           batch_size=self.getInferenceBatchSize(), **fields)
+                           batch_size=self.getInferenceBatchSize(), precision=self._checkpoint.precision, **fields)
 
     def _output_kind(self) -> str:
         checkpoint = self._checkpoint

@@ -98,6 +98,8 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "inputShapes": None,
     "paddingValue": 0.0,
     "config": {},
+    "precision": "32",
+    "compileModel": False,
 }
 
 
@@ -267,6 +269,14 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                 "show a progress bar (a terminal or notebook), else progress and epoch lines on "
                                 "stderr (through logging where it is set up)",
                                 typeConverter=TypeConverters.toBoolean)
+    precision: Param = Param(Params._dummy(), "precision",
+                             "'32' (float32), 'bf16-mixed' (bfloat16 autocast) or '16-mixed' (float16 autocast and a "
+                             "gradient scaler): the forward pass and loss of training, validation, evaluate and "
+                             "transform; weights stay float32",
+                             typeConverter=TypeConverters.toString)
+    compileModel: Param = Param(Params._dummy(), "compileModel",
+                                "compile each rank's model with torch.compile (one graph per batch shape)",
+                                typeConverter=TypeConverters.toBoolean)
 
     def getConfig(self) -> dict[str, Any]:
         """A copy of config, the dict handed to every creator (mutating it changes nothing)."""
@@ -409,7 +419,7 @@ for _name in ("inputCols", "weightCol", "directRead"):
     _accessors(ModelParams, _name)
 for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
-              "allowNonFinite", "inputShapes", "paddingValue"):
+              "allowNonFinite", "inputShapes", "paddingValue", "precision", "compileModel"):
     _accessors(EstimatorParams, _name)
 
 

@@ -98,6 +98,8 @@ class TaskSpec:
             were pickled with, even where ``resume`` holds one under the same name.
         source: The Parquet files the ranks read themselves, or None when the rows come
             from the Spark job's input.
+        precision: The ``precision`` Param (see :mod:`spark_torch_est.precision`).
+        compile_model: Compile each rank's model with ``torch.compile`` (``compileModel``).
     """
 
     run_id: str
@@ -118,6 +120,8 @@ class TaskSpec:
     allow_non_finite: bool = False
     fresh_hooks: tuple[str, ...] = ()
     source: FileSource | None = None
+    precision: str = "32"
+    compile_model: bool = False
 
 
 @dataclass(frozen=True)

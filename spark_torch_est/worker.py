@@ -31,14 +31,14 @@ from spark_torch_est.channel import EXECUTOR_ONLY, ChannelClient, LogForwarder, 
 from spark_torch_est.checkpoint import iter_chunks
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import Shard, read_shard
-from spark_torch_est.errors import InputDataError
+from spark_torch_est.devices import cpu_despite_gpus, task_device
 from spark_torch_est.failure import Failure, RankFailure, describe
 from spark_torch_est.files import read_part
 from spark_torch_est.protocol import DELIVERED, failure_key
 from spark_torch_est.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.spec import Launch, TaskSpec
 
-__all__ = ["train_task", "run_rank", "choose_device"]
+__all__ = ["train_task", "run_rank"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,9 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     forwarder = LogForwarder(channel, rank) if channel is not None else None
     if forwarder is not None:
         logging.getLogger().addHandler(forwarder)
+    note = cpu_despite_gpus(device, barrier.gpus(), spec.use_gpu)
+    if note is not None:
+        logger.warning("rank %d: %s", rank, note)  # now the driver sees it
     try:
         gc.freeze()  # everything older than the trainer: the teardown's collection skips it
         failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
@@ -238,33 +241,8 @@ def _ddp_refs(trainer: object) -> list[weakref.ref]:
     return refs
 
 
-def choose_device(use_gpu: bool | None, gpus: list[str], cuda_devices: int, rank: int) -> torch.device:
-    """The device of one rank: the GPU Spark assigned the task (task resources), else one
-    picked by rank when Spark assigns none, else the CPU.
-
-    Args:
-        use_gpu: The ``useGpu`` Param: True, False or None (a GPU when there is one).
-        gpus: GPU addresses Spark assigned the task.
-        cuda_devices: ``torch.cuda.device_count()`` on the executor.
-        rank: This rank.
-
-    Raises:
-        InputDataError: ``useGpu=True`` on an executor where torch sees no GPU.
-    """
-    if use_gpu is False or (use_gpu is None and cuda_devices == 0):
-        return torch.device("cpu")
-    if cuda_devices == 0:
-        raise InputDataError(
-            f"useGpu=True but torch sees no CUDA device on this executor (Spark assigned GPUs {gpus or 'none'}); "
-            "install a CUDA build of torch there or set useGpu=False"
-        )
-    index = int(gpus[0]) if gpus else rank % cuda_devices
-    return torch.device("cuda", index)
-
-
 def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:
-    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = choose_device(spec.use_gpu, barrier.gpus(), cuda, barrier.rank)
+    device = task_device(spec.use_gpu, barrier.gpus(), barrier.rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device

@@ -13,6 +13,7 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # compileModel: no compile pool (2 shared cores)
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # tests reach no host outside this machine
 
 

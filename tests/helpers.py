@@ -119,6 +119,18 @@ def task_spec(target: Target = Target(epoch=1), *, hooks=None, creators: Creator
     return TaskSpec(**settings)
 
 
+def train_locally(target: Target = Target(epoch=1), resume: bytes | None = None, *, rows: int = 200,
+                  **fields):
+    """Runs one rank of the real loop in this process (``LocalBarrier``) on
+    ``arrow_batches(rows)``; ``fields`` go to :func:`task_spec`. Returns the Checkpoint."""
+    from spark_torch_est import Checkpoint
+    from spark_torch_est.barrier import LocalBarrier
+    from spark_torch_est.worker import run_rank
+
+    spec = task_spec(target, resume=resume, **fields)
+    return Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter(arrow_batches(rows)), LocalBarrier()))
+
+
 def features_schema(width: int, name: str = "features") -> InputSchema:
     """The input schema of a float features column of ``width`` values per row."""
     return InputSchema(FEATURES_LAYOUT, (InputColumn(name, "float32", 1, "array<float>"),))

@@ -38,6 +38,12 @@ def test_local_cluster_two_executors_fake_gpus_and_a_killed_executor(tmp_path):
     ranks = found["ranks"]
     assert ranks[0]["jvm"] != ranks[1]["jvm"], "both ranks ran in one executor"
     assert all(len(r["gpus"]) == 1 and r["device"] == "cpu" for r in ranks)  # no CUDA build: CPU
+    visible = found["visible"].split(",")  # the executors' CUDA_VISIBLE_DEVICES
+    for task in ranks + found["scoring"]:  # the fit's ranks and transform's tasks alike
+        gpus = task["gpus"] if isinstance(task["gpus"], list) else task["gpus"].split(",")
+        assert len(gpus) == 1 and task["index"] == int(gpus[0]) and task["physical"] == visible[int(gpus[0])], task
+    assert len(found["scoring"]) == 3  # one per partition
+    assert found["on_cpu"] and "running on the CPU" in found["on_cpu"][0]  # the fit said so
     assert "useGpu=True" in found["gpu_error"] and "Spark assigned GPUs" in found["gpu_error"]
     # an executor JVM killed mid-epoch: relaunched from the newest checkpoint, same weights
     assert found["killed"] and found["recovered_equal"] and found["recovered_epochs"] == [1, 2, 3, 4]

@@ -188,3 +188,18 @@ def test_one_blob_per_job_within_the_size_limit():
         assert server.take_blob("job-1", hashlib.sha256(b"z" * 10).hexdigest()) is None
     finally:
         server.close()
+
+
+def test_a_note_from_rank_0_reaches_the_drivers_log_once_and_other_ranks_send_none(rank_channel, caplog):
+    import logging
+
+    from spark_torch_est.channel import ProgressReporter
+    from spark_torch_est.view import DriverView
+
+    _, client, received = rank_channel
+    ProgressReporter(client, rank=1).note("spark_torch_est.loop", "from rank 1")
+    ProgressReporter(client, rank=0).note("spark_torch_est.loop", "compileModel: took 4.9s")
+    assert _wait_for(lambda: len(received) == 1)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.worker"):
+        DriverView(False, None, None, 1).handle(received[0])
+    assert caplog.messages == ["[rank 0] spark_torch_est.loop: compileModel: took 4.9s"]

@@ -17,12 +17,11 @@ from spark_torch_est.hooks import STAGES, STAGE_ARGUMENTS
 from spark_torch_est.progress import Target
 from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
 from spark_torch_est.worker import run_rank
-from tests.helpers import LOCAL_LAUNCH, CountSteps, adam, arrow_batches, flat_weights, mlp, sgd, step_lr, task_spec
+from tests.helpers import (LOCAL_LAUNCH, CountSteps, adam, arrow_batches, flat_weights, mlp, sgd, step_lr, task_spec,
+                           train_locally)
 
 
-def _run(target: Target, resume: bytes | None = None, hooks=None, rows=200, **fields) -> Checkpoint:
-    spec = task_spec(target, hooks=hooks, resume=resume, **fields)
-    return Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter(arrow_batches(rows)), LocalBarrier()))
+_run = train_locally
 
 
 def _failure(spec, batches=None):
@@ -308,3 +307,26 @@ def test_a_hook_added_under_an_old_name_starts_from_its_own_state():
                  fresh_hooks=("count",))
     assert kept.hook_states["count"] == {"steps": 26, "runs": 2}
     assert fresh.hook_states["count"] == {"steps": 113, "runs": 1}
+
+
+def _compiled(target: Target, resume: bytes | None = None, **fields) -> Checkpoint:
+    creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), config={"dropout": 0.3})
+    return _run(target, resume=resume, creators=creators, compile_model=True, rows=96, **fields)  # 6 steps of 16
+
+
+@pytest.mark.slow  # compiling takes ~20 s with inductor's cache warm, a minute or more cold, on 2 shared cores
+def test_a_compiled_model_trains_keeps_plain_keys_and_resumes_exactly(caplog):
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.loop"):
+        whole = _compiled(Target(epoch=2))
+    assert counters["stats"]["unique_graphs"] >= 1, "dynamo compiled the model"
+    compiled_logs = [r.getMessage() for r in caplog.records if "compileModel" in r.getMessage()]
+    assert len(compiled_logs) == 1, "the compile time is reported once per fit"
+    assert set(whole.model_state) == set(mlp({}).state_dict()), "no _orig_mod. keys"
+    assert whole.history[-1]["train_loss"] < whole.history[0]["train_loss"]
+    half = _compiled(Target(epoch=1))
+    resumed = _compiled(Target(epoch=2), resume=half.to_bytes())
+    np.testing.assert_array_equal(_weights(whole), _weights(resumed))

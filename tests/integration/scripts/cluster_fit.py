@@ -1,7 +1,9 @@
 """Run by test_cluster.py: fits on local-cluster[2,1,1024] (two executor JVMs) whose workers
-offer fake GPUs through a discovery script, as Spark's own tests do."""
+offer fake GPUs through a discovery script, as Spark's own tests do; the executors mask
+GPUs with CUDA_VISIBLE_DEVICES."""
 
 import json
+import logging
 import os
 import sys
 
@@ -12,10 +14,12 @@ from pyspark.sql import SparkSession
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 from spark_torch_est import Hook, TorchEstimator  # noqa: E402
+from spark_torch_est.devices import task_gpu, task_gpus  # noqa: E402
 from spark_torch_est.errors import InvalidInputError  # noqa: E402
 from tests.helpers import linear_model, sgd  # noqa: E402
 
 out_dir, discovery = sys.argv[1], sys.argv[2]
+VISIBLE = "3,5"  # the executors see two GPUs, whose Spark addresses are 0 and 1
 
 
 class WhereAmI(Hook):
@@ -23,10 +27,36 @@ class WhereAmI(Hook):
 
     def before_run(self, rank, device):
         gpus = BarrierTaskContext.get().resources().get("gpu")
+        addresses = list(gpus.addresses) if gpus else []
         with open(f"/proc/{os.getppid()}/stat") as f:  # the worker's parent is pyspark's daemon,
             jvm = int(f.read().rsplit(")", 1)[1].split()[1])  # whose parent is the executor JVM
+        gpu = task_gpu(addresses, os.environ.get("CUDA_VISIBLE_DEVICES"))
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump({"gpus": list(gpus.addresses) if gpus else [], "device": str(device), "jvm": jvm}, f)
+            json.dump({"gpus": addresses, "device": str(device), "jvm": jvm, "index": gpu.index,
+                       "physical": gpu.physical}, f)
+
+
+def transform_tasks_gpus(batches):
+    """What a scoring task of transform sees: its GPU addresses, and where they map."""
+    import pandas as pd
+
+    addresses, partition = task_gpus()
+    gpu = task_gpu(addresses, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    for _ in batches:
+        pass
+    yield pd.DataFrame({"partition": [partition], "gpus": [",".join(addresses)], "index": [gpu.index],
+                        "physical": [gpu.physical]})
+
+
+class Collect(logging.Handler):
+    """Keeps the driver's log lines (the ranks' warnings arrive there)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
 
 
 spark = (SparkSession.builder.master("local-cluster[2,1,1024]").config("spark.ui.enabled", "false")
@@ -34,6 +64,7 @@ spark = (SparkSession.builder.master("local-cluster[2,1,1024]").config("spark.ui
          .config("spark.worker.resource.gpu.discoveryScript", discovery)
          .config("spark.executor.resource.gpu.amount", "1")
          .config("spark.task.resource.gpu.amount", "1")
+         .config("spark.executorEnv.CUDA_VISIBLE_DEVICES", VISIBLE)
          .getOrCreate())
 spark.sparkContext.setLogLevel("ERROR")
 rng = np.random.default_rng(1)
@@ -43,6 +74,9 @@ rows = spark.sparkContext.parallelize([(r.tolist(), float(r @ w + 0.5)) for r in
 df = spark.createDataFrame(rows, "features array<double>, label double")
 est = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=32, maxEpochs=4,
                      numWorkers=2, showProgress=False, hooks=[WhereAmI()], slotWaitTimeout=120)
+collected = Collect()
+logging.getLogger("spark_torch_est").addHandler(collected)
+logging.getLogger("spark_torch_est").setLevel(logging.INFO)
 model = est.fit(df, duration="2ep")
 model = est.fit(df)  # a second fit across the same executors resumes the run
 learned = model.torch_model()
@@ -56,6 +90,9 @@ try:
 except InvalidInputError as exc:
     gpu_error = str(exc)
 ranks = [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in (0, 1)]
+scoring = df.mapInPandas(transform_tasks_gpus, "partition long, gpus string, index long, physical string") \
+    .toPandas().to_dict("records")
+on_cpu = [line for line in collected.lines if "but torch sees no CUDA device" in line]
 
 
 class KillExecutorOnce(Hook):
@@ -80,7 +117,8 @@ clean = run([])
 faulty = run([KillExecutorOnce()], checkpointDir=os.path.join(out_dir, "ckpt"), maxRetries=1)
 same = all(torch.equal(v, faulty.checkpoint.model_state[k]) for k, v in clean.checkpoint.model_state.items())
 print("RESULT " + json.dumps({"weight_error": error, "rmse": rmse, "epochs": est.progress.epoch,
-                              "ranks": ranks, "gpu_error": gpu_error,
+                              "ranks": ranks, "gpu_error": gpu_error, "scoring": scoring, "on_cpu": on_cpu,
+                              "visible": VISIBLE,
                               "killed": os.path.exists(os.path.join(out_dir, "killed")),
                               "recovered_equal": same, "recovered_epochs": [e["epoch"] for e in faulty.history]}))
 spark.stop()
