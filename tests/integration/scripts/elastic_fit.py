@@ -4,6 +4,7 @@ hook kills one whole worker (SIGKILL) in the middle of a fit; the test restarts 
 (``OUT/restarted``) before the next fit; then the same kill without minWorkers, as today."""
 
 import json
+import logging
 import os
 import sys
 import time
@@ -18,6 +19,8 @@ from spark_torch_est.errors import InvalidInputError  # noqa: E402
 from tests.helpers import RecordRows, descendants, linear_model, sgd  # noqa: E402
 
 mode, out_dir = sys.argv[1], sys.argv[2]
+logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+logging.getLogger("spark_torch_est.launcher").setLevel(logging.INFO)
 
 
 def _worker_jvm(pid: int) -> int:
