@@ -212,8 +212,9 @@ def test_a_lost_standalone_worker_shrinks_the_run_which_grows_back_when_it_retur
     assert [e["world_size"] for e in elastic["history"]] == [2, 1, 1, 1]
     assert elastic["global_step"] == undisturbed["global_step"] == 4 * math.ceil(2000 / 64)
     _every_row_once(tmp_path / "rows", np.load(tmp_path / "labels.npy"), {1: 2, 2: 1, 3: 1, 4: 1, 5: 2})
-    last, expected = elastic["history"][-1]["train_loss"], undisturbed["history"][-1]["train_loss"]
-    assert abs(last - expected) < 0.2 * expected + 1e-3 and elastic["weight_error"] < 0.05
+    for shrunk, whole in zip(elastic["history"], undisturbed["history"]):  # the losses of an undisturbed run
+        assert abs(shrunk["train_loss"] - whole["train_loss"]) <= 0.2 * whole["train_loss"] + 1e-4, shrunk
+    assert elastic["weight_error"] < 0.05
     # the worker restarted: the next fit trains on both ranks again
     assert [e["world_size"] for e in grown["history"]] == [2, 1, 1, 1, 2]
     # time from the kill to training again: the survivor's first step after the kill
