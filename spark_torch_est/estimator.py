@@ -87,6 +87,10 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         batchSize: Rows per worker per step (default 64).
         maxEpochs: The run never trains past this (default 10).
         numWorkers: Barrier tasks, i.e. DDP ranks (default 2).
+        minWorkers: Fewest ranks a launch may train with when fewer than numWorkers task
+            slots are free after slotWaitTimeout, keeping the global batch
+            ``batchSize * numWorkers`` (default None: numWorkers, no elasticity; see
+            docs/reliability.md).
         seed: Seed of initialization, shuffles and RNG streams (default 0).
         checkpointDir: fsspec URL for periodic checkpoints (default None).
         checkpointInterval: Duration between periodic checkpoints (default ``"1ep"``).
@@ -121,7 +125,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  predictionCol: str = "prediction", rawPredictionCol: str = "rawPrediction",
                  probabilityCol: str = "probability",
                  validationIndicatorCol: str | None = None, batchSize: int = 64, maxEpochs: int = 10,
-                 numWorkers: int = 2, seed: int = 0, checkpointDir: str | None = None,
+                 numWorkers: int = 2, minWorkers: int | None = None, seed: int = 0, checkpointDir: str | None = None,
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
                  memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
@@ -326,7 +330,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             view.handle(message)
             loggers.handle(message)
 
-        launcher = Launcher(dataset.sparkSession, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), on_message)
+        launcher = Launcher(dataset.sparkSession, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), on_message,
+                            min_workers=self.getMinWorkers(),
+                            replan=lambda workers: self._plan_frame(dataset, schema, workers))
         try:
             checkpoint = _train(launcher, spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)
@@ -390,6 +396,10 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         if self.getPrecision() not in PRECISIONS:
             raise InvalidInputError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
                                     f"got {self.getPrecision()!r}")
+        low, high = self.getMinWorkers(), self.getNumWorkers()
+        if low is not None and not 1 <= low <= high:
+            raise InvalidInputError(f"minWorkers must be between 1 and numWorkers={high} (or None for numWorkers), "
+                                    f"got {low}")
         if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
             raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
                                     f"got {self.getCheckpointInterval()!r}")
@@ -420,15 +430,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         error wins over a column error. Under Spark Connect the client plans nothing, so
         both run in turn. A plain Parquet table is read by the ranks themselves (see
         :mod:`spark_torch_est.sources`): the job's frame is then one empty-handed row per rank."""
-        columns = dict(schema=schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
-                       label_col=self.getLabelCol(), validation_col=self.getValidationIndicatorCol(),
-                       weight_col=self.getWeightCol())
-        workers, direct = self.getNumWorkers(), self.getDirectRead()
-
         def plan() -> tuple[DataFrame, FileSource | None]:
-            frame = training_frame(dataset, num_workers=workers, **columns)
-            source = parquet_source(dataset, frame_outputs(dataset, **columns), workers) if direct else None
-            return (dataset.sparkSession.range(0, workers, 1, workers), source) if source else (frame, None)
+            return self._plan_frame(dataset, schema, self.getNumWorkers())
 
         if is_remote():
             self._check_creators(start)
@@ -444,6 +447,17 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             planned = pool.submit(plan_here)
             self._check_creators(start)
             return planned.result()
+
+    def _plan_frame(self, dataset: DataFrame, schema: InputSchema, workers: int) -> tuple[DataFrame, FileSource | None]:
+        """The training frame of a job of ``workers`` ranks, and the Parquet files they read
+        themselves (None: the rows come through the frame)."""
+        columns = dict(schema=schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
+                       label_col=self.getLabelCol(), validation_col=self.getValidationIndicatorCol(),
+                       weight_col=self.getWeightCol())
+        frame = training_frame(dataset, num_workers=workers, **columns)
+        direct = self.getDirectRead()
+        source = parquet_source(dataset, frame_outputs(dataset, **columns), workers) if direct else None
+        return (dataset.sparkSession.range(0, workers, 1, workers), source) if source else (frame, None)
 
     def _input_schema(self, dataset: DataFrame) -> InputSchema:
         """The model's inputs in ``dataset`` (see :func:`frames.input_schema`)."""

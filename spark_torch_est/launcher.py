@@ -23,7 +23,7 @@ from spark_torch_est.failure import Decision, Failure, FailurePolicy, explain_jo
 from spark_torch_est.progress import Progress
 from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA, failure_key
 from spark_torch_est.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
-from spark_torch_est.spec import Launch, TaskSpec
+from spark_torch_est.spec import FileSource, Launch, TaskSpec
 from spark_torch_est.storage import CheckpointDir
 from spark_torch_est.worker import train_task
 
@@ -45,12 +45,24 @@ def task_slots(spark: SparkSession) -> int | None:
         return None
 
 
-def wait_for_slots(spark: SparkSession, needed: int, timeout_s: float) -> None:
+def wait_for_slots(spark: SparkSession, needed: int, timeout_s: float, minimum: int | None = None) -> int:
     """Waits (bounded) for executors to offer ``needed`` slots at once.
 
+    Args:
+        spark: The session.
+        needed: The ranks wanted (``numWorkers``).
+        timeout_s: The longest wait (``slotWaitTimeout``); local mode, which can never
+            gain slots, does not wait.
+        minimum: The fewest ranks a launch may train with (``minWorkers``); None: ``needed``.
+
+    Returns:
+        The ranks to launch: ``needed``, or the slots there are when fewer but at least
+        ``minimum`` remain after the wait.
+
     Raises:
-        InvalidInputError: The slots did not appear within ``timeout_s``; says how many did.
+        InvalidInputError: Fewer than ``minimum`` slots after the wait; says how many there are.
     """
+    minimum = needed if minimum is None else minimum
     deadline = time.monotonic() + timeout_s
     slots = task_slots(spark)
     while slots is not None and slots < needed:
@@ -59,15 +71,22 @@ def wait_for_slots(spark: SparkSession, needed: int, timeout_s: float) -> None:
         local = bool(_LOCAL_MASTER.match(master))  # local mode never gains slots: do not wait
         if local or time.monotonic() >= deadline:
             waited = "local mode cannot add slots" if local else f"waited {timeout_s:.0f}s, see slotWaitTimeout"
+            if slots >= minimum:
+                logger.warning("only %d of numWorkers=%d task slots are free (%s): training on %d ranks "
+                               "(minWorkers=%d) that keep the global batch of batchSize * numWorkers rows", slots,
+                               needed, waited, slots, minimum)
+                return slots
+            fewest = f"minWorkers={minimum} needs {minimum}" if minimum < needed else f"needs {needed}"
             raise InvalidInputError(
-                f"numWorkers={needed} needs {needed} task slots at once, but the cluster offers {slots} "
+                f"numWorkers={needed} {fewest} task slots at once, but the cluster offers {slots} "
                 f"(master={master}, spark.task.cpus={conf.get('spark.task.cpus', '1')}, {waited}); "
-                "lower numWorkers or add executor cores"
+                "lower numWorkers" + (" or minWorkers" if minimum < needed else "") + " or add executor cores"
                 + (f" (e.g. master local[{needed}])" if local else "")
             )
         logger.info("waiting for task slots: %d of %d available", slots, needed)
         time.sleep(0.5)  # polling the scheduler, not synchronizing
         slots = task_slots(spark)
+    return needed
 
 
 class _DriverStore:
@@ -125,16 +144,24 @@ class Launcher:
         max_retries: Relaunches allowed after retryable failures.
         slot_wait_s: Longest wait for free task slots before each launch.
         on_message: Receives the ranks' progress and log messages (driver threads).
+        min_workers: The fewest ranks a launch may train with (``minWorkers``); None: all
+            of the spec's ``world_size``.
+        replan: ``replan(ranks)`` gives the training frame and the files to read of a job
+            of fewer ranks (needed with ``min_workers``).
     """
 
     def __init__(self, spark: SparkSession, frame: DataFrame, max_retries: int, slot_wait_s: float,
-                 on_message: Callable[[dict], None] | None = None) -> None:
+                 on_message: Callable[[dict], None] | None = None, min_workers: int | None = None,
+                 replan: Callable[[int], tuple[DataFrame, FileSource | None]] | None = None) -> None:
         self._store_unreachable: set[str] = set()  # driver hosts executors could not reach in this fit
         self.spark = spark
         self.frame = frame
         self.max_retries = max_retries
         self.slot_wait_s = slot_wait_s
         self.on_message = on_message or (lambda message: None)
+        self.min_workers = min_workers
+        self.replan = replan
+        self._frames: dict[int, tuple[DataFrame, FileSource | None]] = {}
 
     def run(self, spec: TaskSpec, start: Progress) -> bytes:
         """Trains; returns rank 0's checkpoint bytes.
@@ -152,9 +179,15 @@ class Launcher:
         fit_start = start
         while True:
             launch = Launch(job_id=f"ste-{uuid.uuid4().hex[:12]}", secret=secrets.token_bytes(32))
-            wait_for_slots(self.spark, spec.world_size, self.slot_wait_s)
+            ranks = wait_for_slots(self.spark, spec.world_size, self.slot_wait_s, self.min_workers)
+            job, frame = self._sized(spec, ranks)
+            logger.info("launching training job %s on %d of numWorkers=%d ranks (%d rows per rank per step), "
+                        "from %s", launch.job_id, ranks, spec.world_size, job.batch_size, start)
             try:
-                return self._launch(spec, launch)
+                return self._launch(job, launch, frame)
+            except _SlotsLost as lost:
+                logger.warning("%s: cancelled the job, launching again (not counted in maxRetries)", lost)
+                spec, start = self._relaunch_spec(spec, start)
             except SparkTorchError as error:
                 decision = policy.decide(error)
                 if decision is Decision.RAISE:
@@ -164,6 +197,20 @@ class Launcher:
                     self._store_unreachable.add(_driver_host(self.spark) or "")
                     continue
                 spec, start = self._relaunch_spec(spec, start)
+
+    def _sized(self, spec: TaskSpec, ranks: int) -> tuple[TaskSpec, DataFrame]:
+        """The fit as a job of ``ranks`` ranks, and its frame: the spec's own, or one shrunk
+        to fewer ranks with the same global batch (see :meth:`TaskSpec.shrunk`)."""
+        if ranks == spec.world_size:
+            return spec, self.frame
+        if ranks not in self._frames:
+            self._frames[ranks] = self.replan(ranks)
+        frame, source = self._frames[ranks]
+        shrunk = spec.shrunk(ranks, source)
+        if shrunk.batch_size * ranks != spec.batch_size * spec.world_size:
+            logger.warning("batchSize * numWorkers = %d rows do not divide among %d ranks: each takes %d per step",
+                           spec.batch_size * spec.world_size, ranks, shrunk.batch_size)
+        return shrunk, frame
 
     def _relaunch_spec(self, spec: TaskSpec, start: Progress) -> tuple[TaskSpec, Progress]:
         """The same target, resumed from the newest checkpoint of this run in checkpointDir
@@ -204,26 +251,33 @@ class Launcher:
             if store is not None:
                 store.close()
 
-    def _launch(self, spec: TaskSpec, launch: Launch) -> bytes:
+    def _launch(self, spec: TaskSpec, launch: Launch, frame: DataFrame) -> bytes:
         with self._driver_services(launch) as (launch, store, channel):
             started = time.perf_counter()
             try:
-                table = self._collect(spec, launch)
-            except SparkTorchError:
+                table = self._collect(spec, launch, frame)
+            except (SparkTorchError, _SlotsLost):
                 raise
             except Exception as error:
                 reported = store.failures(launch, spec.world_size) if store is not None else []
                 raise explain_job_failure(str(error), reported, launch.secret) from None
-            logger.info("training job %s finished in %.1fs", launch.job_id, time.perf_counter() - started)
+            logger.info("training job %s finished on %d ranks in %.1fs", launch.job_id, spec.world_size,
+                        time.perf_counter() - started)
             return _checkpoint_bytes(table, channel, launch.job_id)
 
-    def _collect(self, spec: TaskSpec, launch: Launch):
-        """Runs the job in a thread so the driver can tick and turn Ctrl-C into a cancel."""
-        with _shipped(self.spark, spec) as shipped:
-            job = self.frame.mapInArrow(train_task(shipped, launch), RESULT_SCHEMA, barrier=True)
-            return self._run_job(job, launch)
+    def _collect(self, spec: TaskSpec, launch: Launch, frame: DataFrame):
+        """Runs the job in a thread so the driver can tick, turn Ctrl-C into a cancel, and
+        cancel a job whose ranks can no longer all have a slot (an executor was lost), which
+        Spark would otherwise retry for minutes waiting for every slot.
 
-    def _run_job(self, job: DataFrame, launch: Launch):
+        Raises:
+            _SlotsLost: The cluster's task slots fell below the job's ranks.
+        """
+        with _shipped(self.spark, spec) as shipped:
+            job = frame.mapInArrow(train_task(shipped, launch), RESULT_SCHEMA, barrier=True)
+            return self._run_job(job, launch, spec.world_size)
+
+    def _run_job(self, job: DataFrame, launch: Launch, ranks: int):
         group = f"spark_torch_est-{launch.job_id}"
         control = _JobControl(self.spark, group)
         outcome: dict = {}
@@ -237,9 +291,18 @@ class Launcher:
 
         thread = threading.Thread(target=collect, name=group, daemon=True)
         thread.start()
+        checked, watch = time.monotonic(), task_slots(self.spark) is not None  # None: Spark Connect
         try:
             while thread.is_alive():
                 thread.join(0.2)
+                if watch and thread.is_alive() and time.monotonic() - checked >= 1.0:
+                    checked = time.monotonic()
+                    slots = task_slots(self.spark)
+                    if slots is not None and slots < ranks:
+                        control.cancel()
+                        thread.join(60)
+                        raise _SlotsLost(f"the cluster's task slots fell to {slots} while job {launch.job_id} "
+                                         f"needed {ranks}")
         except KeyboardInterrupt:
             logger.warning("interrupted: cancelling the training job")
             control.cancel()
@@ -289,6 +352,10 @@ def _point_to_checkpoint(error: SparkTorchError, spec: TaskSpec, start: Progress
                       f"step {newest.global_step}: continue from it with est.fit(df, resume_from={newest.url!r}) "
                       "(a plain est.fit(df) starts again where this fit started)")
     error.args = (error.message,)
+
+
+class _SlotsLost(Exception):
+    """The cluster lost task slots the running job needs (see :meth:`Launcher._collect`)."""
 
 
 def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> bytes:

@@ -448,7 +448,7 @@ class Trainer:
         totals = self._all_reduce(torch.tensor([self.loss_sum, self.loss_count], dtype=torch.float64),
                                   dist.ReduceOp.SUM)
         mean = float(totals[0] / totals[1]) if float(totals[1]) else float("nan")  # NaN: all weights were 0
-        entry: dict[str, Any] = {"epoch": self.progress.epoch + 1, "train_loss": mean}
+        entry: dict[str, Any] = {"epoch": self.progress.epoch + 1, "train_loss": mean, "world_size": self.world_size}
         self.loss_sum, self.loss_count = 0.0, 0.0
         if self.val_rows:
             entry.update(self._validate())

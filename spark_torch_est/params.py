@@ -28,6 +28,10 @@ def _to_optional_bool(value: object) -> bool | None:
     return None if value is None else TypeConverters.toBoolean(value)
 
 
+def _to_optional_int(value: object) -> int | None:
+    return None if value is None else TypeConverters.toInt(value)
+
+
 def _to_optional_string(value: object) -> str | None:
     return None if value is None else TypeConverters.toString(value)
 
@@ -85,6 +89,7 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "batchSize": 64,
     "maxEpochs": 10,
     "numWorkers": 2,
+    "minWorkers": None,
     "seed": 0,
     "checkpointDir": None,
     "checkpointInterval": "1ep",
@@ -230,6 +235,11 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                              typeConverter=TypeConverters.toInt)
     numWorkers: Param = Param(Params._dummy(), "numWorkers", "barrier tasks, i.e. DDP ranks",
                               typeConverter=TypeConverters.toInt)
+    minWorkers: Param = Param(Params._dummy(), "minWorkers",
+                              "fewest ranks a launch may train with when fewer than numWorkers task slots are free "
+                              "after slotWaitTimeout (the global batch stays batchSize * numWorkers); "
+                              "None = numWorkers (no elasticity)",
+                              typeConverter=_to_optional_int)
     checkpointDir: Param = Param(Params._dummy(), "checkpointDir",
                                  "fsspec URL for periodic checkpoints (None = only the driver's copy)",
                                  typeConverter=_to_optional_string)
@@ -417,7 +427,7 @@ def _accessors(cls: type, name: str) -> None:
 
 for _name in ("inputCols", "weightCol", "directRead"):
     _accessors(ModelParams, _name)
-for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
+for _name in ("batchSize", "maxEpochs", "numWorkers", "minWorkers", "checkpointDir", "checkpointInterval",
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
               "allowNonFinite", "inputShapes", "paddingValue", "precision", "compileModel"):
     _accessors(EstimatorParams, _name)

@@ -4,7 +4,7 @@ peers (:class:`Launch`, made by the launcher once per job)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spark_torch_est.progress import Target
 from spark_torch_est.schema import InputSchema
@@ -122,6 +122,18 @@ class TaskSpec:
     source: FileSource | None = None
     precision: str = "32"
     compile_model: bool = False
+
+    def shrunk(self, world_size: int, source: FileSource | None) -> TaskSpec:
+        """This fit as a job of fewer ranks (``minWorkers``) with the same global batch:
+        each rank takes ``batch_size * self.world_size / world_size`` rows per step
+        (rounded up where that does not divide), so an epoch keeps its optimizer steps.
+
+        Args:
+            world_size: The ranks of the job.
+            source: The Parquet parts of those ranks, or None when the rows come through Spark.
+        """
+        batch_size = -(-self.batch_size * self.world_size // world_size)
+        return replace(self, world_size=world_size, batch_size=batch_size, source=source)
 
 
 @dataclass(frozen=True)

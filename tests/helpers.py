@@ -256,3 +256,39 @@ def layout_frame(spark, layout: str, x: np.ndarray, y: np.ndarray):
     if layout == "array_float":
         df = df.withColumn("vec", F.col("vec").cast("array<float>"))
     return df, {"featuresCol": "vec"}
+
+
+class RecordRows(Hook):
+    """Saves the labels each rank trained on in each completed epoch, with the batch sizes
+    and the world size, to ``<directory>/e<epoch>-w<world_size>-r<rank>.npz`` (an epoch a
+    failed job did not finish leaves nothing)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._labels: list[np.ndarray] = []
+
+    def before_train_epoch(self):
+        self._labels = []
+
+    def after_train_iter(self, labels):
+        self._labels.append(labels.detach().cpu().numpy().ravel())
+
+    def after_train_epoch(self, epoch, rank, world_size):
+        labels = np.concatenate(self._labels) if self._labels else np.zeros(0)
+        np.savez(os.path.join(self.directory, f"e{epoch}-w{world_size}-r{rank}.npz"), labels=labels,
+                 batches=np.array([len(part) for part in self._labels]))
+
+
+def recorded_rows(directory: str) -> dict[int, dict[int, dict[str, np.ndarray]]]:
+    """What :class:`RecordRows` saved: ``{epoch: {world_size: {"labels": all ranks' labels
+    sorted, "batches": every rank's batch sizes}}}``."""
+    found: dict[int, dict[int, dict[str, list]]] = {}
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("e") and name.endswith(".npz"):
+            epoch, world, _ = (int(part[1:]) for part in name[:-4].split("-"))
+            saved = np.load(os.path.join(directory, name))
+            entry = found.setdefault(epoch, {}).setdefault(world, {"labels": [], "batches": []})
+            entry["labels"].append(saved["labels"])
+            entry["batches"].append(saved["batches"])
+    return {epoch: {world: {"labels": np.sort(np.concatenate(e["labels"])), "batches": np.concatenate(e["batches"])}
+                    for world, e in worlds.items()} for epoch, worlds in found.items()}

@@ -99,6 +99,8 @@ def test_vectors_of_different_sizes_in_different_partitions_name_the_column(spar
     ("batchSize", 0, "batchSize must be at least 1"),
     ("checkpointInterval", "daily", "checkpointInterval must look like"),
     ("timeout", -1.0, "timeout must be a positive"),
+    ("minWorkers", 0, r"minWorkers must be between 1 and numWorkers=2 \(or None for numWorkers\), got 0"),
+    ("minWorkers", 3, r"minWorkers must be between 1 and numWorkers=2 .*got 3"),
 ])
 def test_nonsense_params(trained, linear_df, spark, setting, value, message):
     before, jobs = trained.checkpoint, spark_jobs_started(spark)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -45,8 +46,12 @@ def test_local_cluster_two_executors_fake_gpus_and_a_killed_executor(tmp_path):
     assert len(found["scoring"]) == 3  # one per partition
     assert found["on_cpu"] and "running on the CPU" in found["on_cpu"][0]  # the fit said so
     assert "useGpu=True" in found["gpu_error"] and "Spark assigned GPUs" in found["gpu_error"]
-    # an executor JVM killed mid-epoch: relaunched from the newest checkpoint, same weights
+    # an executor JVM killed mid-epoch: relaunched from the newest checkpoint, same weights; with
+    # minWorkers=1 the executor comes back within slotWaitTimeout, so no shrink
     assert found["killed"] and found["recovered_equal"] and found["recovered_epochs"] == [1, 2, 3, 4]
+    assert found["recovered_sizes"] == [2, 2, 2, 2]
+    # a rank killed in two launches in a row: two relaunches on both ranks, same weights
+    assert found["crashes"] == 2 and found["twice_equal"] and found["twice_sizes"] == [2, 2, 2, 2]
 
 
 def _free_port() -> int:
@@ -55,34 +60,63 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def standalone(tmp_path):
-    """A master and a worker on 127.0.0.1 from the installed pyspark, stopped by PID."""
-    import pyspark
+class _Standalone:
+    """A master on 127.0.0.1 from the installed pyspark, and the workers started with
+    :meth:`start_worker`; :meth:`stop` stops them all by PID.
 
-    spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
-    port = _free_port()
-    env = dict(os.environ, SPARK_LOG_DIR=str(tmp_path / "logs"))
-    log = open(tmp_path / "cluster.log", "w")
-    master = subprocess.Popen([str(spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(_free_port())],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
-    worker = subprocess.Popen([str(spark_class), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                               "--cores", "2", "--memory", "4g", "--work-dir", str(tmp_path / "work"),
-                               "--webui-port", str(_free_port()), f"spark://127.0.0.1:{port}"],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        yield f"spark://127.0.0.1:{port}", tmp_path
-    finally:
-        for process in (worker, master):
+    Args:
+        directory: Where logs and the workers' directories go.
+        worker_timeout_s: Seconds before the master takes a silent worker for lost.
+    """
+
+    def __init__(self, directory: Path, worker_timeout_s: int = 60) -> None:
+        import pyspark
+
+        self.spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
+        self.directory = directory
+        self.port = _free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.env = dict(os.environ, SPARK_LOG_DIR=str(directory / "logs"),
+                        SPARK_MASTER_OPTS=f"-Dspark.worker.timeout={worker_timeout_s}")
+        self.log = open(directory / "cluster.log", "w")
+        self.processes = [subprocess.Popen(
+            [str(self.spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", str(self.port), "--webui-port", str(_free_port())],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)]
+
+    def start_worker(self, cores: int) -> subprocess.Popen:
+        """Starts a worker of ``cores`` cores (its JVM is the returned process)."""
+        worker = subprocess.Popen(
+            [str(self.spark_class), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+             "--cores", str(cores), "--memory", "4g", "--work-dir", str(self.directory / "work"),
+             "--webui-port", str(_free_port()), self.url],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        self.processes.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        """Stops the workers, then the master (those already dead are only reaped)."""
+        running = [p for p in reversed(self.processes) if p.poll() is None]
+        for process in running:
             process.send_signal(signal.SIGTERM)
-        for process in (worker, master):
+        for process in running:
             try:
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        log.close()
+        self.log.close()
+
+
+@pytest.fixture
+def standalone(tmp_path):
+    """A master and a two-core worker on 127.0.0.1, stopped by PID."""
+    cluster = _Standalone(tmp_path)
+    cluster.start_worker(cores=2)
+    try:
+        yield cluster.url, tmp_path
+    finally:
+        cluster.stop()
 
 
 def test_spark_submit_the_example_to_a_standalone_cluster(standalone):
@@ -110,3 +144,89 @@ def test_spark_submit_the_example_to_a_standalone_cluster(standalone):
     shipped = list((tmp_path / "work").glob("app-*/*/spark_torch_est.zip"))
     assert shipped, "the package zip did not reach the executors"
     print(f"spark-submit to standalone: {time.monotonic() - started:.0f}s")
+
+
+def _script_result(stdout: str, stderr: str) -> dict:
+    """The ``RESULT {json}`` line a script printed (else the test fails with its output)."""
+    line = next((l for l in stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, stdout[-2000:] + stderr[-6000:]
+    return json.loads(line[len("RESULT "):])
+
+
+def _every_row_once(directory: Path, labels, epochs: dict[int, int]) -> None:
+    """Every epoch in ``epochs`` trained every row once, all on ``epochs[epoch]`` ranks."""
+    import numpy as np
+
+    from tests.helpers import recorded_rows
+
+    found = recorded_rows(str(directory))
+    assert {epoch: list(worlds) for epoch, worlds in found.items()} == {e: [w] for e, w in epochs.items()}
+    for epoch, world in epochs.items():
+        assert np.array_equal(found[epoch][world]["labels"], np.sort(labels)), epoch
+
+
+def test_local_one_slot_trains_num_workers_two_on_one_rank_with_the_global_batch(tmp_path):
+    import numpy as np
+
+    result = subprocess.run([sys.executable, str(SCRIPTS / "elastic_fit.py"), "local", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    found = _script_result(result.stdout, result.stderr)
+    elastic = found["elastic"]
+    # batchSize=32, numWorkers=2: one rank of 64 rows per step, the steps of two ranks (2000 rows)
+    assert [e["world_size"] for e in elastic["history"]] == [1, 1, 1]
+    assert elastic["global_step"] == 3 * math.ceil(2000 / 64)
+    assert elastic["weight_error"] < 0.05
+    _every_row_once(tmp_path / "rows", np.load(tmp_path / "labels.npy"), {1: 1, 2: 1, 3: 1})
+    batches = np.load(tmp_path / "rows" / "e1-w1-r0.npz")["batches"]
+    assert set(batches[:-1].tolist()) == {64} and batches[-1] == 2000 - 31 * 64
+    # without minWorkers, as before: the numbers and the fix
+    assert "numWorkers=2 needs 2 task slots at once, but the cluster offers 1" in found["error"]
+    assert "local mode cannot add slots" in found["error"]
+
+
+@pytest.mark.timeout(900)
+def test_a_lost_standalone_worker_shrinks_the_run_which_grows_back_when_it_returns(tmp_path):
+    """numWorkers=2, minWorkers=1, maxRetries=2 on two one-core workers; a hook SIGKILLs
+    rank 1's whole worker mid-epoch; the fit finishes on one rank; the worker is restarted
+    and the next fit trains on two. Then the same kill without minWorkers fails, as today."""
+    import numpy as np
+
+    cluster = _Standalone(tmp_path, worker_timeout_s=30)
+    workers = [cluster.start_worker(cores=1) for _ in range(2)]
+    log = tmp_path / "script.log"
+    with open(log, "w") as out:
+        script = subprocess.Popen([sys.executable, str(SCRIPTS / "elastic_fit.py"), "standalone", str(tmp_path),
+                                   cluster.url], stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 540
+        while not (tmp_path / "fit1-done").exists() and script.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)  # polling the script's progress
+        if (tmp_path / "fit1-done").exists():
+            assert len([w for w in workers if w.poll() is not None]) == 1, "the hook kills exactly one worker"
+            cluster.start_worker(cores=1)
+            (tmp_path / "restarted").touch()
+        script.wait(max(deadline - time.monotonic(), 1))
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        cluster.stop()
+    output = (log.read_text(), "")
+    found = _script_result(*output)
+    undisturbed, elastic, grown = found["undisturbed"], found["elastic"], found["grown"]
+    # killed in epoch 2, resumed from the end of epoch 1 on the one rank left
+    assert [e["world_size"] for e in elastic["history"]] == [2, 1, 1, 1]
+    assert elastic["global_step"] == undisturbed["global_step"] == 4 * math.ceil(2000 / 64)
+    _every_row_once(tmp_path / "rows", np.load(tmp_path / "labels.npy"), {1: 2, 2: 1, 3: 1, 4: 1, 5: 2})
+    for shrunk, whole in zip(elastic["history"], undisturbed["history"]):  # the losses of an undisturbed run
+        assert abs(shrunk["train_loss"] - whole["train_loss"]) <= 0.2 * whole["train_loss"] + 1e-4, shrunk
+    assert elastic["weight_error"] < 0.05
+    # the worker restarted: the next fit trains on both ranks again
+    assert [e["world_size"] for e in grown["history"]] == [2, 1, 1, 1, 2]
+    # time from the kill to training again: the survivor's first step after the kill
+    kill = found["kill"]["time"]
+    resumed = [float(t) for t, world, _ in found["steps"] if int(world) == 1 and float(t) > kill]
+    assert resumed, found["steps"]
+    assert "numWorkers=2 needs 2 task slots at once, but the cluster offers 1" in found["today_error"]
+    print(f"kill -> training on the survivor: {resumed[0] - kill:.1f}s; kill -> error without minWorkers: "
+          f"{found['today_seconds']:.1f}s (slotWaitTimeout=10)")

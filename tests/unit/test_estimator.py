@@ -22,6 +22,9 @@ def _est(**kw):
     ({"timeout": 0.0}, "timeout must be a positive"),
     ({"checkpointInterval": "often"}, "checkpointInterval must look like"),
     ({"checkpointInterval": "1000sp"}, "checkpointInterval counts epochs or batches"),
+    ({"minWorkers": 0}, r"minWorkers must be between 1 and numWorkers=2 \(or None for numWorkers\), got 0"),
+    ({"minWorkers": 3}, r"minWorkers must be between 1 and numWorkers=2 .*got 3"),
+    ({"minWorkers": 5, "numWorkers": 4}, "numWorkers=4 .*got 5"),
 ])
 def test_params_out_of_range(params, message):
     with pytest.raises(InvalidInputError, match=message):

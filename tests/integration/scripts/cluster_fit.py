@@ -106,6 +106,16 @@ class KillExecutorOnce(Hook):
                 os.kill(int(f.read().rsplit(")", 1)[1].split()[1]), 9)
 
 
+class CrashTwice(Hook):
+    """Hard-exits rank 1's Python worker at batch 5 of epoch 3, in two launches in a row."""
+
+    def after_train_iter(self, rank, state):
+        crashes = [name for name in os.listdir(out_dir) if name.startswith("crash-")]
+        if rank == 1 and state.epoch == 2 and state.batch_in_epoch == 5 and len(crashes) < 2:
+            open(os.path.join(out_dir, f"crash-{len(crashes)}"), "w").close()
+            os._exit(3)
+
+
 def run(hooks, **params):
     fitted = TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=32, maxEpochs=4,
                             numWorkers=2, showProgress=False, hooks=hooks, slotWaitTimeout=120, seed=3, **params)
@@ -114,11 +124,16 @@ def run(hooks, **params):
 
 
 clean = run([])
-faulty = run([KillExecutorOnce()], checkpointDir=os.path.join(out_dir, "ckpt"), maxRetries=1)
+faulty = run([KillExecutorOnce()], checkpointDir=os.path.join(out_dir, "ckpt"), maxRetries=1, minWorkers=1)
 same = all(torch.equal(v, faulty.checkpoint.model_state[k]) for k, v in clean.checkpoint.model_state.items())
+twice = run([CrashTwice()], checkpointDir=os.path.join(out_dir, "ckpt-twice"), maxRetries=2, minWorkers=1)
+twice_same = all(torch.equal(v, twice.checkpoint.model_state[k]) for k, v in clean.checkpoint.model_state.items())
 print("RESULT " + json.dumps({"weight_error": error, "rmse": rmse, "epochs": est.progress.epoch,
                               "ranks": ranks, "gpu_error": gpu_error, "scoring": scoring, "on_cpu": on_cpu,
                               "visible": VISIBLE,
                               "killed": os.path.exists(os.path.join(out_dir, "killed")),
-                              "recovered_equal": same, "recovered_epochs": [e["epoch"] for e in faulty.history]}))
+                              "recovered_equal": same, "recovered_epochs": [e["epoch"] for e in faulty.history],
+                              "recovered_sizes": [e["world_size"] for e in faulty.history],
+                              "crashes": len([n for n in os.listdir(out_dir) if n.startswith("crash-")]),
+                              "twice_equal": twice_same, "twice_sizes": [e["world_size"] for e in twice.history]}))
 spark.stop()
