@@ -412,25 +412,29 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
         """Sets paddingValue."""
         return self._set(paddingValue=value)
 
+    def getMinWorkers(self) -> int | None:
+        """Gets the value of minWorkers or its default."""
+        return self.getOrDefault(self.minWorkers)
 
-def _accessors(cls: type, name: str) -> None:
-    """Untyped getX/setX for a Param declared without typed ones above (a type checker does
-    not see these: declare them as the others are)."""
-    cap, doc = name[0].upper() + name[1:], getattr(cls, name).doc
-    if f"get{cap}" in cls.__dict__:
-        return
-    setattr(cls, f"get{cap}", lambda self: self.getOrDefault(getattr(self, name)))
-    setattr(cls, f"set{cap}", lambda self, value: self._set(**{name: value}))
-    getattr(cls, f"get{cap}").__doc__ = f"Gets the value of {name} or its default ({doc})."
-    getattr(cls, f"set{cap}").__doc__ = f"Sets {name} ({doc})."
+    def setMinWorkers(self: _P, value: int | None) -> _P:
+        """Sets minWorkers."""
+        return self._set(minWorkers=value)
 
+    def getPrecision(self) -> str:
+        """Gets the value of precision or its default."""
+        return self.getOrDefault(self.precision)
 
-for _name in ("inputCols", "weightCol", "directRead"):
-    _accessors(ModelParams, _name)
-for _name in ("batchSize", "maxEpochs", "numWorkers", "minWorkers", "checkpointDir", "checkpointInterval",
-              "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
-              "allowNonFinite", "inputShapes", "paddingValue", "precision", "compileModel"):
-    _accessors(EstimatorParams, _name)
+    def setPrecision(self: _P, value: str) -> _P:
+        """Sets precision."""
+        return self._set(precision=value)
+
+    def getCompileModel(self) -> bool:
+        """Gets the value of compileModel or its default."""
+        return self.getOrDefault(self.compileModel)
+
+    def setCompileModel(self: _P, value: bool) -> _P:
+        """Sets compileModel."""
+        return self._set(compileModel=value)
 
 
 def carry_params(source: Params, target: Params) -> None:
