@@ -26,7 +26,8 @@ from spark_torch_est.launcher import Launcher
 from spark_torch_est.logger_dispatch import LoggerDispatch
 from spark_torch_est.loggers import Logger, normalize_loggers
 from spark_torch_est.model import TorchModel
-from spark_torch_est.params import ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params, to_config
+from spark_torch_est.params import (ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params, param_map_name,
+                                    to_config)
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.precision import PRECISIONS
 from spark_torch_est.progress import Progress, Target
@@ -299,7 +300,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     def _search_name(self, params: ParamMap) -> str:
         """The name of a fit with a param map: the map, and its fold in a tuner's search
         (set by :meth:`fitMultiple`) or ``refit`` for the fit that follows the search."""
-        text = ", ".join(f"{getattr(p, 'name', p)}={v}" for p, v in params.items())
+        text = param_map_name(params)
         where = self._fold
         if where is None and self._folds:
             where, self._folds = "refit", 0

@@ -18,7 +18,7 @@ from pyspark.ml.param.shared import (
 )
 
 __all__ = ["ModelParams", "EstimatorParams", "ESTIMATOR_DEFAULTS", "MODEL_DEFAULTS", "carry_params", "declare_params",
-           "to_config"]
+           "param_map_name", "to_config"]
 
 
 _P = TypeVar("_P", bound=Params)
@@ -435,6 +435,12 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
     def setCompileModel(self: _P, value: bool) -> _P:
         """Sets compileModel."""
         return self._set(compileModel=value)
+
+
+def param_map_name(param_map: dict) -> str:
+    """A param map as a short readable name, e.g. ``"batchSize=32, config={'lr': 0.01}"``
+    (what loggers call a fit with a param map)."""
+    return ", ".join(f"{getattr(param, 'name', param)}={value!r}" for param, value in param_map.items()) or "defaults"
 
 
 def carry_params(source: Params, target: Params) -> None:

@@ -33,6 +33,7 @@ from spark_torch_est.estimator import TorchEstimator
 from spark_torch_est.frames import label_kind
 from spark_torch_est.launcher import task_slots, wait_for_slots
 from spark_torch_est.model import TorchModel
+from spark_torch_est.params import param_map_name
 from spark_torch_est.persistence import TorchPersistence
 
 __all__ = ["SuccessiveHalving", "SuccessiveHalvingModel", "param_map_name"]
@@ -41,11 +42,6 @@ logger = logging.getLogger(__name__)
 
 #: Output Params of a TorchModel whose columns only classifiers (one number per label row) write.
 _CLASSIFIER_OUTPUTS = ("rawPredictionCol", "probabilityCol")
-
-
-def param_map_name(param_map: dict) -> str:
-    """A param map as a short readable name, e.g. ``"batchSize=32, config={'lr': 0.01}"``."""
-    return ", ".join(f"{param.name}={value!r}" for param, value in param_map.items()) or "defaults"
 
 
 class _SuccessiveHalvingParams(HasSeed, HasParallelism):
