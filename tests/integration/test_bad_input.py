@@ -57,7 +57,7 @@ def test_bad_data(trained, spark, linear_df, case):
     before, jobs, started = trained.checkpoint, spark_jobs_started(spark), time.monotonic()
     with pytest.raises(error_type, match=message):
         trained.fit(transform(linear_df))
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 120, "the fit must fail at once, not after Spark's barrier wait (minutes)"
     assert trained.checkpoint is before
     if not needs_job:
         assert spark_jobs_started(spark) == jobs, "the error must come before any Spark job"
