@@ -193,6 +193,8 @@ def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> F
         kind = UNREACHABLE
     elif is_communication_error(error) or isinstance(error, KeyboardInterrupt):  # KeyboardInterrupt: task killed
         kind = SYSTEM
+    elif stage == "rendezvous":  # no user code runs there: a peer or an address read from the store failed
+        kind = SYSTEM
     elif isinstance(error, OSError) and stage == "ingest":  # reading a table's files: storage hiccups pass
         kind = SYSTEM
     else:
@@ -229,8 +231,9 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
     """
     found = Failure.unseal(text, secret)
     candidates = reported + ([found] if found is not None else [])
-    if candidates:
-        return next((f for f in candidates if f.kind != SYSTEM), candidates[0]).to_error()
+    if candidates:  # a rank's own error first, then a peer that failed to prove the secret (an impostor)
+        return min(candidates, key=lambda f: (f.kind == SYSTEM, not f.message.startswith("PeerAuthenticationError"))
+                   ).to_error()
     too_large = _RESULT_TOO_LARGE.search(text)
     if too_large:
         return TrainingFailedError(

@@ -31,6 +31,9 @@ def _raised(error: BaseException) -> BaseException:
     (RuntimeError("Connection reset by peer"), "after_train_iter", "h", SYSTEM),
     (dist.DistNetworkError("store gone"), "setup", None, SYSTEM),
     (PeerAuthenticationError("impostor"), "rendezvous", None, SYSTEM),
+    # no user code runs at the rendezvous: a gloo address poisoned in the store is the network's failure
+    (RuntimeError("[enforce fail at gloo/transport/tcp/device.cc:83] ifa != nullptr. Unable to find address"),
+     "rendezvous", None, SYSTEM),
     (KeyboardInterrupt(), "forward", None, SYSTEM),
     # deterministic errors in user code are not retried, whatever the stage
     (RuntimeError("grad can be implicitly created only for scalar outputs"), "backward", None, USER),
@@ -94,6 +97,14 @@ def test_a_user_error_on_one_rank_beats_the_peer_that_lost_its_connection():
     user = Failure(USER, "ValueError: bad", 1, "after_train_iter", hook="h")
     error = explain_job_failure(CRASH, [peer, user], SECRET)
     assert (error.rank, error.hook, error.retryable) == (1, "h", False)
+
+
+def test_an_impostor_is_named_before_the_rank_it_displaced():
+    displaced = Failure(SYSTEM, "RuntimeError: [gloo] connectFullMesh failed", 0, "rendezvous")
+    proof = Failure(SYSTEM, "PeerAuthenticationError: rank(s) [0] could not prove they hold this job's secret", 1,
+                    "rendezvous")
+    error = explain_job_failure(CRASH, [displaced, proof], SECRET)
+    assert "could not prove they hold this job's secret" in error.message and error.retryable
 
 
 def test_result_size_missing_modules_and_unsupported_barrier_jobs():
