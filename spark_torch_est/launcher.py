@@ -124,14 +124,17 @@ def _driver_host(spark: SparkSession) -> str | None:
         return None
 
 
-def _max_result(spark: SparkSession) -> int | None:
-    """``spark.driver.maxResultSize`` in bytes (None: no limit), the most a checkpoint may
-    bring to the driver on either path."""
+def _max_blob() -> int | None:
+    """The largest checkpoint the channel accepts: half of the memory the driver's machine
+    has available when the job starts (None where that cannot be read). The channel is the
+    path for checkpoints past ``spark.driver.maxResultSize``, so that setting does not bound
+    it; this keeps a client holding the job's secret from making the driver take more."""
     try:
-        limit = int(spark.sparkContext._jsc.sc().conf().getSizeAsBytes("spark.driver.maxResultSize", "1g"))
-    except Exception:  # Spark Connect: no driver conf here
+        with open("/proc/meminfo") as meminfo:
+            available_kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
         return None
-    return limit or None
+    return available_kb * 1024 // 2
 
 
 class Launcher:
@@ -238,7 +241,7 @@ class Launcher:
                 logger.warning("cannot open a rendezvous store on %s (%s); using Spark's allGather", host, error)
         if host is not None:
             try:
-                channel = ChannelServer(host, launch.secret, self.on_message, max_blob_bytes=_max_result(self.spark))
+                channel = ChannelServer(host, launch.secret, self.on_message, max_blob_bytes=_max_blob())
             except OSError as error:
                 logger.warning("cannot open the driver's channel on %s (%s); no live progress", host, error)
         launch = dataclasses.replace(launch, store_address=(store.host, store.port) if store is not None else None,
