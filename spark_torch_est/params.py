@@ -71,6 +71,8 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "paddingValue": 0.0,
     "precision": "32",
     "compileModel": False,
+    "strategy": "ddp",
+    "shardModules": None,
 }
 
 
@@ -220,6 +222,14 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
     compileModel: Param = Param(Params._dummy(), "compileModel",
                                 "compile each rank's model with torch.compile (one graph per batch shape)",
                                 typeConverter=TypeConverters.toBoolean)
+    strategy: Param = Param(Params._dummy(), "strategy",
+                            "'ddp' (every rank holds the whole model) or 'fsdp' (FSDP2: each rank holds its shard of "
+                            "the parameters and optimizer state; sharded checkpoints; needs checkpointDir)",
+                            typeConverter=TypeConverters.toString)
+    shardModules: Param = Param(Params._dummy(), "shardModules",
+                                "with strategy='fsdp': class names of the submodules sharded on their own before the "
+                                "root, e.g. ['TransformerBlock']; None = every direct child holding parameters",
+                                typeConverter=_to_optional_string_list)
 
     def setSeed(self, value: int):
         """Sets seed."""
@@ -242,5 +252,6 @@ for _name in ("inputCols", "weightCol", "directRead"):
     _accessors(ModelParams, _name)
 for _name in ("batchSize", "maxEpochs", "numWorkers", "checkpointDir", "checkpointInterval",
               "maxRetries", "useGpu", "timeout", "slotWaitTimeout", "showProgress", "memoryBudgetMB",
-              "allowNonFinite", "inputShapes", "paddingValue", "precision", "compileModel"):
+              "allowNonFinite", "inputShapes", "paddingValue", "precision", "compileModel", "strategy",
+              "shardModules"):
     _accessors(EstimatorParams, _name)
