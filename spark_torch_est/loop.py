@@ -613,6 +613,7 @@ class Trainer:
             return None
         if self.sharded is None:
             model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        model_state = model_state or {}
         broken = [k for k, v in model_state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
         if broken and not self.spec.allow_non_finite:  # a finite loss can still give NaN gradients
             raise NonFiniteLossError(
@@ -630,7 +631,7 @@ class Trainer:
             input_schema=self.spec.schema.to_dict(),
             input_rows=[list(c.shape) if c.shape is not None else list(rows.row_shape) if rows.row_shape is not None
                         else None for c, rows in zip(self.spec.schema.columns, self.train.inputs)],
-            model=model_state or {},
+            model=model_state,
             optimizer=_to_cpu(self.optimizer.state_dict()) if self.sharded is None else {},
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
             rng=states, hooks=self.hooks.state_dict(), precision=self.precision.name,

@@ -145,22 +145,17 @@ class ShardedState:
                 not fit the model.
         """
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+        metadata = _checked_metadata(pointer["url"], pointer["digest"])
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
         try:
-            dcp.load(state, storage_reader=_reader(pointer["url"], pointer["digest"]), planner=_planner())
-        except IncompatibleCheckpointError:
-            raise
-        except (RuntimeError, ValueError, KeyError, OSError) as error:  # DCP's CheckpointException is a BaseException
-            raise IncompatibleCheckpointError(f"cannot load the sharded checkpoint {pointer['url']}: "
+            dcp.load(state, storage_reader=_reader(pointer["url"], metadata), planner=_planner())
+        except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as error:
+            raise IncompatibleCheckpointError(f"cannot load the sharded checkpoint {pointer['url']} into the model: "
                                               f"{type(error).__name__}: {str(error)[:500]}") from None
-        except BaseException as error:
-            if type(error).__name__ != "CheckpointException":
-                raise
-            raise IncompatibleCheckpointError(f"cannot load the sharded checkpoint {pointer['url']}: "
-                                              f"{str(error)[:500]}") from None
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
 
@@ -195,8 +190,28 @@ def _writer(url: str) -> Any:
     return FileSystemWriter(local) if local is not None else FsspecWriter(url)
 
 
-def _reader(url: str, digest: str) -> Any:
-    """A DCP reader that checks the ``.metadata`` against ``digest`` and unpickles it safely."""
+def _checked_metadata(url: str, digest: str) -> bytes:
+    """The folder's ``.metadata``, if it is the one the checkpoint was saved with.
+
+    Raises:
+        IncompatibleCheckpointError: It is missing, unreadable or altered.
+    """
+    metadata_url = posixpath.join(url, _METADATA)
+    try:
+        blob = _read(metadata_url)
+    except (OSError, ValueError) as error:
+        raise IncompatibleCheckpointError(
+            f"the sharded checkpoint {url} is gone or unreadable ({type(error).__name__}: {error}); it may have "
+            "been pruned from checkpointDir, or lie on storage this worker cannot reach") from None
+    if _sha256(blob) != digest:
+        raise IncompatibleCheckpointError(f"{metadata_url} is not the one the checkpoint was saved with (its "
+                                          "SHA-256 differs): the folder was altered or replaced")
+    return blob
+
+
+def _reader(url: str, metadata: bytes) -> Any:
+    """A DCP reader of the folder ``url`` that takes its metadata from the checked bytes
+    ``metadata`` (see :func:`_checked_metadata`), unpickled safely."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -207,21 +222,11 @@ def _reader(url: str, digest: str) -> Any:
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
-            metadata_url = posixpath.join(url, _METADATA)
-            try:
-                blob = _read(metadata_url)
-            except (OSError, ValueError) as error:
-                raise IncompatibleCheckpointError(
-                    f"the sharded checkpoint {url} is gone or unreadable ({type(error).__name__}: {error}); it may "
-                    "have been pruned from checkpointDir or lie on storage this worker cannot reach") from None
-            if _sha256(blob) != digest:
-                raise IncompatibleCheckpointError(f"{metadata_url} is not the one the checkpoint was saved with "
-                                                  "(its SHA-256 differs): the folder was altered or replaced")
-            metadata = _MetadataUnpickler(io.BytesIO(blob)).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
+            loaded = _MetadataUnpickler(io.BytesIO(metadata)).load()
+            if getattr(loaded, "storage_meta", None) is None:
+                loaded.storage_meta = StorageMeta()
+            loaded.storage_meta.load_id = self.load_id
+            return loaded
 
     return CheckedReader(local if local is not None else url)
 
@@ -244,12 +249,13 @@ def _planner() -> Any:
 
 _SAFE_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
                  "torch.distributed.checkpoint.planner")
-_SAFE_NAMES = {("collections", "OrderedDict"), ("torch", "Size"), ("torch._utils", "_rebuild_tensor_v2"),
-               ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"), ("enum", "Enum")}
+_SAFE_NAMES = {("collections", "OrderedDict"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+               ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("builtins", "set"), ("builtins", "frozenset")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's ``.metadata``: its own dataclasses, ``torch.Size`` and dtypes, nothing else."""
+    """Unpickles DCP's ``.metadata``: its own dataclasses, ``torch.Size``, dtypes and layouts,
+    and the path it was saved to; nothing that can run code."""
 
     def find_class(self, module: str, name: str) -> Any:
         if module in _SAFE_MODULES or (module, name) in _SAFE_NAMES:
