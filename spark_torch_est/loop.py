@@ -123,7 +123,7 @@ class Trainer:
         self.model = model
         self.ddp_model: nn.Module = model
         if spec.strategy == "fsdp":
-            shard_model(model, spec.shard_modules)
+            shard_model(model, spec.shard_modules, self.device)
         elif self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -464,6 +464,7 @@ class Trainer:
         metrics.reset()
         model.eval()
         starts = range(0, len(table), size)
+        most = self._most_batches(len(starts)) if self.sharded is not None else len(starts)
         with torch.no_grad():
             for start, batch in zip(starts, prefetch((table.slice(s, s + size) for s in starts), self._transfer)):
                 step = self._batch(*batch)
@@ -474,8 +475,7 @@ class Trainer:
                     step.update(outputs=outputs, loss=metrics.update(outputs, step["labels"], step["weights"]))
                 self._call("after_val_iter", start // size, **step)
                 self.stage = "validation"
-            if self.sharded is not None:
-                self._match_forwards(len(starts))
+            self._extra_forwards(most - len(starts))
         model.train()
         self.stage = "collective"
         results = metrics.results(self._all_reduce(metrics.totals(), dist.ReduceOp.SUM))
@@ -483,15 +483,19 @@ class Trainer:
         self._call("after_val_epoch", self._last_batch_idx, metrics=values)  # hooks may add to the entry
         return values
 
-    def _match_forwards(self, done: int) -> None:
-        """Runs the sharded model on one training row until this rank has made as many
-        forward passes as the rank with the most validation batches: each pass gathers the
-        parameters from every rank. The outputs are dropped."""
+    def _most_batches(self, batches: int) -> int:
+        """The most validation batches of any rank: under "fsdp" every rank makes that many
+        forward passes, since each pass gathers the parameters from every rank."""
         self.stage = "collective"
-        most = int(self._all_reduce(torch.tensor([done], dtype=torch.int64), dist.ReduceOp.MAX)[0])
+        most = int(self._all_reduce(torch.tensor([batches], dtype=torch.int64), dist.ReduceOp.MAX)[0])
         self.stage = "validation"
-        inputs = self._on_device(self.train.slice(0, 1)[0]) if most > done else None
-        for _ in range(most - done):
+        return most
+
+    def _extra_forwards(self, count: int) -> None:
+        """Runs the model ``count`` times on one training row, dropping the outputs (see
+        :meth:`_most_batches`)."""
+        inputs = self._on_device(self.train.slice(0, 1)[0]) if count > 0 else None
+        for _ in range(count):
             with self.precision.autocast():
                 self._forward(inputs, self.model)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import pickle
 import posixpath
 from typing import Any, Sequence
@@ -79,14 +80,23 @@ def check_shardable(model: nn.Module, class_names: Sequence[str] | None) -> None
         )
 
 
-def shard_model(model: nn.Module, class_names: Sequence[str] | None) -> nn.Module:
+def shard_model(model: nn.Module, class_names: Sequence[str] | None, device: torch.device) -> nn.Module:
     """Shards ``model`` in place with FSDP2 ``fully_shard``: each target submodule (see
-    :func:`shard_targets`), then the root. Collective: every rank calls it."""
+    :func:`shard_targets`), then the root. Collective: every rank calls it.
+
+    The device mesh is named anew for each job: torch caches sharding layouts by mesh, and a
+    mesh equal to one of an earlier job in this (reused) Python worker would bring back the
+    layout of the rank this worker was then, loading and training another rank's shard.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    token = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.int64, device=device)
+    dist.broadcast(token, src=0)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=(f"shard_{int(token[0]):x}",))
     for module in shard_targets(model, class_names):
-        fully_shard(module)
-    fully_shard(model)
+        fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
