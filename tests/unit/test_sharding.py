@@ -94,3 +94,13 @@ def test_default_targets_are_the_children_holding_parameters():
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
     assert shard_targets(model, None) == [model[0], model[2]]
     assert shard_targets(model, ["Linear"]) == [model[0], model[2]]
+
+
+def test_a_checkpoint_whose_parts_are_not_all_written_is_never_the_newest(tmp_path):
+    directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef")
+    os.makedirs(directory.sharded_url(1, 10))
+    directory.write(b"x", 1, 10)
+    unfinished = directory.sharded_url(2, 20)  # a rank was killed mid-save: no .pt was written
+    os.makedirs(unfinished)
+    open(os.path.join(unfinished, "__0_0.distcp"), "wb").close()
+    assert directory.newest().global_step == 10 and directory.latest().global_step == 10
