@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -73,10 +74,10 @@ def run_one(strategy: str, layers: int, width: int) -> dict:
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.python.worker.reuse", "false").config("spark.driver.memory", "4g").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    out, ckpt = tempfile.mkdtemp(), tempfile.mkdtemp()
     try:
         rows = np.random.default_rng(0).normal(size=(64, width)).astype(np.float32)
         df = spark.createDataFrame([(r.tolist(), r.tolist()) for r in rows], ["features", "label"])
-        out, ckpt = tempfile.mkdtemp(), tempfile.mkdtemp()
         est = TorchEstimator(model=_model, optimizer=_adam, loss=torch.nn.MSELoss(),
                              config={"layers": layers, "width": width}, hooks=[_hook(out)], batchSize=16,
                              maxEpochs=1, numWorkers=2, strategy=strategy, checkpointDir=ckpt, showProgress=False)
@@ -91,6 +92,8 @@ def run_one(strategy: str, layers: int, width: int) -> dict:
                 "checkpoint_dir_mb": written / 2 ** 20, "driver_peak_rss_mb": _peak_mb()}
     finally:
         spark.stop()
+        for folder in (out, ckpt):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
