@@ -27,6 +27,12 @@ runs code::
     hooks           {hook name: hook.state_dict()} from rank 0
     precision       the ``precision`` Param the state was trained under (absent: "32")
     scaler          the gradient scaler's state_dict under "16-mixed", else None (may be absent)
+    strategy        the ``strategy`` Param of the run, "ddp" or "fsdp" (absent: "ddp")
+    sharded         under "fsdp": {"url": the folder of every rank's part, "digest": SHA-256 of its
+                    .metadata} (see :mod:`spark_torch_est.sharding`); the model and optimizer states
+                    live there, ``optimizer`` is {} and ``model`` is {} in the checkpoints written
+                    to checkpointDir, the full weights gathered at the end of a fit in the one the
+                    driver keeps. Absent or None under "ddp"
 
 A checkpoint keeps the bytes it was read from, so handing it on (to the next fit, to a
 file) never serializes it again.
@@ -84,7 +90,8 @@ class Checkpoint:
               label_kind: str, input_schema: dict, input_rows: list[list[int] | None],
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict], precision: str = "32",
-              scaler: dict | None = None) -> Checkpoint:
+              scaler: dict | None = None, strategy: str = "ddp",
+              sharded: dict | None = None) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
         return cls({
             "format_version": FORMAT_VERSION, "run_id": run_id, "fit_id": fit_id, "progress": progress.to_dict(),
@@ -95,7 +102,7 @@ class Checkpoint:
             "outputs": {"shape": list(output_shape), "label_kind": label_kind},
             "inputs": {"schema": input_schema, "rows": input_rows},
             "model": dict(model), "optimizer": optimizer, "scheduler": scheduler, "rng": list(rng), "hooks": hooks,
-            "precision": precision, "scaler": scaler,
+            "precision": precision, "scaler": scaler, "strategy": strategy, "sharded": sharded,
         })
 
     # ------------------------------------------------------------------ properties
@@ -206,6 +213,22 @@ class Checkpoint:
     def scaler_state(self) -> dict | None:
         """The gradient scaler's ``state_dict`` (``"16-mixed"``), or None."""
         return self._state.get("scaler")
+
+    @property
+    def strategy(self) -> str:
+        """The ``strategy`` the run trains under (``"ddp"`` or ``"fsdp"``)."""
+        return self._state.get("strategy", "ddp")
+
+    @property
+    def sharded(self) -> dict[str, str] | None:
+        """Where the run's sharded model and optimizer state is (``{"url", "digest"}``), or
+        None when this checkpoint holds them itself."""
+        sharded = self._state.get("sharded")
+        if sharded is None:
+            return None
+        if not (isinstance(sharded, Mapping) and all(isinstance(sharded.get(k), str) for k in ("url", "digest"))):
+            raise IncompatibleCheckpointError(f"malformed sharded checkpoint location: {sharded!r}")
+        return {"url": sharded["url"], "digest": sharded["digest"]}
 
     # ---------------------------------------------------------------------- bytes
 

@@ -32,6 +32,7 @@ from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.precision import PRECISIONS
 from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
+from spark_torch_est.sharding import STRATEGIES, check_shardable
 from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
@@ -113,6 +114,11 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             ``"16-mixed"`` (float16 autocast and a gradient scaler) for the forward pass
             and loss; weights stay float32 (see docs/gpu.md).
         compileModel: Compile each rank's model with ``torch.compile`` (default False).
+        strategy: ``"ddp"`` (default: every rank holds the whole model) or ``"fsdp"``
+            (FSDP2: each rank holds its shard of the parameters and optimizer state, and
+            checkpoints are sharded under checkpointDir, which it needs; see docs/large-models.md).
+        shardModules: With ``"fsdp"``: class names of the submodules sharded on their own
+            before the root (default None: every direct child holding parameters).
     """
 
     @keyword_only
@@ -131,7 +137,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
                  memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
                  allowNonFinite: bool = False, directRead: bool = True, precision: str = "32",
-                 compileModel: bool = False) -> None:
+                 compileModel: bool = False, strategy: str = "ddp", shardModules: list[str] | None = None) -> None:
         super().__init__()
         self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
         kwargs = dict(self._input_kwargs)
@@ -401,6 +407,14 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         if low is not None and not 1 <= low <= high:
             raise InvalidInputError(f"minWorkers must be between 1 and numWorkers={high} (or None for numWorkers), "
                                     f"got {low}")
+        if self.getStrategy() not in STRATEGIES:
+            raise InvalidInputError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, "
+                                    f"got {self.getStrategy()!r}")
+        if self.getStrategy() == "fsdp" and not self.getCheckpointDir():
+            raise InvalidInputError(
+                f'strategy="fsdp" writes sharded checkpoints, each rank its part, so it needs checkpointDir: set it '
+                f"to storage every worker reaches (a shared filesystem, DBFS, HDFS or an object store); got "
+                f"checkpointDir={self.getCheckpointDir()!r}")
         if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
             raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
                                     f"got {self.getCheckpointInterval()!r}")
@@ -414,6 +428,11 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     def _check_changes(self, start: Checkpoint | None) -> None:
         """Refuses the changes since ``start`` that the next fit could not honor exactly."""
+        if start is not None and start.strategy != self.getStrategy():
+            raise InvalidInputError(
+                f"strategy changed from {start.strategy!r} to {self.getStrategy()!r} within a run: its optimizer "
+                f"state is kept {'sharded' if start.strategy == 'fsdp' else 'whole'} and cannot be carried over; "
+                f"keep strategy={start.strategy!r}, or call est.reset() to start a new run")
         if start is None or start.progress.sample_in_epoch == 0 or start.seed == self.getSeed():
             return
         raise InvalidInputError(
@@ -475,7 +494,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         HookSet(creators.hooks)
         try:
             model = creators.build_model()
-            if start is not None:
+            if self.getStrategy() == "fsdp":
+                check_shardable(model, self.getShardModules())
+            if start is not None and start.model_state:  # a sharded checkpoint's own .pt holds no weights
                 check_compatible(model.state_dict(), start.model_state)
             creators.build_scheduler(creators.build_optimizer(model))
             creators.build_loss()
@@ -501,7 +522,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                             features=tuple(self.getFeatureCols() or ()) or None),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
             allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)), source=source,
-            precision=self.getPrecision(), compile_model=self.getCompileModel(),
+            precision=self.getPrecision(), compile_model=self.getCompileModel(), strategy=self.getStrategy(),
+            shard_modules=tuple(self.getShardModules()) if self.getShardModules() is not None else None,
         )
 
 

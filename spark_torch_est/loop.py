@@ -27,13 +27,14 @@ from spark_torch_est.columns import DenseRows
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import (LAYOUT_SIZE, TORCH_DTYPES, EpochPlan, Shard, Table, agree, conform, epoch_order,
                                   layout, shape_labels)
-from spark_torch_est.errors import InputDataError
+from spark_torch_est.errors import IncompatibleCheckpointError, InputDataError
 from spark_torch_est.hooks import Control, HookSet
 from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.precision import Precision
 from spark_torch_est.prefetch import prefetch, transfer_for
 from spark_torch_est.schema import FEATURES_LAYOUT
+from spark_torch_est.sharding import ShardedState, full_model_state, shard_model
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import TaskSpec
 from spark_torch_est.storage import CheckpointDir
@@ -105,7 +106,7 @@ class Trainer:
         except BaseException as error:
             self._on_exception(error)
             raise
-        return self._checkpoint_bytes()
+        return self._result()
 
     # ----------------------------------------------------------------------- setup
 
@@ -114,14 +115,16 @@ class Trainer:
         self._agree_on_rows()
         torch.manual_seed(spec.seed)
         model = creators.build_model().to(self.device)
-        if resume is not None:
+        if resume is not None and resume.sharded is None:
             check_compatible(model.state_dict(), resume.model_state)
             model.load_state_dict(resume.model_state)
         self.output_shape = self._shape_labels(model)
         self.precision = Precision(spec.precision, self.device)
         self.model = model
         self.ddp_model: nn.Module = model
-        if self.world_size > 1:
+        if spec.strategy == "fsdp":
+            shard_model(model, spec.shard_modules, self.device)
+        elif self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -135,6 +138,10 @@ class Trainer:
         self.optimizer = creators.build_optimizer(model)
         self.optimizer_made = [{k: v for k, v in group.items() if k != "params"}
                                for group in self.optimizer.param_groups]
+        self.sharded = (ShardedState(model, self.optimizer, self.rank, self.world_size)
+                        if spec.strategy == "fsdp" else None)
+        self._pointer = resume.sharded if resume is not None else None  # the newest sharded checkpoint of the run
+        self._pointer_step = resume.progress.global_step if resume is not None else -1
         self.scheduler = creators.build_scheduler(self.optimizer)
         self.loss_fn = Loss(creators.build_loss())
         self.val_metrics = MetricAccumulator(self.loss_fn, creators.metrics, self.device)
@@ -167,7 +174,13 @@ class Trainer:
         optimizer creator now makes differently (a new config) takes its new value; the
         others keep the run's, as a scheduler left them. Hooks added since keep their own
         state."""
-        self.optimizer.load_state_dict(resume.optimizer_state)
+        if self.sharded is not None:
+            if resume.sharded is None:
+                raise IncompatibleCheckpointError('strategy="fsdp" resumes from a sharded checkpoint; this one '
+                                                  f"holds the whole state (strategy={resume.strategy!r})")
+            self.sharded.load(resume.sharded)
+        else:
+            self.optimizer.load_state_dict(resume.optimizer_state)
         self.precision.load_state_dict(resume.scaler_state)
         if self.scheduler is not None and resume.scheduler_state is not None:
             self.scheduler.load_state_dict(resume.scheduler_state)
@@ -476,6 +489,7 @@ class Trainer:
         metrics.reset()
         model.eval()
         starts = range(0, len(table), size)
+        most = self._most_batches(len(starts)) if self.sharded is not None else len(starts)
         with torch.no_grad():
             for start, batch in zip(starts, prefetch((table.slice(s, s + size) for s in starts), self._transfer)):
                 step = self._batch(*batch)
@@ -486,12 +500,29 @@ class Trainer:
                     step.update(outputs=outputs, loss=metrics.update(outputs, step["labels"], step["weights"]))
                 self._call("after_val_iter", start // size, **step)
                 self.stage = "validation"
+            self._extra_forwards(most - len(starts))
         model.train()
         self.stage = "collective"
         results = metrics.results(self._all_reduce(metrics.totals(), dist.ReduceOp.SUM))
         values = {f"val_{name}": value for name, value in results.items()}
         self._call("after_val_epoch", self._last_batch_idx, metrics=values)  # hooks may add to the entry
         return values
+
+    def _most_batches(self, batches: int) -> int:
+        """The most validation batches of any rank: under "fsdp" every rank makes that many
+        forward passes, since each pass gathers the parameters from every rank."""
+        self.stage = "collective"
+        most = int(self._all_reduce(torch.tensor([batches], dtype=torch.int64), dist.ReduceOp.MAX)[0])
+        self.stage = "validation"
+        return most
+
+    def _extra_forwards(self, count: int) -> None:
+        """Runs the model ``count`` times on one training row, dropping the outputs (see
+        :meth:`_most_batches`)."""
+        inputs = self._on_device(self.train.slice(0, 1)[0]) if count > 0 else None
+        for _ in range(count):
+            with self.precision.autocast():
+                self._forward(inputs, self.model)
 
     # -------------------------------------------------------------- hooks, flags
 
@@ -565,6 +596,9 @@ class Trainer:
         count = self.progress.epoch if unit == "ep" else self.progress.global_step
         if count % every[0]:
             return
+        if self.sharded is not None:
+            self._write_sharded()
+            return
         blob = self._checkpoint_bytes()
         if blob is not None:
             started = time.perf_counter()
@@ -572,15 +606,43 @@ class Trainer:
                 blob, self.progress.epoch, self.progress.global_step)
             logger.info("rank 0: wrote %s (%.1f MB) in %.2fs", path, len(blob) / 1e6, time.perf_counter() - started)
 
-    def _checkpoint_bytes(self) -> bytes | None:
-        """Collective: gathers every rank's RNG state; rank 0 returns the serialized checkpoint."""
+    def _write_sharded(self) -> None:
+        """Collective: every rank writes its part of the model and optimizer state, then rank 0
+        writes the checkpoint that points at them (see :mod:`spark_torch_est.sharding`)."""
+        self.stage = "checkpoint"
+        started = time.perf_counter()
+        directory = CheckpointDir(self.spec.checkpoint_dir, run_id=self.spec.run_id)
+        self._pointer = self.sharded.save(directory.sharded_url(self.progress.epoch, self.progress.global_step))
+        self._pointer_step = self.progress.global_step
+        blob = self._checkpoint_bytes()
+        if blob is not None:
+            path = directory.write(blob, self.progress.epoch, self.progress.global_step)
+            logger.info("rank 0: wrote %s and every rank's part in %.2fs", path, time.perf_counter() - started)
+
+    def _result(self) -> bytes | None:
+        """Collective: the checkpoint the driver keeps, on rank 0. Under "fsdp" it points at a
+        sharded checkpoint of the state as it is now (written unless the last one is) and
+        holds the full weights, gathered once here, for the fitted model."""
+        if self.sharded is None:
+            return self._checkpoint_bytes()
+        if self._pointer_step != self.progress.global_step:
+            self._write_sharded()
+        self.stage = "checkpoint"
+        return self._checkpoint_bytes(full_model_state(self.model))
+
+    def _checkpoint_bytes(self, model_state: dict[str, torch.Tensor] | None = None) -> bytes | None:
+        """Collective: gathers every rank's RNG state; rank 0 returns the serialized checkpoint.
+        Under "fsdp" it holds ``model_state`` (the full weights, or none) and points at the
+        newest sharded checkpoint for the rest."""
         self.stage = "checkpoint"
         states = self._gather_rng_states()
         partial = self._all_reduce(torch.tensor([self.loss_sum, self.loss_count], dtype=torch.float64),
                                    dist.ReduceOp.SUM)
         if self.rank != 0:
             return None
-        model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        if self.sharded is None:
+            model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        model_state = model_state or {}
         broken = [k for k, v in model_state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
         if broken and not self.spec.allow_non_finite:  # a finite loss can still give NaN gradients
             raise NonFiniteLossError(
@@ -599,10 +661,11 @@ class Trainer:
             input_rows=[list(c.shape) if c.shape is not None else list(rows.row_shape) if rows.row_shape is not None
                         else None for c, rows in zip(self.spec.schema.columns, self.train.inputs)],
             model=model_state,
-            optimizer=_to_cpu(self.optimizer.state_dict()),
+            optimizer=_to_cpu(self.optimizer.state_dict()) if self.sharded is None else {},
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
             rng=states, hooks=self.hooks.state_dict(), precision=self.precision.name,
-            scaler=self.precision.state_dict(),
+            scaler=self.precision.state_dict(), strategy=self.spec.strategy,
+            sharded=self._pointer if self.sharded is not None else None,
         ).to_bytes()
 
 

@@ -105,6 +105,8 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "config": {},
     "precision": "32",
     "compileModel": False,
+    "strategy": "ddp",
+    "shardModules": None,
 }
 
 
@@ -287,6 +289,14 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
     compileModel: Param = Param(Params._dummy(), "compileModel",
                                 "compile each rank's model with torch.compile (one graph per batch shape)",
                                 typeConverter=TypeConverters.toBoolean)
+    strategy: Param = Param(Params._dummy(), "strategy",
+                            "'ddp' (every rank holds the whole model) or 'fsdp' (FSDP2: each rank holds its shard of "
+                            "the parameters and optimizer state; sharded checkpoints; needs checkpointDir)",
+                            typeConverter=TypeConverters.toString)
+    shardModules: Param = Param(Params._dummy(), "shardModules",
+                                "with strategy='fsdp': class names of the submodules sharded on their own before the "
+                                "root, e.g. ['TransformerBlock']; None = every direct child holding parameters",
+                                typeConverter=_to_optional_string_list)
 
     def getConfig(self) -> dict[str, Any]:
         """A copy of config, the dict handed to every creator (mutating it changes nothing)."""
@@ -435,6 +445,22 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
     def setCompileModel(self: _P, value: bool) -> _P:
         """Sets compileModel."""
         return self._set(compileModel=value)
+
+    def getStrategy(self) -> str:
+        """Gets the value of strategy or its default."""
+        return self.getOrDefault(self.strategy)
+
+    def setStrategy(self: _P, value: str) -> _P:
+        """Sets strategy."""
+        return self._set(strategy=value)
+
+    def getShardModules(self) -> list[str] | None:
+        """Gets the value of shardModules or its default."""
+        return self.getOrDefault(self.shardModules)
+
+    def setShardModules(self: _P, value: list[str] | None) -> _P:
+        """Sets shardModules."""
+        return self._set(shardModules=value)
 
 
 def param_map_name(param_map: dict) -> str:

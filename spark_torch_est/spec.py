@@ -100,6 +100,9 @@ class TaskSpec:
             from the Spark job's input.
         precision: The ``precision`` Param (see :mod:`spark_torch_est.precision`).
         compile_model: Compile each rank's model with ``torch.compile`` (``compileModel``).
+        strategy: ``"ddp"`` or ``"fsdp"`` (the ``strategy`` Param, see :mod:`spark_torch_est.sharding`).
+        shard_modules: Class names of the submodules sharded before the root (``shardModules``),
+            or None for every direct child holding parameters.
     """
 
     run_id: str
@@ -122,6 +125,8 @@ class TaskSpec:
     source: FileSource | None = None
     precision: str = "32"
     compile_model: bool = False
+    strategy: str = "ddp"
+    shard_modules: tuple[str, ...] | None = None
 
     def shrunk(self, world_size: int, source: FileSource | None) -> TaskSpec:
         """This fit as a job of fewer ranks (``minWorkers``) with the same global batch:

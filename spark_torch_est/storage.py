@@ -5,11 +5,13 @@ A checkpoint directory looks like::
     ckpt-3f9c0a1b2d4e-ep000002-ba000000000040.pt   # run id, epoch, global step
     ckpt-3f9c0a1b2d4e-ep000003-ba000000000060.pt
     latest                      # the file name of the newest complete checkpoint
+    ckpt-3f9c0a1b2d4e-ep000003-ba000000000060.dcp/   # strategy="fsdp": every rank's part, beside its .pt
 
 Each run prunes only its own files (and the temporary files a killed writer left), so
 runs may share a directory. Progress is read from the names: finding the newest
 checkpoint of a run reads no checkpoint. A ``latest`` pointer is only followed to a
-checkpoint name in the same directory.
+checkpoint name in the same directory. A sharded checkpoint's folder goes with its ``.pt``:
+pruned with it, and removed when it has none (a save that did not complete).
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class CheckpointDir:
     """
 
     POINTER = "latest"
+    SHARDED = ".dcp"
 
     def __init__(self, url: str, run_id: str = "", keep: int = 3) -> None:
         self.url = url.rstrip("/")
@@ -126,7 +129,7 @@ class CheckpointDir:
         """Writes one checkpoint, points ``latest`` at it, and prunes the run's older
         checkpoints, leftover temporary files, and checkpoints past this one (a run
         resumed from an earlier point abandons what it had written after that point)."""
-        name = f"ckpt-{self.run}-ep{epoch:06d}-ba{global_step:012d}.pt"
+        name = self._name(epoch, global_step) + ".pt"
         write_atomic(f"{self.url}/{name}", data)
         write_atomic(f"{self.url}/{self.POINTER}", name.encode())
         names = self._names()
@@ -134,12 +137,24 @@ class CheckpointDir:
         mine = sorted(n for n in names if (parsed := self._parse(n)) is not None and parsed[0] == self.run)
         abandoned = [n for n in mine if self._parse(n)[2] > global_step]
         kept = [n for n in mine if n not in abandoned]
-        for old in stale + abandoned + kept[:-self.keep]:
+        removed = stale + abandoned + kept[:-self.keep]
+        left = {n[:-len(".pt")] for n in mine if n not in removed}
+        folders = [n for n in names if n.startswith(f"ckpt-{self.run}-") and n.endswith(self.SHARDED)
+                   and n[:-len(self.SHARDED)] not in left]
+        for old in removed + folders:
             try:
-                self.fs.rm(f"{self.path}/{old}")
+                self.fs.rm(f"{self.path}/{old}", recursive=old.endswith(self.SHARDED))
             except FileNotFoundError:  # removed meanwhile
                 pass
         return f"{self.url}/{name}"
+
+    def sharded_url(self, epoch: int, global_step: int) -> str:
+        """The folder for every rank's part of a sharded checkpoint (see
+        :mod:`spark_torch_est.sharding`); its ``.pt`` is written by :meth:`write` once all are written."""
+        return f"{self.url}/{self._name(epoch, global_step)}{self.SHARDED}"
+
+    def _name(self, epoch: int, global_step: int) -> str:
+        return f"ckpt-{self.run}-ep{epoch:06d}-ba{global_step:012d}"
 
     def newest(self) -> CheckpointFile | None:
         """The run's checkpoint with the most optimizer steps, or None (read from names)."""

@@ -1,0 +1,286 @@
+"""[both] Sharded models (``strategy="fsdp"``): FSDP2 ``fully_shard`` and sharded checkpoints.
+
+On the driver, :func:`check_shardable` refuses a model or a ``shardModules`` that cannot be
+sharded, before any job. On the executors, :func:`shard_model` shards each rank's model and
+:class:`ShardedState` saves and loads the run's model and optimizer state with
+``torch.distributed.checkpoint`` (DCP): every rank writes its own part, into one folder
+per checkpoint under ``checkpointDir``::
+
+    ckpt-3f9c0a1b2d4e-ep000002-ba000000000040.dcp/   # one folder per checkpoint
+        __0_0.distcp  __1_0.distcp                   # each rank's shards
+        .metadata                                    # written once every part is written
+    ckpt-3f9c0a1b2d4e-ep000002-ba000000000040.pt     # progress, RNG, hooks: written last
+
+The small ``.pt`` checkpoint (see :mod:`spark_torch_est.checkpoint`) holds the folder's
+location and the SHA-256 of its ``.metadata``, never the weights; it is written after every
+rank's part and the ``.metadata``, so a checkpoint whose parts are not all written has no
+``.pt`` and is never taken as the newest. ``checkpointDir`` must be storage every rank
+reaches (a shared filesystem or an object store): DCP reshards on load, so a rank reads
+parts that other ranks wrote. The first save checks that every rank sees every part.
+
+Nothing read back is unpickled freely: the ``.metadata`` must match the digest the
+checkpoint holds and is read by an unpickler that builds DCP's metadata classes only;
+tensors and other values load with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import pickle
+import posixpath
+from typing import Any, Sequence
+
+import fsspec
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
+
+__all__ = ["STRATEGIES", "check_shardable", "shard_targets", "shard_model", "full_model_state", "ShardedState"]
+
+logger = logging.getLogger(__name__)
+
+#: The values of the ``strategy`` Param.
+STRATEGIES = ("ddp", "fsdp")
+_METADATA = ".metadata"
+
+
+def shard_targets(model: nn.Module, class_names: Sequence[str] | None) -> list[nn.Module]:
+    """The submodules sharded on their own before the root: those whose class name is in
+    ``class_names``, or (None) every direct child holding parameters."""
+    if class_names is None:
+        return [child for child in model.children() if any(True for _ in child.parameters())]
+    wanted = set(class_names)
+    return [module for module in model.modules() if module is not model and type(module).__name__ in wanted]
+
+
+def check_shardable(model: nn.Module, class_names: Sequence[str] | None) -> None:
+    """Refuses, on the driver, a model "fsdp" cannot shard.
+
+    Raises:
+        InvalidInputError: The model holds no parameters, or a name in ``shardModules`` is
+            not the class of any submodule (shows the classes the model has).
+    """
+    if not any(True for _ in model.parameters()):
+        raise InvalidInputError(f'strategy="fsdp" shards the model\'s parameters, but {type(model).__name__} has '
+                                'none; use strategy="ddp" or a model with parameters')
+    if class_names is None:
+        return
+    present = {type(module).__name__ for module in model.modules() if module is not model}
+    unknown = [name for name in class_names if name not in present]
+    if unknown:
+        raise InvalidInputError(
+            f"shardModules={list(class_names)!r}: no submodule of {type(model).__name__} is a "
+            f"{', '.join(map(repr, unknown))}; its submodules' classes are {sorted(present)!r} "
+            "(None shards every direct child that holds parameters)"
+        )
+
+
+def shard_model(model: nn.Module, class_names: Sequence[str] | None, device: torch.device) -> nn.Module:
+    """Shards ``model`` in place with FSDP2 ``fully_shard``: each target submodule (see
+    :func:`shard_targets`), then the root. Collective: every rank calls it.
+
+    The device mesh is named anew for each job: torch caches sharding layouts by mesh, and a
+    mesh equal to one of an earlier job in this (reused) Python worker would bring back the
+    layout of the rank this worker was then, loading and training another rank's shard.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    token = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.int64, device=device)
+    dist.broadcast(token, src=0)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=(f"shard_{int(token[0]):x}",))
+    for module in shard_targets(model, class_names):
+        fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's ``state_dict`` gathered on rank 0, on the CPU (empty on the other
+    ranks). Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {key: value.detach().cpu() for key, value in state.items()}
+
+
+class ShardedState:
+    """Saves and loads one rank's part of the model and optimizer state.
+
+    Args:
+        model: The sharded model.
+        optimizer: Its optimizer.
+        rank: This rank.
+        world_size: Number of ranks.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, world_size: int) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.rank = rank
+        self.world_size = world_size
+        self._checked_reach = False
+
+    def save(self, url: str) -> dict[str, str]:
+        """Writes every rank's part into the folder ``url``. Collective.
+
+        Returns:
+            ``{"url": url, "digest": SHA-256 of the .metadata}`` (the digest on rank 0 only).
+
+        Raises:
+            InvalidInputError: Some rank does not see every part (``checkpointDir`` is not
+                shared by the ranks).
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, storage_writer=_writer(url))
+        if not self._checked_reach:
+            self._check_reach(url)
+        digest = _sha256(_read(posixpath.join(url, _METADATA))) if self.rank == 0 else ""
+        return {"url": url, "digest": digest}
+
+    def load(self, pointer: dict[str, str]) -> None:
+        """Loads the model's and optimizer's parts from a folder written by any number of
+        ranks (DCP reshards). Collective.
+
+        Raises:
+            IncompatibleCheckpointError: The folder is missing or altered, or its state does
+                not fit the model.
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        metadata = _checked_metadata(pointer["url"], pointer["digest"])
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        try:
+            dcp.load(state, storage_reader=_reader(pointer["url"], metadata), planner=_planner())
+        except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as error:
+            raise IncompatibleCheckpointError(f"cannot load the sharded checkpoint {pointer['url']} into the model: "
+                                              f"{type(error).__name__}: {str(error)[:500]}") from None
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+
+    def _check_reach(self, url: str) -> None:
+        """Checks, once per fit, that every rank sees the ``.metadata`` and every rank's part."""
+        fs, path = fsspec.core.url_to_fs(url)
+        names = {posixpath.basename(p) for p in fs.ls(path, detail=False)} if fs.exists(path) else set()
+        sees = _METADATA in names and all(f"__{r}_0.distcp" in names for r in range(self.world_size))
+        seen = torch.tensor([int(sees)])
+        if self.world_size > 1:
+            dist.all_reduce(seen, op=dist.ReduceOp.MIN)
+        if not bool(seen[0]):
+            raise InvalidInputError(
+                f"checkpointDir: rank {self.rank} {'does not see' if not sees else 'sees, but another rank misses,'} "
+                f"every rank's part of {url}; with strategy=\"fsdp\" checkpointDir must be storage every worker "
+                "reaches (a shared filesystem, DBFS, HDFS or an object store), not a local disk"
+            )
+        self._checked_reach = True
+
+
+def _local(url: str) -> str | None:
+    """The local path behind ``url``, or None for another filesystem."""
+    fs, path = fsspec.core.url_to_fs(url)
+    return path if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)) else None
+
+
+def _writer(url: str) -> Any:
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    local = _local(url)
+    return FileSystemWriter(local) if local is not None else FsspecWriter(url)
+
+
+def _checked_metadata(url: str, digest: str) -> bytes:
+    """The folder's ``.metadata``, if it is the one the checkpoint was saved with.
+
+    Raises:
+        IncompatibleCheckpointError: It is missing, unreadable or altered.
+    """
+    metadata_url = posixpath.join(url, _METADATA)
+    try:
+        blob = _read(metadata_url)
+    except (OSError, ValueError) as error:
+        raise IncompatibleCheckpointError(
+            f"the sharded checkpoint {url} is gone or unreadable ({type(error).__name__}: {error}); it may have "
+            "been pruned from checkpointDir, or lie on storage this worker cannot reach") from None
+    if _sha256(blob) != digest:
+        raise IncompatibleCheckpointError(f"{metadata_url} is not the one the checkpoint was saved with (its "
+                                          "SHA-256 differs): the folder was altered or replaced")
+    return blob
+
+
+def _reader(url: str, metadata: bytes) -> Any:
+    """A DCP reader of the folder ``url`` that takes its metadata from the checked bytes
+    ``metadata`` (see :func:`_checked_metadata`), unpickled safely."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    local = _local(url)
+    base = FileSystemReader if local is not None else FsspecReader
+
+    class CheckedReader(base):  # type: ignore[misc, valid-type]
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            loaded = _MetadataUnpickler(io.BytesIO(metadata)).load()
+            if getattr(loaded, "storage_meta", None) is None:
+                loaded.storage_meta = StorageMeta()
+            loaded.storage_meta.load_id = self.load_id
+            return loaded
+
+    return CheckedReader(local if local is not None else url)
+
+
+def _planner() -> Any:
+    """DCP's default load planner, reading non-tensor values with ``weights_only=True``."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class WeightsOnlyPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return WeightsOnlyPlanner()
+
+
+_SAFE_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                 "torch.distributed.checkpoint.planner")
+_SAFE_NAMES = {("collections", "OrderedDict"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
+               ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("builtins", "set"), ("builtins", "frozenset")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata``: its own dataclasses, ``torch.Size``, dtypes and layouts,
+    and the path it was saved to; nothing that can run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _SAFE_MODULES or (module, name) in _SAFE_NAMES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise IncompatibleCheckpointError(f"the sharded checkpoint's .metadata refers to {module}.{name}, which a "
+                                          "DCP metadata file never holds; it is not loaded")
+
+
+def _read(url: str) -> bytes:
+    from spark_torch_est.storage import read_bytes
+
+    return read_bytes(url)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,106 @@
+"""strategy="fsdp" on one rank (the real loop, in-process): sharded checkpoints, their
+folders, the checks of what is read back, and the driver's checks of a model."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from spark_torch_est import Checkpoint
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
+from spark_torch_est.failure import RankFailure
+from spark_torch_est.progress import Target
+from spark_torch_est.sharding import _MetadataUnpickler, check_shardable, shard_targets
+from spark_torch_est.storage import CheckpointDir
+from tests.helpers import mlp, train_locally
+
+
+def _fsdp(tmp_path, target, resume=None, **fields):
+    return train_locally(target, resume, strategy="fsdp", checkpoint_dir=str(tmp_path),
+                         checkpoint_every=(1, "ep"), **fields)
+
+
+def _weights(checkpoint: Checkpoint) -> np.ndarray:
+    return torch.cat([v.reshape(-1) for v in checkpoint.model_state.values()]).numpy()
+
+
+def test_two_plus_two_epochs_equal_four_bitwise(tmp_path):
+    whole = _fsdp(tmp_path / "whole", Target(epoch=4))
+    half = _fsdp(tmp_path / "half", Target(epoch=2))
+    resumed = _fsdp(tmp_path / "half", Target(epoch=4), resume=half.to_bytes())
+    np.testing.assert_array_equal(_weights(whole), _weights(resumed))
+    assert [e["epoch"] for e in resumed.history] == [1, 2, 3, 4]
+
+
+def test_the_driver_keeps_a_pointer_and_the_full_weights_not_the_optimizer(tmp_path):
+    checkpoint = _fsdp(tmp_path, Target(epoch=2))
+    assert checkpoint.strategy == "fsdp"
+    assert checkpoint.optimizer_state == {}
+    assert set(checkpoint.model_state) == set(mlp({"dropout": 0.3}).state_dict())
+    folder = checkpoint.sharded["url"]
+    assert sorted(os.listdir(folder)) == [".metadata", "__0_0.distcp"]
+    newest = CheckpointDir(str(tmp_path), run_id="0123456789abcdef").newest()
+    on_disk = Checkpoint.from_bytes(newest.read())
+    assert on_disk.model_state == {} and on_disk.sharded == checkpoint.sharded  # no weights in the small .pt
+
+
+def test_an_altered_metadata_file_is_refused(tmp_path):
+    half = _fsdp(tmp_path, Target(epoch=1))
+    with open(os.path.join(half.sharded["url"], ".metadata"), "ab") as handle:
+        handle.write(b"x")
+    with pytest.raises(RankFailure, match="SHA-256 differs"):
+        _fsdp(tmp_path, Target(epoch=2), resume=half.to_bytes())
+
+
+def test_a_metadata_file_naming_other_callables_is_not_unpickled():
+    with pytest.raises(IncompatibleCheckpointError, match="builtins.print, which a DCP metadata file never holds"):
+        _MetadataUnpickler(io.BytesIO(pickle.dumps(print))).load()
+
+
+def test_old_and_unfinished_folders_are_pruned_with_their_checkpoints(tmp_path):
+    directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef", keep=2)
+    orphan = directory.sharded_url(9, 90)  # a save that never got its .pt
+    os.makedirs(orphan)
+    for epoch in range(1, 5):
+        os.makedirs(directory.sharded_url(epoch, epoch * 10))
+        directory.write(b"x", epoch, epoch * 10)
+    names = sorted(os.listdir(tmp_path))
+    assert [n for n in names if n.endswith(".dcp")] == [n[:-3] + ".dcp" for n in names if n.endswith(".pt")]
+    assert len([n for n in names if n.endswith(".pt")]) == 2
+
+
+class _NoParameters(nn.Module):
+    def forward(self, x):
+        return x
+
+
+def test_the_driver_refuses_a_model_without_parameters():
+    with pytest.raises(InvalidInputError, match=r'strategy="fsdp".*_NoParameters has none'):
+        check_shardable(_NoParameters(), None)
+
+
+def test_the_driver_refuses_an_unknown_class_and_lists_the_model_s():
+    with pytest.raises(InvalidInputError, match=r"shardModules=\['Block'\].*'Linear'"):
+        check_shardable(mlp({}), ["Block"])
+
+
+def test_default_targets_are_the_children_holding_parameters():
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+    assert shard_targets(model, None) == [model[0], model[2]]
+    assert shard_targets(model, ["Linear"]) == [model[0], model[2]]
+
+
+def test_a_checkpoint_whose_parts_are_not_all_written_is_never_the_newest(tmp_path):
+    directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef")
+    os.makedirs(directory.sharded_url(1, 10))
+    directory.write(b"x", 1, 10)
+    unfinished = directory.sharded_url(2, 20)  # a rank was killed mid-save: no .pt was written
+    os.makedirs(unfinished)
+    open(os.path.join(unfinished, "__0_0.distcp"), "wb").close()
+    assert directory.newest().global_step == 10 and directory.latest().global_step == 10
