@@ -340,13 +340,19 @@ def _check_structure(state: Mapping[str, Any]) -> None:
     need(isinstance(state["model"], Mapping) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                       for k, v in state["model"].items()),
          "model", "a state_dict: {name: tensor}")
-    optimizer = state["optimizer"]
-    need(isinstance(optimizer, Mapping) and isinstance(optimizer.get("state"), Mapping)
+    sharded, optimizer = state.get("sharded"), state["optimizer"]
+    need(sharded is None or (isinstance(sharded, Mapping) and all(isinstance(sharded.get(k), str)
+                                                                  for k in ("url", "digest"))),
+         "sharded", "None or {'url': str, 'digest': str}")
+    need((sharded is not None and optimizer == {}) or isinstance(optimizer, Mapping)
+         and isinstance(optimizer.get("state"), Mapping)
          and isinstance(optimizer.get("param_groups"), list)
          and all(isinstance(g, Mapping) and isinstance(g.get("params"), list) for g in optimizer["param_groups"]),
          "optimizer", "an optimizer state_dict: {'state': dict, 'param_groups': [{'params': [...], ...}]}")
     need(state["scheduler"] is None or isinstance(state["scheduler"], Mapping), "scheduler",
          "None or a scheduler state_dict")
+    need(state.get("scaler") is None or isinstance(state["scaler"], Mapping), "scaler",
+         "None or a GradScaler state_dict")
     states = state["rng"]
     need(isinstance(states, list) and len(states) >= 1 and all(isinstance(t, torch.Tensor) for t in states),
          "rng", "a list of one RNG state tensor per rank")

@@ -102,7 +102,7 @@ def _tampered(field: str, value) -> bytes:
     ("progress", "x"), ("progress", {"epoch": -1}), ("history", [1, 2]), ("history", [{"train_loss": 1.0}]),
     ("rng", []), ("rng", [torch.zeros(3, dtype=torch.float64)]), ("optimizer", {}), ("scheduler", [1]),
     ("model", [1.0, 2.0]), ("inputs.schema", None), ("world_size", 0), ("outputs", {"shape": [1]}),
-    ("hooks", {"h": 1}), ("run_id", 5), ("partial_epoch", {}),
+    ("hooks", {"h": 1}), ("run_id", 5), ("partial_epoch", {}), ("sharded", {"url": 1}), ("scaler", [1.0]),
 ])
 def test_a_tampered_checkpoint_is_refused_naming_the_field(field, value):
     """format_version kept as 2: the structure is what tells."""
