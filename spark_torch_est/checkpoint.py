@@ -230,6 +230,14 @@ class Checkpoint:
             raise IncompatibleCheckpointError(f"malformed sharded checkpoint location: {sharded!r}")
         return {"url": sharded["url"], "digest": sharded["digest"]}
 
+    def for_ranks(self) -> Checkpoint:
+        """What the ranks resume from: a sharded checkpoint without the full weights the
+        driver keeps for the fitted model (each rank reads its part from the shards), any
+        other checkpoint whole."""
+        if self.sharded is None or not self.model_state:
+            return self
+        return Checkpoint({**self._state, "model": {}})
+
     # ---------------------------------------------------------------------- bytes
 
     def to_bytes(self) -> bytes:

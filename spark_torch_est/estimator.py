@@ -514,7 +514,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         interval = Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
         return TaskSpec(
             run_id=start.run_id if start is not None else uuid.uuid4().hex, fit_id=uuid.uuid4().hex, payload=payload,
-            resume=start.to_bytes() if start is not None else None, target=target, schema=schema,
+            resume=start.for_ranks().to_bytes() if start is not None else None, target=target, schema=schema,
             world_size=self.getNumWorkers(), batch_size=self.getBatchSize(), seed=self.getSeed(),
             timeout_s=self.getTimeout(), use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
             checkpoint_every=(interval.value, interval.unit),

@@ -3,8 +3,12 @@ gathered model, and the driver's checks before any job."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +21,7 @@ from spark_torch_est.storage import CheckpointDir
 from tests.helpers import CrashOnce, estimator, sgd, spark_jobs_started
 
 pytestmark = pytest.mark.spark
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 class ShardSizes(Hook):
@@ -162,3 +167,113 @@ def test_switching_strategy_within_a_run_is_refused(spark, linear_df, tmp_path, 
     with pytest.raises(InvalidInputError, match="strategy changed from 'fsdp' to 'ddp'"):
         est.fit(linear_df, duration="1ep")
     assert CheckpointDir(str(whole[2]), run_id=whole[0].checkpoint.run_id).newest() is not None
+
+
+class Recommender(torch.nn.Module):
+    """Typed inputs: ``model(user, item, dense)`` with int64 ids into two embeddings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users, self.items = torch.nn.Embedding(50, 8), torch.nn.Embedding(40, 8)
+        self.dense = torch.nn.Linear(3, 8)
+        self.head = torch.nn.Sequential(torch.nn.Linear(24, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+    def forward(self, user, item, dense):
+        return self.head(torch.cat([self.users(user), self.items(item), self.dense(dense)], dim=1))
+
+
+def _recommender_df(spark, rows: int = 1200):
+    rng = np.random.default_rng(11)
+    user, item = rng.integers(0, 50, rows), rng.integers(0, 40, rows)
+    dense = rng.normal(size=(rows, 3)).astype(np.float32)
+    label = np.sin(user / 7.0) + np.cos(item / 5.0) + dense[:, 0]  # learnable from every input
+    return spark.createDataFrame([(int(u), int(i), d.tolist(), float(y)) for u, i, d, y in zip(user, item, dense, label)],
+                                 "user long, item long, dense array<float>, label double")
+
+
+def test_typed_inputs_loggers_and_predict_udf_work_under_fsdp(spark, tmp_path):
+    from spark_torch_est import CSVLogger
+
+    df = _recommender_df(spark)
+    est = _fsdp(tmp_path / "ckpt", model=lambda config: Recommender(), inputCols=["user", "item", "dense"],
+                shardModules=["Embedding", "Sequential"], loggers=[CSVLogger(str(tmp_path / "logs"))], maxEpochs=3,
+                config={"lr": 0.02})
+    model = est.fit(df)
+    assert est.history[-1]["train_loss"] < 0.5 * est.history[0]["train_loss"]
+    [run] = os.listdir(tmp_path / "logs")
+    with open(tmp_path / "logs" / run / "metrics.csv") as f:
+        assert [line.split(",")[0] for line in f.read().split()[1:]] == ["1", "2", "3"]  # one row per epoch
+    scored = df.limit(40).withColumn("id", F.monotonically_increasing_id())
+    rows = model.transform(scored).orderBy("id").select("user", "item", "dense", "prediction").collect()
+    with torch.no_grad():
+        expected = model.torch_model()(torch.tensor([r.user for r in rows]), torch.tensor([r.item for r in rows]),
+                                       torch.tensor([r.dense for r in rows])).reshape(-1).numpy()
+    np.testing.assert_allclose([r.prediction for r in rows], expected, rtol=1e-5, atol=1e-6)
+    predict = model.predict_udf()
+    udf_rows = scored.withColumn("p", predict("user", "item", "dense")).orderBy("id").select("p").collect()
+    assert [r.p for r in udf_rows] == [r.prediction for r in rows]
+
+
+class KillDuringTheSave(Hook):
+    """Hard-exits rank 1's Python worker in the middle of the sharded save after epoch
+    ``epoch``, once its own part is written and before the save completes (rank 0 still
+    gathers the plan and writes ``.metadata``); ``marker`` makes it happen once."""
+
+    def __init__(self, marker: str, epoch: int = 2) -> None:
+        self.marker, self.epoch = marker, epoch
+
+    def after_train_epoch(self, rank, metrics):
+        if rank != 1 or metrics["epoch"] != self.epoch or os.path.exists(self.marker):
+            return
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        marker, write = self.marker, FileSystemWriter.write_data
+
+        def write_then_die(writer, plan, planner):
+            write(writer, plan, planner).wait()  # this rank's .distcp is on disk
+            open(marker, "w").close()
+            os._exit(3)
+
+        FileSystemWriter.write_data = write_then_die  # this worker dies with the patch
+
+
+def test_a_rank_killed_during_a_sharded_save_resumes_from_the_save_before(spark, linear_df, tmp_path, caplog, whole):
+    crashing = _fsdp(tmp_path, hooks={"sizes": ShardSizes(), "kill": KillDuringTheSave(str(tmp_path / "killed"))},
+                     maxRetries=1)
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
+        crashing.fit(linear_df)
+    resumed = [r.getMessage() for r in caplog.records if "the relaunch resumes from" in r.getMessage()]
+    assert (tmp_path / "killed").exists() and len(resumed) == 1, resumed
+    assert "epoch=1" in resumed[0]  # the unfinished save of epoch 2 is not taken
+    for key, value in whole[0].checkpoint.model_state.items():
+        assert torch.equal(value, crashing.checkpoint.model_state[key]), key
+    assert [e["epoch"] for e in crashing.history] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow  # its own local[3] session in a subprocess
+def test_a_run_saved_with_two_ranks_resumes_with_three(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPTS / "fsdp_reshard.py"), str(tmp_path)], capture_output=True,
+                            text=True, timeout=600)
+    line = next((l for l in result.stdout.splitlines() if l.startswith("RESULT ")), None)
+    assert line, result.stdout[-2000:] + result.stderr[-6000:]
+    found = json.loads(line[len("RESULT "):])
+    assert found["same_weights"] == found["keys"]  # the 3 ranks start from exactly the weights 2 ranks saved
+    assert [(e["epoch"], e["world_size"]) for e in found["history"]] == [(1, 2), (2, 2), (3, 3)]
+    assert found["history"][2]["train_loss"] < found["history"][0]["train_loss"]
+    assert found["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+
+
+@pytest.mark.parametrize("settings", [
+    {"precision": "bf16-mixed"},
+    pytest.param({"compileModel": True}, marks=pytest.mark.slow),  # each rank compiles the model, each fit
+])
+def test_mixed_precision_and_compile_train_and_resume_exactly_under_fsdp(spark, linear_df, tmp_path, settings):
+    whole = _fsdp(tmp_path / "whole", maxEpochs=2, **settings)
+    whole.fit(linear_df)
+    halves = _fsdp(tmp_path / "halves", maxEpochs=2, **settings)
+    halves.fit(linear_df, duration="1ep")
+    model = halves.fit(linear_df, duration="1ep")
+    for key, value in whole.checkpoint.model_state.items():
+        assert torch.equal(value, halves.checkpoint.model_state[key]), key
+    assert halves.history[1]["train_loss"] < halves.history[0]["train_loss"]
+    assert set(model.torch_model().state_dict()) == set(whole.checkpoint.model_state)  # plain keys

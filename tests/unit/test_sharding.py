@@ -104,3 +104,16 @@ def test_a_checkpoint_whose_parts_are_not_all_written_is_never_the_newest(tmp_pa
     os.makedirs(unfinished)
     open(os.path.join(unfinished, "__0_0.distcp"), "wb").close()
     assert directory.newest().global_step == 10 and directory.latest().global_step == 10
+
+
+def test_ranks_resume_from_the_shards_without_the_full_weights_the_driver_keeps(tmp_path):
+    whole = _fsdp(tmp_path / "whole", Target(epoch=2))
+    half = _fsdp(tmp_path / "half", Target(epoch=1))
+    assert half.model_state  # the driver's copy holds the gathered weights, for the fitted model
+    lean = half.for_ranks()
+    assert lean.model_state == {} and lean.sharded == half.sharded
+    assert len(lean.to_bytes()) < len(half.to_bytes()) - 4 * sum(v.numel() for v in half.model_state.values()) // 2
+    resumed = _fsdp(tmp_path / "half", Target(epoch=2), resume=lean.to_bytes())
+    np.testing.assert_array_equal(_weights(whole), _weights(resumed))
+    ddp = train_locally(Target(epoch=1))
+    assert ddp.for_ranks() is ddp  # a whole checkpoint travels whole
