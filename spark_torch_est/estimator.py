@@ -32,7 +32,7 @@ from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.precision import PRECISIONS
 from spark_torch_est.progress import Progress, Target
 from spark_torch_est.schema import InputSchema
-from spark_torch_est.sharding import STRATEGIES, check_shardable
+from spark_torch_est.sharding import STRATEGIES, check_shardable, model_to_check
 from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
@@ -493,8 +493,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                 raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
         HookSet(creators.hooks)
         try:
-            model = creators.build_model()
-            if self.getStrategy() == "fsdp":
+            fsdp = self.getStrategy() == "fsdp"
+            model = model_to_check(creators) if fsdp else creators.build_model()
+            if fsdp:
                 check_shardable(model, self.getShardModules())
             if start is not None and start.model_state:  # a sharded checkpoint's own .pt holds no weights
                 check_compatible(model.state_dict(), start.model_state)

@@ -31,7 +31,7 @@ import logging
 import os
 import pickle
 import posixpath
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import fsspec
 import torch
@@ -40,13 +40,29 @@ from torch import nn
 
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
 
-__all__ = ["STRATEGIES", "check_shardable", "shard_targets", "shard_model", "full_model_state", "ShardedState"]
+if TYPE_CHECKING:
+    from spark_torch_est.creators import Creators
+
+__all__ = ["STRATEGIES", "model_to_check", "check_shardable", "shard_targets", "shard_model", "full_model_state", "ShardedState"]
 
 logger = logging.getLogger(__name__)
 
 #: The values of the ``strategy`` Param.
 STRATEGIES = ("ddp", "fsdp")
 _METADATA = ".metadata"
+
+
+def model_to_check(creators: Creators) -> nn.Module:
+    """The model the driver checks before any job under "fsdp": built on the meta device, so
+    the driver allocates none of its weights (a model too large for one worker may be too
+    large for the driver too). A creator that cannot build there is called as usual."""
+    if not isinstance(creators.model, nn.Module):
+        try:
+            with torch.device("meta"):
+                return creators.build_model()
+        except Exception:  # e.g. a creator that reads its weights' values
+            pass
+    return creators.build_model()
 
 
 def shard_targets(model: nn.Module, class_names: Sequence[str] | None) -> list[nn.Module]:

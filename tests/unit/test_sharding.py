@@ -117,3 +117,19 @@ def test_ranks_resume_from_the_shards_without_the_full_weights_the_driver_keeps(
     np.testing.assert_array_equal(_weights(whole), _weights(resumed))
     ddp = train_locally(Target(epoch=1))
     assert ddp.for_ranks() is ddp  # a whole checkpoint travels whole
+
+
+def test_the_driver_checks_an_fsdp_model_without_allocating_its_weights():
+    from spark_torch_est.creators import Creators
+    from spark_torch_est.sharding import model_to_check
+
+    huge = Creators(model=lambda config: nn.Linear(20_000, 20_000), optimizer=None, loss=None)  # 1.6 GB of float32
+    assert {p.device.type for p in model_to_check(huge).parameters()} == {"meta"}
+
+    def reads_its_weights(config):
+        model = nn.Linear(4, 2)
+        model.weight.data[0, 0].item()  # values exist only on a real device
+        return model
+
+    built = model_to_check(Creators(model=reads_its_weights, optimizer=None, loss=None))
+    assert {p.device.type for p in built.parameters()} == {"cpu"}
