@@ -18,7 +18,7 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
 from spark_torch_est import CSVLogger, Hook, Logger, MLflowLogger, TensorBoardLogger, TorchEstimator
 from spark_torch_est.errors import TrainingFailedError
-from spark_torch_est.mlflow_logger import RUN_ID_TAG
+from spark_torch_est.loggers.mlflow_logger import RUN_ID_TAG
 from tests.helpers import linear_model, sgd
 
 pytestmark = pytest.mark.spark
@@ -149,7 +149,7 @@ def test_tensorboard_and_csv_record_the_run_while_a_broken_logger_changes_nothin
 
     tensorboard, csv_logger = TensorBoardLogger(str(tmp_path / "tb")), CSVLogger(str(tmp_path / "csv"))
     est = _estimator(loggers=[Unshippable(), tensorboard, csv_logger])
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.logger_dispatch"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
         est.fit(linear_df, duration="1ep")
         est.fit(linear_df)
     warnings = [r.getMessage() for r in caplog.records if "a bug in a logger" in r.getMessage()]
@@ -217,7 +217,7 @@ def test_stuck_loggers_and_an_unreachable_mlflow_server_are_abandoned_and_fit_re
     down = MLflowLogger(tracking_uri=f"http://127.0.0.1:{_closed_port()}", log_model=False)
     down.event_timeout_s = 60.0  # MLflow's own retries must end well before
     est = _estimator(loggers=[*stuck, down])
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.logger_dispatch"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
         model = est.fit(linear_df, duration="1ep")
     blocked = [not logger.release.is_set() for logger in stuck]
     for logger in stuck:

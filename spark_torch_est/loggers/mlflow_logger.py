@@ -9,12 +9,18 @@ import time
 import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+
+import numpy as np
 
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.loggers import Logger, input_example, scalars, tracked_params
+from spark_torch_est.loggers.base import Logger, scalars, tracked_params
+from spark_torch_est.schema import FEATURES_LAYOUT
 
-__all__ = ["MLflowLogger", "RUN_ID_TAG", "REQUEST_SETTINGS"]
+if TYPE_CHECKING:
+    from spark_torch_est.model import TorchModel
+
+__all__ = ["MLflowLogger", "RUN_ID_TAG", "REQUEST_SETTINGS", "input_example"]
 
 #: The MLflow run tag that holds the estimator run's id.
 RUN_ID_TAG = "spark_torch_est.run_id"
@@ -242,6 +248,18 @@ def _process_tracking_uri(uri: str | None) -> Iterator[None]:
             yield
         finally:
             mlflow.set_tracking_uri(before)
+
+
+def input_example(model: TorchModel) -> np.ndarray | None:
+    """An input batch for ``model``, as tracking tools want it to infer a signature (and,
+    for MLflow's default pt2 format, to trace the model): zeros shaped like the features
+    the model was trained on. Two rows, since a traced one-row example fixes the batch
+    size at 1. None for a model of several typed inputs (``inputCols``), which MLflow's
+    single-tensor PyTorch flavor cannot describe, or of arrays padded per batch."""
+    checkpoint = model.checkpoint
+    if checkpoint.input_schema.layout != FEATURES_LAYOUT or checkpoint.input_row_shapes[0] is None:
+        return None
+    return np.zeros((2, *checkpoint.input_row_shapes[0]), dtype=np.float32)
 
 
 def _requirements() -> list[str]:
