@@ -1,7 +1,7 @@
 """[both] Train PyTorch models on Spark DataFrames: a pyspark.ml Estimator over barrier-mode DDP.
 
 Names are imported on first use, so an executor that only runs the training loop never
-pays for importing the driver side (``pyspark.ml`` alone takes about half a second).
+pays for importing the driver side (``pyspark.ml`` alone is a slow import).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ back with the checkpoint.
 Rank 0 also sends the checkpoint here (:meth:`ChannelClient.send_blob`): a header, the
 bytes in parts, and the driver's acknowledgement once their SHA-256 matches. Only an
 acknowledged checkpoint counts as delivered; without one the rank returns it as result
-rows of the Spark job instead, which is slower (about 40 MB/s against hundreds) and
-bounded by ``spark.driver.maxResultSize``.
+rows of the Spark job instead, which is much slower (docs/benchmarks.md) and bounded by
+``spark.driver.maxResultSize``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ _STEP_METRIC = "train_loss_step"
 _MAX_PARAM = 500
 _URI_LOCK = threading.Lock()
 #: MLflow's HTTP retry settings while a logger event runs, unless the process sets them:
-#: a request to a server that is down fails after ~3 s, not MLflow's default ~4 minutes.
+#: a request to a server that is down fails after two short retries, where MLflow's defaults
+#: retry for minutes.
 REQUEST_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 _REQUESTS_LOCK = threading.Lock()
@@ -106,8 +107,8 @@ class MLflowLogger(Logger):
             (default None: the tracking server's default, ``./mlruns`` for a local store).
         pip_requirements: The logged model's pip requirements (default None: ``torch`` and
             ``cloudpickle`` pinned to the driver's versions, without a local version label
-            such as ``+cpu``). Given explicitly, so MLflow does not infer them, which costs
-            5 to 25 s per logged model; list what else your model's code imports.
+            such as ``+cpu``). Given explicitly, so MLflow does not infer them, which takes
+            seconds per logged model; list what else your model's code imports.
 
     Raises:
         InvalidInputError: mlflow is not installed.
