@@ -1,7 +1,7 @@
 """[both] Train PyTorch models on Spark DataFrames: a pyspark.ml Estimator over barrier-mode DDP.
 
 Names are imported on first use, so an executor that only runs the training loop never
-pays for importing the driver side (``pyspark.ml`` alone takes about half a second).
+pays for importing the driver side (``pyspark.ml`` alone is a slow import).
 """
 
 from __future__ import annotations
@@ -21,23 +21,19 @@ _HOMES = {
     "Checkpoint": "checkpoint", "Duration": "duration", "Progress": "progress",
     "EarlyStopping": "builtin_hooks", "GradientClipping": "builtin_hooks",
     "SchedulerPerIteration": "builtin_hooks", "Throughput": "builtin_hooks", "SetHyperparameters": "builtin_hooks",
-    "Logger": "loggers", "MLflowLogger": "mlflow_logger", "TensorBoardLogger": "tensorboard_logger",
-    "CSVLogger": "csv_logger",
+    "Logger": "loggers", "MLflowLogger": "loggers", "TensorBoardLogger": "loggers", "CSVLogger": "loggers",
 }
 
 if TYPE_CHECKING:
     from spark_torch_est.builtin_hooks import (EarlyStopping, GradientClipping, SchedulerPerIteration,
                                                SetHyperparameters, Throughput)
     from spark_torch_est.checkpoint import Checkpoint
-    from spark_torch_est.csv_logger import CSVLogger
     from spark_torch_est.duration import Duration
     from spark_torch_est.estimator import TorchEstimator
     from spark_torch_est.hooks import Control, Hook
-    from spark_torch_est.loggers import Logger
-    from spark_torch_est.mlflow_logger import MLflowLogger
+    from spark_torch_est.loggers import CSVLogger, Logger, MLflowLogger, TensorBoardLogger
     from spark_torch_est.model import TorchModel
     from spark_torch_est.progress import Progress
-    from spark_torch_est.tensorboard_logger import TensorBoardLogger
 
 
 def __getattr__(name: str) -> Any:

@@ -2,15 +2,17 @@
 
 The driver listens on its own host with the job's secret; ranks connect with
 ``multiprocessing.connection``'s HMAC challenge (a connection without the secret is
-refused before any message is read) and send JSON messages: rank 0 its progress and
-epoch metrics, every rank its warning and error log lines. Losing the channel never
-stops training: the result and history still come back with the checkpoint.
+refused before any message is read) and send :class:`~spark_torch_est.messages.RankMessage`
+as JSON: rank 0 its progress and epoch metrics, every rank its warning and error log
+lines. The server decodes each one as it arrives and drops, with a DEBUG line, one it
+cannot read. Losing the channel never stops training: the result and history still come
+back with the checkpoint.
 
 Rank 0 also sends the checkpoint here (:meth:`ChannelClient.send_blob`): a header, the
 bytes in parts, and the driver's acknowledgement once their SHA-256 matches. Only an
 acknowledged checkpoint counts as delivered; without one the rank returns it as result
-rows of the Spark job instead, which is slower (about 40 MB/s against hundreds) and
-bounded by ``spark.driver.maxResultSize``.
+rows of the Spark job instead, which is much slower (docs/benchmarks.md) and bounded by
+``spark.driver.maxResultSize``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import threading
 import time
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from typing import Any, Callable
+
+from spark_torch_est.messages import RankMessage
+from spark_torch_est.progress import Progress
 
 __all__ = ["ChannelServer", "ChannelClient", "LogForwarder", "ProgressReporter", "EXECUTOR_ONLY"]
 
@@ -46,7 +51,7 @@ class ChannelServer:
     Args:
         host: The address to bind (the driver host; never all interfaces).
         secret: The job's key the ranks must prove they hold.
-        on_message: Called from reader threads with each decoded message.
+        on_message: Called from reader threads with each message, decoded.
         handshake_timeout: Seconds a new connection has to authenticate (default 5).
         max_blob_bytes: Largest blob accepted (default None: any size). One blob per server
             (a job has one checkpoint to send): a second one, or one announced larger, closes
@@ -57,7 +62,7 @@ class ChannelServer:
         rejected: How many connections failed or did not finish authentication.
     """
 
-    def __init__(self, host: str, secret: bytes, on_message: Callable[[dict], None],
+    def __init__(self, host: str, secret: bytes, on_message: Callable[[RankMessage], None],
                  handshake_timeout: float = 5.0, max_blob_bytes: int | None = None) -> None:
         self.secret = secret
         self.max_blob_bytes = max_blob_bytes
@@ -148,9 +153,7 @@ class ChannelServer:
         while True:
             try:
                 message = json.loads(connection.recv_bytes(_MAX_MESSAGE))
-                if not isinstance(message, dict):
-                    continue
-                if message.get("type") == "blob":
+                if isinstance(message, dict) and message.get("type") == "blob":
                     if not self._admit_blob(message):
                         connection.close()
                         return
@@ -163,7 +166,12 @@ class ChannelServer:
                 connection.close()
                 return
             try:
-                self.on_message(message)
+                decoded = RankMessage.from_dict(message)
+            except ValueError as error:  # never a reason to stop reading the rank's messages
+                logger.debug("the driver's channel dropped a message: %s", error)
+                continue
+            try:
+                self.on_message(decoded)
             except Exception:  # a display problem must not stop the stream
                 logger.exception("progress message handler failed")
 
@@ -257,13 +265,13 @@ class ChannelClient:
         deliver_challenge(self._connection, secret)
         self._lock = threading.Lock()
 
-    def send(self, message: dict[str, Any]) -> None:
-        """Sends one JSON message; drops the channel on the first error."""
+    def send(self, message: RankMessage) -> None:
+        """Sends one message as JSON; drops the channel on the first error."""
         if self._connection is None:
             return
         try:
             with self._lock:
-                self._connection.send_bytes(json.dumps(message, default=_plain).encode())
+                self._connection.send_bytes(json.dumps(message.to_dict(), default=_plain).encode())
         except (OSError, ValueError, TypeError):
             self.close()
 
@@ -324,8 +332,7 @@ class LogForwarder(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(record, EXECUTOR_ONLY, False):
             return
-        self.client.send({"type": "log", "rank": self.rank, "level": record.levelno, "logger": record.name,
-                          "message": record.getMessage(), "time": time.time()})
+        self.client.send(RankMessage.for_log(self.rank, record.levelno, record.name, record.getMessage()))
 
 
 class ProgressReporter:
@@ -342,7 +349,7 @@ class ProgressReporter:
         self.interval = interval
         self._last = 0.0
 
-    def step(self, progress: Any, loss: Any, steps_per_epoch: int) -> None:
+    def step(self, progress: Progress, loss: Any, steps_per_epoch: int) -> None:
         """Reports the position after a step, at most every ``interval`` seconds."""
         if self.client is None:
             return
@@ -350,16 +357,14 @@ class ProgressReporter:
         if now - self._last < self.interval:
             return
         self._last = now
-        self.client.send({"type": "progress", **progress.to_dict(), "steps_per_epoch": steps_per_epoch,
-                          "loss": float(loss), "time": time.time()})
+        self.client.send(RankMessage.for_step(progress, float(loss), steps_per_epoch))
 
     def epoch(self, entry: dict) -> None:
         """Reports a finished epoch's history entry."""
         if self.client is not None:
-            self.client.send({"type": "epoch", "entry": entry, "time": time.time()})
+            self.client.send(RankMessage.for_epoch(entry))
 
     def note(self, logger_name: str, message: str) -> None:
         """Logs ``message`` at INFO on the driver, once (rank 0's log forwarder sends warnings only)."""
         if self.client is not None:
-            self.client.send({"type": "log", "rank": 0, "level": logging.INFO, "logger": logger_name,
-                              "message": message, "time": time.time()})
+            self.client.send(RankMessage.for_log(0, logging.INFO, logger_name, message))

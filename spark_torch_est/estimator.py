@@ -23,8 +23,11 @@ from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingF
 from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
 from spark_torch_est.launcher import Launcher
-from spark_torch_est.logger_dispatch import LoggerDispatch
-from spark_torch_est.loggers import Logger, normalize_loggers
+from spark_torch_est.loggers import Logger
+from spark_torch_est.loggers.base import normalize_loggers
+from spark_torch_est.loggers.dispatch import LoggerDispatch
+from spark_torch_est.loggers.view import DriverView
+from spark_torch_est.messages import RankMessage
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import (ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params, param_map_name,
                                     to_config)
@@ -36,7 +39,6 @@ from spark_torch_est.sharding import STRATEGIES, check_shardable, model_to_check
 from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
-from spark_torch_est.view import DriverView
 
 if TYPE_CHECKING:
     from pyspark.ml._typing import ParamMap
@@ -333,7 +335,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
                       progress, name)
 
-        def on_message(message: dict) -> None:
+        def on_message(message: RankMessage) -> None:
             view.handle(message)
             loggers.handle(message)
 
@@ -446,7 +448,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                        start: Checkpoint | None) -> tuple[DataFrame, FileSource | None]:
         """Checks the creators and prepares the training frame side by side: the JVM plans
         the frame (slow in a fresh session) while Python builds the model and optimizer
-        (the first optimizer in a process imports ``torch._dynamo``, ~1.5 s). A creator
+        (the first optimizer in a process imports ``torch._dynamo``, which is slow). A creator
         error wins over a column error. Under Spark Connect the client plans nothing, so
         both run in turn. A plain Parquet table is read by the ranks themselves (see
         :mod:`spark_torch_est.sources`): the job's frame is then one empty-handed row per rank."""

@@ -20,6 +20,7 @@ from spark_torch_est.channel import ChannelServer
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.failure import Decision, Failure, FailurePolicy, explain_job_failure
+from spark_torch_est.messages import RankMessage
 from spark_torch_est.progress import Progress
 from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA, failure_key
 from spark_torch_est.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
@@ -154,7 +155,7 @@ class Launcher:
     """
 
     def __init__(self, spark: SparkSession, frame: DataFrame, max_retries: int, slot_wait_s: float,
-                 on_message: Callable[[dict], None] | None = None, min_workers: int | None = None,
+                 on_message: Callable[[RankMessage], None] | None = None, min_workers: int | None = None,
                  replan: Callable[[int], tuple[DataFrame, FileSource | None]] | None = None) -> None:
         self._store_unreachable: set[str] = set()  # driver hosts executors could not reach in this fit
         self.spark = spark

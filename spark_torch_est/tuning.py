@@ -349,7 +349,7 @@ def _tuner_run(tuner: SuccessiveHalving, trials: list[_Trial]) -> Iterator[None]
     """Names each configuration's MLflow run after its param map and, when the estimator
     logs to MLflow where the process does, opens the tuner's own run (nested under an
     active one) for the configurations' runs to nest under."""
-    from spark_torch_est.mlflow_logger import MLflowLogger
+    from spark_torch_est.loggers import MLflowLogger
 
     maps = tuner.getEstimatorParamMaps()
     ambient = False

@@ -18,7 +18,7 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
 from spark_torch_est import CSVLogger, Hook, Logger, MLflowLogger, TensorBoardLogger, TorchEstimator
 from spark_torch_est.errors import TrainingFailedError
-from spark_torch_est.mlflow_logger import RUN_ID_TAG
+from spark_torch_est.loggers.mlflow_logger import RUN_ID_TAG
 from tests.helpers import linear_model, sgd
 
 pytestmark = pytest.mark.spark
@@ -82,7 +82,7 @@ def test_one_mlflow_run_follows_the_estimator_run_through_fits_and_a_failure(
     x = torch.from_numpy(linear_data[0][:100])
     with torch.no_grad():
         assert torch.allclose(logged(x), model.torch_model()(x))
-    # its requirements are given, not inferred (MLflow's inference took 5-25 s per fit), and installable
+    # its requirements are given, not inferred (MLflow's inference is slow), and installable
     requirements = open(mlflow.pyfunc.get_model_dependencies(f"runs:/{run_id}/model")).read().split()
     assert [r.split("==")[0] for r in requirements if not r.startswith("mlflow")] == ["torch", "cloudpickle"]
     assert "+" not in " ".join(requirements) and torch.__version__.split("+")[0] in " ".join(requirements)
@@ -149,7 +149,7 @@ def test_tensorboard_and_csv_record_the_run_while_a_broken_logger_changes_nothin
 
     tensorboard, csv_logger = TensorBoardLogger(str(tmp_path / "tb")), CSVLogger(str(tmp_path / "csv"))
     est = _estimator(loggers=[Unshippable(), tensorboard, csv_logger])
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.logger_dispatch"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
         est.fit(linear_df, duration="1ep")
         est.fit(linear_df)
     warnings = [r.getMessage() for r in caplog.records if "a bug in a logger" in r.getMessage()]
@@ -217,7 +217,7 @@ def test_stuck_loggers_and_an_unreachable_mlflow_server_are_abandoned_and_fit_re
     down = MLflowLogger(tracking_uri=f"http://127.0.0.1:{_closed_port()}", log_model=False)
     down.event_timeout_s = 60.0  # MLflow's own retries must end well before
     est = _estimator(loggers=[*stuck, down])
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.logger_dispatch"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
         model = est.fit(linear_df, duration="1ep")
     blocked = [not logger.release.is_set() for logger in stuck]
     for logger in stuck:

@@ -1,13 +1,24 @@
 import hashlib
 import json
+import logging
 import time
 from multiprocessing.connection import AuthenticationError
 
 import pytest
 
 from spark_torch_est.channel import ChannelClient, ChannelServer
+from spark_torch_est.messages import Kind, RankMessage
+from spark_torch_est.progress import Progress
 
 SECRET = b"c" * 32
+
+
+def _step(global_step: int) -> RankMessage:
+    return RankMessage.for_step(Progress(global_step=global_step), 0.5, steps_per_epoch=10)
+
+
+def _epoch(epoch: int = 1) -> RankMessage:
+    return RankMessage.for_epoch({"epoch": epoch, "train_loss": 0.25})
 
 
 def _wait_for(condition, seconds=5.0):
@@ -30,8 +41,23 @@ def rank_channel():
 
 def test_messages_from_an_authenticated_rank_arrive(rank_channel):
     _, client, received = rank_channel
-    client.send({"type": "progress", "global_step": 1})
-    assert _wait_for(lambda: received == [{"type": "progress", "global_step": 1}])
+    sent = _step(1)
+    client.send(sent)
+    assert _wait_for(lambda: received == [sent])
+
+
+def test_a_message_the_driver_cannot_read_is_dropped_and_the_next_one_arrives(rank_channel, caplog):
+    _, client, received = rank_channel
+    malformed = [{"type": "epoch", "entry": {"train_loss": 0.5}, "time": 0.0}, {"type": "progress", "time": 0.0},
+                 {"type": "log", "rank": "0", "level": 30, "logger": "x", "message": "m", "time": 0.0},
+                 {"type": "ack", "time": 0.0}, [1, 2], "text"]
+    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.channel"):
+        for message in malformed:
+            client._connection.send_bytes(json.dumps(message).encode())
+        sent = _epoch()
+        client.send(sent)
+        assert _wait_for(lambda: received == [sent])
+    assert [r.levelno for r in caplog.records if "dropped a message" in r.getMessage()] == [logging.DEBUG] * 6
 
 
 def test_a_connection_without_the_secret_is_refused_and_reads_nothing():
@@ -39,11 +65,11 @@ def test_a_connection_without_the_secret_is_refused_and_reads_nothing():
     server = ChannelServer("127.0.0.1", SECRET, received.append)
     try:
         with pytest.raises((AuthenticationError, OSError)):
-            ChannelClient(server.address, b"wrong secret").send({"type": "log"})
+            ChannelClient(server.address, b"wrong secret").send(RankMessage.for_log(0, logging.WARNING, "x", "y"))
         assert _wait_for(lambda: server.rejected == 1)
         good = ChannelClient(server.address, server.secret)  # the server still serves
-        good.send({"type": "epoch"})
-        assert _wait_for(lambda: received == [{"type": "epoch"}])
+        good.send(_epoch())
+        assert _wait_for(lambda: len(received) == 1 and received[0].kind is Kind.EPOCH)
         good.close()
     finally:
         server.close()
@@ -75,8 +101,8 @@ def test_numbers_hooks_put_in_metrics_travel_as_floats():
     server = ChannelServer("127.0.0.1", SECRET, received.append)
     try:
         client = ChannelClient(server.address, server.secret)
-        client.send({"type": "epoch", "entry": {"grad_norm": torch.tensor(2.5), "lr": np.float32(0.5)}})
-        assert _wait_for(lambda: received == [{"type": "epoch", "entry": {"grad_norm": 2.5, "lr": 0.5}}])
+        client.send(RankMessage.for_epoch({"epoch": 1, "grad_norm": torch.tensor(2.5), "lr": np.float32(0.5)}))
+        assert _wait_for(lambda: [m.entry for m in received] == [{"epoch": 1, "grad_norm": 2.5, "lr": 0.5}])
         client.close()
     finally:
         server.close()
@@ -119,8 +145,9 @@ def test_silent_connections_that_come_back_when_dropped_do_not_lock_the_ranks_ou
         for step in range(3):
             started = time.monotonic()
             client = ChannelClient(server.address, server.secret)
-            client.send({"type": "progress", "global_step": step})
-            assert _wait_for(lambda: {"type": "progress", "global_step": step} in received, seconds=2.0)
+            sent = _step(step)
+            client.send(sent)
+            assert _wait_for(lambda: sent in received, seconds=2.0)
             assert time.monotonic() - started < 2.0
             client.close()
         assert server.rejected > 0
@@ -133,14 +160,14 @@ def test_silent_connections_that_come_back_when_dropped_do_not_lock_the_ranks_ou
 def test_a_checkpoint_crosses_the_channel_in_parts_and_is_acknowledged(rank_channel):
     server, client, received = rank_channel
     blob = bytes(range(256)) * (40 * 4096 + 7)  # ~42 MB: three parts, the last one short
-    client.send({"type": "progress", "global_step": 3})
+    client.send(_step(3))
     digest = client.send_blob("job-1", blob)
-    client.send({"type": "epoch", "entry": {"epoch": 1}})  # the channel stays usable
+    client.send(_epoch())  # the channel stays usable
     assert digest == hashlib.sha256(blob).hexdigest()
     assert server.take_blob("job-1", "0" * 64) is None, "a blob is handed out only under its own digest"
     assert server.take_blob("job-1", digest) == blob
     assert server.take_blob("job-1", digest) is None, "taken once"
-    assert _wait_for(lambda: len(received) == 2) and received[1]["type"] == "epoch"
+    assert _wait_for(lambda: len(received) == 2) and received[1].kind is Kind.EPOCH
 
 
 def test_a_damaged_checkpoint_is_refused_and_not_kept(rank_channel):
@@ -167,8 +194,9 @@ def test_json_nested_too_deep_drops_only_its_connection(rank_channel):
     with pytest.raises((EOFError, OSError)):
         client._connection.recv_bytes()
     other = ChannelClient(server.address, server.secret)
-    other.send({"type": "epoch"})
-    assert _wait_for(lambda: received == [{"type": "epoch"}])
+    sent = _epoch()
+    other.send(sent)
+    assert _wait_for(lambda: received == [sent])
     other.close()
 
 
@@ -194,7 +222,7 @@ def test_a_note_from_rank_0_reaches_the_drivers_log_once_and_other_ranks_send_no
     import logging
 
     from spark_torch_est.channel import ProgressReporter
-    from spark_torch_est.view import DriverView
+    from spark_torch_est.loggers.view import DriverView
 
     _, client, received = rank_channel
     ProgressReporter(client, rank=1).note("spark_torch_est.loop", "from rank 1")

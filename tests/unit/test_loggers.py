@@ -15,7 +15,8 @@ from spark_torch_est import CSVLogger, Logger, TorchEstimator
 from tests.helpers import features_schema
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.logger_dispatch import LoggerDispatch
+from spark_torch_est.loggers.dispatch import LoggerDispatch
+from spark_torch_est.messages import Kind, RankMessage
 from spark_torch_est.progress import Progress
 
 
@@ -79,13 +80,13 @@ def checkpoint(epochs: int, global_step: int = 0, history: list[dict] | None = N
     )
 
 
-def progress_message(step: int, when: float) -> dict:
-    return {"type": "progress", **Progress(epoch=0, batch_in_epoch=step, global_step=step).to_dict(),
-            "steps_per_epoch": 100, "loss": 1.0 / step, "time": when}
+def progress_message(step: int, when: float) -> RankMessage:
+    return RankMessage(Kind.PROGRESS, when, progress=Progress(epoch=0, batch_in_epoch=step, global_step=step),
+                       steps_per_epoch=100, loss=1.0 / step)
 
 
-def epoch_message(epoch: int) -> dict:
-    return {"type": "epoch", "entry": {"epoch": epoch, "train_loss": 1.0 / epoch}, "time": 0.0}
+def epoch_message(epoch: int) -> RankMessage:
+    return RankMessage.for_epoch({"epoch": epoch, "train_loss": 1.0 / epoch})
 
 
 def run_fit(loggers, messages, final: Checkpoint, start: Progress = Progress(), run_id: str = "run-1"):
@@ -137,7 +138,7 @@ def test_without_live_messages_the_new_history_entries_are_logged_when_fit_retur
 
 def test_a_raising_logger_is_warned_about_and_the_others_go_on(caplog):
     recorder = Recorder()
-    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.logger_dispatch"):
+    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.loggers.dispatch"):
         run_fit([Raising(), RaisingLater(), recorder], [progress_message(1, 0.0), progress_message(2, 1.0)],
                 checkpoint(1))
 
@@ -217,7 +218,7 @@ class Stuck(Recorder):
 @pytest.mark.parametrize("event", ["on_fit_start", "on_step", "on_epoch_end", "on_fit_end"])
 def test_a_stuck_logger_is_abandoned_with_a_warning_and_the_others_go_on(caplog, event):
     stuck, recorder = Stuck(event), Recorder()
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.logger_dispatch"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
         run_fit([stuck, recorder], [progress_message(1, 0.0), epoch_message(1), progress_message(2, 1.0)],
                 checkpoint(2))
     still_stuck = not stuck.release.is_set()
@@ -296,7 +297,7 @@ def test_csv_logger_adds_columns_as_they_appear(tmp_path):
     logger = CSVLogger(str(tmp_path))
     dispatch = LoggerDispatch([logger], "0123456789abcdef", Progress())
     dispatch.start({"batchSize": 8}, {"lr": 0.1}, Progress())
-    dispatch.handle({"type": "epoch", "entry": {"epoch": 1, "train_loss": 0.5}, "time": 0.0})
+    dispatch.handle(RankMessage.for_epoch({"epoch": 1, "train_loss": 0.5}))
     dispatch.handle(progress_message(7, 0.0))
     final = checkpoint(2, history=[{"epoch": 1, "train_loss": 0.5}, {"epoch": 2, "train_loss": 0.25, "val_loss": 0.3}])
     dispatch.finish(None, final)

@@ -1,4 +1,5 @@
-"""The package's shape: every module says which side runs it, executors never import the driver side."""
+"""The package's shape: every module says which side runs it, executors never import the driver side,
+and no module imports itself back through others."""
 
 from __future__ import annotations
 
@@ -18,9 +19,20 @@ def _side(path: Path) -> str:
     return match.group(1)
 
 
+def _name(path: Path) -> str:
+    """The dotted name of one of the package's modules (a folder's ``__init__`` is the folder)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+SIDES = {name: _side(path) for name, path in MODULES.items()}
+
+
 def _imports(path: Path) -> set[str]:
     """Every module ``path`` imports, at module level or inside functions (not those
-    only type checkers see)."""
+    only type checkers see); ``from p import m`` imports the module ``p.m`` where the
+    package has one, else ``p``."""
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
@@ -30,37 +42,59 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            if node.module == "spark_torch_est":
-                names.update(f"spark_torch_est.{alias.name}" for alias in node.names)
+            names.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                         for alias in node.names)
     return names
 
 
-MODULES = sorted(PACKAGE.glob("*.py"))
-SIDES = {path.stem: _side(path) for path in MODULES}
+def _with_packages(name: str) -> list[str]:
+    """``name`` and the packages above it: importing a module runs each of their ``__init__``."""
+    parts = name.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
 
 
-@pytest.mark.parametrize("path", [p for p in MODULES if SIDES[p.stem] != "driver"], ids=lambda p: p.stem)
-def test_executor_modules_never_import_the_driver_side(path):
-    for name in _imports(path):
-        assert not name.startswith("pyspark.ml"), f"{path.name} imports {name}"
-        if name.startswith("spark_torch_est."):
-            assert SIDES[name.split(".")[1]] != "driver", f"{path.name} ({SIDES[path.stem]}) imports {name}"
+@pytest.mark.parametrize("name", [name for name in MODULES if SIDES[name] != "driver"])
+def test_executor_modules_never_import_the_driver_side(name):
+    for imported in _imports(MODULES[name]):
+        assert not imported.startswith("pyspark.ml"), f"{name} imports {imported}"
+        for module in _with_packages(imported) if imported.startswith("spark_torch_est") else []:
+            assert SIDES[module] != "driver", f"{name} ({SIDES[name]}) imports {imported} ({module} is driver side)"
+
+
+def test_no_import_circle():
+    """No module imports, however indirectly, a module that imports it back; the package
+    root's names, imported on first use, count as imports of the modules they live in."""
+    import spark_torch_est
+
+    graph = {name: sorted(imported for imported in _imports(path) if imported in MODULES and imported != name)
+             for name, path in MODULES.items()}
+    graph["spark_torch_est"] += sorted({f"spark_torch_est.{home}" for home in spark_torch_est._HOMES.values()})
+    finished: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            pytest.fail("import circle: " + " -> ".join(trail[trail.index(name):] + [name]))
+        if name not in finished:
+            for imported in graph[name]:
+                visit(imported, trail + [name])
+            finished.add(name)
+
+    for name in graph:
+        visit(name, [])
 
 
 def test_no_collective_that_unpickles_what_peers_send():
-    for path in MODULES:
+    for path in MODULES.values():
         found = re.findall(r"\b(all_gather_object|broadcast_object_list|gather_object|scatter_object_list|"
                            r"recv_object_list|send_object_list)\b", path.read_text())
         assert not found, f"{path.name} uses {found}: peers' objects would be unpickled"
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
-def test_the_examples_in_docstrings_run(path):
+@pytest.mark.parametrize("name", MODULES)
+def test_the_examples_in_docstrings_run(name):
     import doctest
     import importlib
 
-    module = importlib.import_module(f"spark_torch_est.{path.stem}" if path.stem != "__init__" else "spark_torch_est")
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
-    assert result.attempted > 0 or ">>>" not in path.read_text()
+    assert result.attempted > 0 or ">>>" not in MODULES[name].read_text()

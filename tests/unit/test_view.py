@@ -3,13 +3,18 @@
 import logging
 
 from spark_torch_est import Progress
+from spark_torch_est.loggers.view import DriverView
+from spark_torch_est.messages import RankMessage
 from spark_torch_est.progress import Target
-from spark_torch_est.view import DriverView
 
 
 def _progress(step, epoch=0, batch=1):
-    return {"type": "progress", "epoch": epoch, "batch_in_epoch": batch, "global_step": step, "samples": step * 8,
-            "sample_in_epoch": batch * 8, "steps_per_epoch": 10, "loss": 0.25, "time": 0.0}
+    at = Progress(epoch=epoch, batch_in_epoch=batch, global_step=step, samples=step * 8, sample_in_epoch=batch * 8)
+    return RankMessage.for_step(at, 0.25, steps_per_epoch=10)
+
+
+def _epoch(entry):
+    return RankMessage.for_epoch(entry)
 
 
 def test_progress_lines_count_the_steps_of_this_fit(caplog):
@@ -27,8 +32,8 @@ def test_progress_lines_count_the_steps_of_this_fit(caplog):
 def test_epochs_and_rank_logs_reach_their_loggers(caplog):
     view = DriverView(False, Progress(), Target(epoch=1), samples_per_step=8)
     with caplog.at_level(logging.INFO):
-        view.handle({"type": "epoch", "entry": {"epoch": 1, "train_loss": 0.5, "val_mae": 0.125}})
-        view.handle({"type": "log", "rank": 1, "level": logging.WARNING, "logger": "user", "message": "hello"})
+        view.handle(_epoch({"epoch": 1, "train_loss": 0.5, "val_mae": 0.125}))
+        view.handle(RankMessage.for_log(1, logging.WARNING, "user", "hello"))
         view.handle(_progress(1))  # showProgress=False: DEBUG only
     messages = [(r.name, r.getMessage()) for r in caplog.records]
     assert ("spark_torch_est.progress", "epoch 1: train_loss=0.5, val_mae=0.125") in messages
@@ -43,7 +48,7 @@ def test_without_logging_set_up_lines_go_to_stderr_while_shown(monkeypatch, caps
         view = DriverView(show, Progress(), Target(epoch=1), samples_per_step=8)
         view._interactive = False
         view.handle(_progress(3, batch=3))
-        view.handle({"type": "epoch", "entry": {"epoch": 1, "train_loss": 0.5}})
+        view.handle(_epoch({"epoch": 1, "train_loss": 0.5}))
         view.close()
         err = capsys.readouterr().err
         expected = ["spark_torch_est: step 3/10 of this fit, epoch 1, loss 0.25",
@@ -56,7 +61,7 @@ def test_the_bar_ends_at_100_percent_with_the_last_epochs_metrics(monkeypatch):
     view = DriverView(True, Progress(), Target(epoch=2), samples_per_step=8)
     view._interactive = True
     view.handle(_progress(7, batch=7))
-    view.handle({"type": "epoch", "entry": {"epoch": 1, "train_loss": 0.5}})
+    view.handle(_epoch({"epoch": 1, "train_loss": 0.5}))
     bar = view._bar
     view.finish(Progress(epoch=2, global_step=20), [{"epoch": 1, "train_loss": 0.5}, {"epoch": 2, "train_loss": 0.25}])
     assert (bar.n, bar.total) == (20, 20)

@@ -9,12 +9,18 @@ import time
 import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+
+import numpy as np
 
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.loggers import Logger, input_example, scalars, tracked_params
+from spark_torch_est.loggers.base import Logger, scalars, tracked_params
+from spark_torch_est.schema import FEATURES_LAYOUT
 
-__all__ = ["MLflowLogger", "RUN_ID_TAG", "REQUEST_SETTINGS"]
+if TYPE_CHECKING:
+    from spark_torch_est.model import TorchModel
+
+__all__ = ["MLflowLogger", "RUN_ID_TAG", "REQUEST_SETTINGS", "input_example"]
 
 #: The MLflow run tag that holds the estimator run's id.
 RUN_ID_TAG = "spark_torch_est.run_id"
@@ -24,7 +30,8 @@ _STEP_METRIC = "train_loss_step"
 _MAX_PARAM = 500
 _URI_LOCK = threading.Lock()
 #: MLflow's HTTP retry settings while a logger event runs, unless the process sets them:
-#: a request to a server that is down fails after ~3 s, not MLflow's default ~4 minutes.
+#: a request to a server that is down fails after two short retries, where MLflow's defaults
+#: retry for minutes.
 REQUEST_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
 _REQUESTS_LOCK = threading.Lock()
@@ -100,8 +107,8 @@ class MLflowLogger(Logger):
             (default None: the tracking server's default, ``./mlruns`` for a local store).
         pip_requirements: The logged model's pip requirements (default None: ``torch`` and
             ``cloudpickle`` pinned to the driver's versions, without a local version label
-            such as ``+cpu``). Given explicitly, so MLflow does not infer them, which costs
-            5 to 25 s per logged model; list what else your model's code imports.
+            such as ``+cpu``). Given explicitly, so MLflow does not infer them, which takes
+            seconds per logged model; list what else your model's code imports.
 
     Raises:
         InvalidInputError: mlflow is not installed.
@@ -242,6 +249,18 @@ def _process_tracking_uri(uri: str | None) -> Iterator[None]:
             yield
         finally:
             mlflow.set_tracking_uri(before)
+
+
+def input_example(model: TorchModel) -> np.ndarray | None:
+    """An input batch for ``model``, as tracking tools want it to infer a signature (and,
+    for MLflow's default pt2 format, to trace the model): zeros shaped like the features
+    the model was trained on. Two rows, since a traced one-row example fixes the batch
+    size at 1. None for a model of several typed inputs (``inputCols``), which MLflow's
+    single-tensor PyTorch flavor cannot describe, or of arrays padded per batch."""
+    checkpoint = model.checkpoint
+    if checkpoint.input_schema.layout != FEATURES_LAYOUT or checkpoint.input_row_shapes[0] is None:
+        return None
+    return np.zeros((2, *checkpoint.input_row_shapes[0]), dtype=np.float32)
 
 
 def _requirements() -> list[str]:

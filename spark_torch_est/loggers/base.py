@@ -1,4 +1,4 @@
-"""[driver] Loggers: experiment tracking on the driver, fed by what the ranks already send.
+"""[driver] The :class:`Logger` base class: the events a logger receives and their arguments.
 
 Hooks run on the ranks; loggers run on the driver only. They are never pickled to the
 executors, so no executor needs tracking credentials, and they add no work on the ranks:
@@ -14,28 +14,17 @@ authenticated channel, and the checkpoint when ``fit`` returns. The events of on
 Every event also offers ``run_id``, the estimator run's id: kept across the run's fits,
 new after ``reset()``, ``copy()`` and for each ``CrossValidator`` fit. A logger keeps one
 tracking run per estimator run by keying on it. Like hook methods, a logger method names
-only the arguments it wants. The built-ins (:class:`MLflowLogger`,
-:class:`TensorBoardLogger`, :class:`CSVLogger`) are imported from here on first use.
+only the arguments it wants.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
-
-import numpy as np
+from typing import Any, Callable, Iterable, Mapping
 
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.hooks import bind_keywords
-from spark_torch_est.schema import FEATURES_LAYOUT
 
-if TYPE_CHECKING:
-    from spark_torch_est.csv_logger import CSVLogger
-    from spark_torch_est.mlflow_logger import MLflowLogger
-    from spark_torch_est.model import TorchModel
-    from spark_torch_est.tensorboard_logger import TensorBoardLogger
-
-__all__ = ["Logger", "EVENT_ARGUMENTS", "MLflowLogger", "TensorBoardLogger", "CSVLogger", "input_example",
-           "normalize_loggers", "plan_events", "scalars", "tracked_params"]
+__all__ = ["Logger", "EVENT_ARGUMENTS", "normalize_loggers", "plan_events", "scalars", "tracked_params"]
 
 #: The keyword arguments on offer at each event.
 EVENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
@@ -45,8 +34,6 @@ EVENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "on_fit_end": ("model", "checkpoint", "run_id"),
     "on_fit_failed": ("error", "run_id"),
 }
-
-_BUILTINS = ("MLflowLogger", "TensorBoardLogger", "CSVLogger")
 
 
 class Logger:
@@ -130,18 +117,6 @@ def normalize_loggers(loggers: Logger | Iterable[Logger] | None) -> list[Logger]
     return list(loggers)
 
 
-def input_example(model: TorchModel) -> np.ndarray | None:
-    """An input batch for ``model``, as tracking tools want it to infer a signature (and,
-    for MLflow's default pt2 format, to trace the model): zeros shaped like the features
-    the model was trained on. Two rows, since a traced one-row example fixes the batch
-    size at 1. None for a model of several typed inputs (``inputCols``), which MLflow's
-    single-tensor PyTorch flavor cannot describe, or of arrays padded per batch."""
-    checkpoint = model.checkpoint
-    if checkpoint.input_schema.layout != FEATURES_LAYOUT or checkpoint.input_row_shapes[0] is None:
-        return None
-    return np.zeros((2, *checkpoint.input_row_shapes[0]), dtype=np.float32)
-
-
 def tracked_params(params: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """The Params and the config (as ``config.<key>``) in one flat dict, as trackers log them."""
     return {**params, **{f"config.{key}": value for key, value in config.items()}}
@@ -151,11 +126,3 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The numbers of a history entry, without its ``"epoch"``."""
     return {key: float(value) for key, value in metrics.items()
             if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool)}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _BUILTINS:
-        raise AttributeError(f"module 'spark_torch_est.loggers' has no attribute {name!r}")
-    import spark_torch_est  # imports each built-in from its module on first use
-
-    return getattr(spark_torch_est, name)

@@ -1,5 +1,9 @@
 """[driver] What the user sees while a fit runs: a progress bar or log lines, epoch
-summaries, and the warnings the ranks log."""
+summaries, and the warnings the ranks log.
+
+The view reads the same decoded messages as the loggers, but at once, on the channel's
+threads: it is not queued behind the loggers' events, so a slow tracking server never
+holds up the bar."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import sys
 import threading
 import time
 
+from spark_torch_est.messages import Kind, RankMessage
 from spark_torch_est.progress import Progress, Target
 
 __all__ = ["DriverView"]
@@ -19,14 +24,14 @@ _LOG_EVERY_S = 10.0
 
 
 class DriverView:
-    """Turns channel messages into a tqdm bar (interactive) or INFO log lines.
+    """Turns the ranks' messages into a tqdm bar (interactive) or INFO log lines.
 
     Lines go to the ``spark_torch_est.progress`` logger when logging is set up (a handler
     anywhere on its way to the root logger: the program's levels then decide), else, while
     ``show``, straight to stderr: a spark-submit job or a plain script shows them without
     any setup, and nothing is shown twice. Every progress message is also a DEBUG record
     on ``spark_torch_est.progress`` whose ``progress`` attribute holds the message, for
-    programs that follow a fit.
+    programs that follow a fit (as :meth:`RankMessage.to_dict` gives it).
 
     Args:
         show: False logs progress at DEBUG only (the ``showProgress`` Param).
@@ -40,39 +45,35 @@ class DriverView:
         self.start = start
         self.target = target
         self.samples_per_step = samples_per_step
-        self.latest: dict | None = None
         self._lock = threading.Lock()
         self._bar = None
         self._epoch_text = ""  # the last epoch's metrics
         self._last_line = 0.0
         self._interactive = show and _interactive()
 
-    def handle(self, message: dict) -> None:
+    def handle(self, message: RankMessage) -> None:
         """Handles one message from a rank (called from channel threads)."""
-        kind = message.get("type")
         with self._lock:
-            if kind == "progress":
+            if message.kind is Kind.PROGRESS:
                 self._progress(message)
-            elif kind == "epoch":
-                self._epoch(message["entry"])
-            elif kind == "log":
-                worker_logger.log(int(message["level"]), "[rank %d] %s: %s", message["rank"],
-                                  message["logger"], message["message"])
+            elif message.kind is Kind.EPOCH:
+                self._epoch(message.entry)
+            elif message.kind is Kind.LOG:
+                worker_logger.log(message.level, "[rank %d] %s: %s", message.rank, message.logger, message.text)
 
-    def _progress(self, message: dict) -> None:
-        self.latest = message
-        logger.debug("step %d (epoch %d, batch %d/%d) loss %.4g", message["global_step"], message["epoch"] + 1,
-                     message["batch_in_epoch"], message["steps_per_epoch"], message["loss"],
-                     extra={"progress": message})
+    def _progress(self, message: RankMessage) -> None:
+        at = message.progress
+        logger.debug("step %d (epoch %d, batch %d/%d) loss %.4g", at.global_step, at.epoch + 1, at.batch_in_epoch,
+                     message.steps_per_epoch, message.loss, extra={"progress": message.to_dict()})
         if not self.show:
             return
-        total = self.target.steps_left(self.start, message["steps_per_epoch"], self.samples_per_step)
-        done = message["global_step"] - self.start.global_step
+        total = self.target.steps_left(self.start, message.steps_per_epoch, self.samples_per_step)
+        done = at.global_step - self.start.global_step
         if self._interactive:
             self._update_bar(done, total, message)
         elif time.monotonic() - self._last_line >= _LOG_EVERY_S:
             self._last_line = time.monotonic()
-            self._say(f"step {done}/{total} of this fit, epoch {message['epoch'] + 1}, loss {message['loss']:.4g}")
+            self._say(f"step {done}/{total} of this fit, epoch {at.epoch + 1}, loss {message.loss:.4g}")
 
     def _epoch(self, entry: dict) -> None:
         self._epoch_text = f"epoch {entry['epoch']}: {_format(entry)}"
@@ -90,7 +91,7 @@ class DriverView:
             sys.stderr.write(f"spark_torch_est: {line}\n")
             sys.stderr.flush()
 
-    def _update_bar(self, done: int, total: int, message: dict) -> None:
+    def _update_bar(self, done: int, total: int, message: RankMessage) -> None:
         try:
             from tqdm.auto import tqdm
         except ImportError:  # tqdm is optional: fall back to log lines
@@ -100,7 +101,7 @@ class DriverView:
             self._bar = tqdm(total=total, unit="step", desc="training", leave=True)
         self._bar.total = total
         self._bar.n = done
-        now = f"epoch {message['epoch'] + 1}, loss {message['loss']:.4g}"
+        now = f"epoch {message.progress.epoch + 1}, loss {message.loss:.4g}"
         self._bar.set_postfix_str(f"{now} | {self._epoch_text}" if self._epoch_text else now, refresh=False)
         self._bar.refresh()
 

@@ -1,13 +1,13 @@
 """[driver] Delivers one fit's events to the estimator's loggers, each within a deadline.
 
-Channel messages arrive on the channel's reader threads; they are queued here and handed
-to the loggers by one delivery thread, so a slow tracking server never holds up the
-channel (which also carries the checkpoint). Every event, ``on_fit_start``, ``on_fit_end``
-and ``on_fit_failed`` included, runs in the logger's own thread while the caller waits at
-most the logger's ``event_timeout_s``: a logger that does not return by then is abandoned
-for the rest of the fit with a warning (its thread is left to finish on its own), so no
-logger can keep ``fit`` from starting the job or from returning. A logger's events run
-one at a time, in order.
+The ranks' messages arrive, decoded, on the channel's reader threads; they are queued
+here and handed to the loggers by one delivery thread, so a slow tracking server never
+holds up the channel (which also carries the checkpoint). Every event, ``on_fit_start``,
+``on_fit_end`` and ``on_fit_failed`` included, runs in the logger's own thread while the
+caller waits at most the logger's ``event_timeout_s``: a logger that does not return by
+then is abandoned for the rest of the fit with a warning (its thread is left to finish
+on its own), so no logger can keep ``fit`` from starting the job or from returning. A
+logger's events run one at a time, in order.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from spark_torch_est.checkpoint import Checkpoint
-from spark_torch_est.loggers import Logger, plan_events
+from spark_torch_est.loggers.base import Logger, plan_events
+from spark_torch_est.messages import Kind, RankMessage
 from spark_torch_est.progress import Progress
 
 __all__ = ["LoggerDispatch"]
@@ -103,8 +104,8 @@ class LoggerDispatch:
         self._thread = threading.Thread(target=self._deliver, name="spark_torch_est-loggers", daemon=True)
         self._thread.start()
 
-    def handle(self, message: dict) -> None:
-        """Queues one channel message for the loggers (called from channel threads)."""
+    def handle(self, message: RankMessage) -> None:
+        """Queues one of the ranks' messages for the loggers (called from channel threads)."""
         if self._queue is not None:
             self._queue.put(message)
 
@@ -145,21 +146,17 @@ class LoggerDispatch:
 
     def _deliver(self) -> None:
         while (message := self._queue.get()) is not _STOP:
-            try:
-                if message.get("type") == "progress":
-                    self._step(message)
-                elif message.get("type") == "epoch":
-                    self._epoch(message["entry"])
-            except (KeyError, TypeError, ValueError) as error:  # a message of another version
-                logger.debug("loggers skipped a malformed %s message: %s", message.get("type"), error)
+            if message.kind is Kind.PROGRESS:
+                self._step(message)
+            elif message.kind is Kind.EPOCH:
+                self._epoch(message.entry)
 
-    def _step(self, message: dict) -> None:
-        when = float(message["time"])
+    def _step(self, message: RankMessage) -> None:
         due = {i for i, (item, _) in enumerate(self._plans)
-               if when - self._last_step.get(i, float("-inf")) >= item.step_interval_s}
+               if message.time - self._last_step.get(i, float("-inf")) >= item.step_interval_s}
         for index in due:
-            self._last_step[index] = when
-        self._emit("on_step", due, progress=Progress.from_dict(message), loss=float(message["loss"]))
+            self._last_step[index] = message.time
+        self._emit("on_step", due, progress=message.progress, loss=message.loss)
 
     def _epoch(self, entry: dict) -> None:
         epoch = int(entry["epoch"])

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-from spark_torch_est.loggers import Logger, tracked_params
+from spark_torch_est.loggers.base import Logger, tracked_params
 
 __all__ = ["CSVLogger"]
 

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.loggers import Logger, scalars, tracked_params
+from spark_torch_est.loggers.base import Logger, scalars, tracked_params
 
 __all__ = ["TensorBoardLogger"]
 
