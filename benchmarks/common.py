@@ -372,7 +372,7 @@ def show(values: list[float], unit: str = "") -> str:
     if not values:
         return "n/a"
     middle = statistics.median(values)
-    digits = 0 if middle >= 1000 or all(float(v).is_integer() for v in values) else 3 if middle < 1 else 2
+    digits = 0 if middle >= 1000 or all(isinstance(v, int) for v in values) else 3 if middle < 1 else 2
     text = f"{middle:,.{digits}f}{unit}"
     return text + (f" [{min(values):,.{digits}f}-{max(values):,.{digits}f}]" if len(values) > 1 else "")
 
