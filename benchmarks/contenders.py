@@ -206,9 +206,10 @@ def ingest(workload: Workload, scratch: str, fits: str = "") -> dict:
             result.update({f"{name}_{k}": v for k, v in figures.items() if k in ("first_step_s", "peak_rss_mb")})
             model = model or fitted
         frames[True].unpersist(blocking=True)
-        if not fits:  # each the second call: the first loads the model into the workers
-            for name, scorer in (("files", model), ("spark", model.copy({model.directRead: False}))) * 2:
-                result[f"transform_{name}_rows_per_s"] = _rows_per_s(scorer.transform(df), workload.rows)
+        if not fits:  # the first call loads the model into the Python workers, the others find it there
+            scorers = {"files": model, "spark": model.copy({model.directRead: False})}
+            for name in ("files", "spark", "files"):
+                result[f"transform_{name}_rows_per_s"] = _rows_per_s(scorers[name].transform(df), workload.rows)
     if not fits:  # after the JVM has exited: the plain forward has every core
         result["transform_plain_rows_per_s"] = _plain_forward(model.torch_model(), workload)
     return result
