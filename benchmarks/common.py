@@ -83,7 +83,7 @@ class Workload:
 
     def describe(self) -> str:
         if self.kind == "rec":
-            return (f"recommender: {self.rows:,} rows of int64 `user`, `item` (ids above 2**24), `dense` "
+            return (f"{self.rows:,} rows of int64 `user`, `item` (ids above 2**24), `dense` "
                     f"(array<float> of {self.features}), 0/1 label; 2 hashed embeddings 10,000 x 16 + MLP "
                     f"{self.hidden}, BCE, SGD lr {self.lr}, batch {self.batch_size}/rank, {self.epochs} epoch(s), "
                     f"{self.ranks} ranks x 1 thread")
