@@ -98,7 +98,8 @@ def comparisons(rounds: list[dict]) -> tuple[str, list[str]]:
             missed.append(figure)
         rows.append([figure, show([_value(r, ours) for r in rounds]), CONTENDERS[ref[0]][2],
                      show([_value(r, ref) for r in rounds]), show(ratios, "x"), target and target + "x" or "-", met])
-    return markdown(["Figure", "TorchEstimator", "Reference", "Reference value", "Ratio", "Target", "Met"], rows), missed
+    header = ["Figure", "TorchEstimator", "Reference", "Reference value", "Ratio", "Target", "Met"]
+    return markdown(header, rows), missed
 
 
 def every_figure(rounds: list[dict]) -> str:

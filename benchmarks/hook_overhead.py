@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     spread = max(per_step[0]) / min(per_step[0]) - 1
     print(f"one rank (local[1], 1 thread), {args.rows:,} rows x {args.epochs} epochs, batch 256, "
           f"median of {args.rounds} fits each, interleaved:")
-    for label, values in (("probe hook alone", per_step[0]), (f"probe + {args.hooks} no-op hooks", per_step[args.hooks])):
+    for label, values in (("probe hook alone", per_step[0]),
+                          (f"probe + {args.hooks} no-op hooks", per_step[args.hooks])):
         print(f"  {label:<24} {statistics.median(values):8.1f} CPU us per step "
               f"({', '.join(f'{v:.0f}' for v in values)})")
     print(f"  {args.hooks} no-op hooks cost {hooked - base:+.1f} us per step, {100 * (hooked / base - 1):+.2f}% of a "

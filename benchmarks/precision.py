@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results: dict[tuple, list[dict]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-precision-") as scratch, spark_session(1, "bench-precision") as spark:
+    with tempfile.TemporaryDirectory(prefix="bench-precision-") as scratch, \
+            spark_session(1, "bench-precision") as spark:
         workload = write_data(Workload(rows=args.rows, epochs=args.epochs, ranks=1, files=1), scratch)
         df = spark.read.parquet(workload.path)
         for number in range(args.rounds):
@@ -72,10 +73,12 @@ def main(argv: list[str] | None = None) -> None:
                     results.setdefault((precision, compiled, who), []).append(figures)
     print(f"one rank on the CPU, {args.rows:,} rows x 32 float32, MLP 32-256-256-1, SGD, batch 256, {args.epochs} "
           f"epochs, 1 thread, median of {args.rounds} interleaved rounds\n")
-    print("| precision | compiled | contender | first step s | samples/s | CPU us/sample | vs plain |\n|---|---|---|---:|---:|---:|---:|")
+    print("| precision | compiled | contender | first step s | samples/s | CPU us/sample | vs plain |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for precision, compiled in CONFIGS:
         medians = {who: {key: statistics.median(r[key] for r in results[(precision, compiled, who)])
-                         for key in ("first_step_s", "samples_per_s", "cpu_us_per_sample")} for who in ("plain", "ours")}
+                         for key in ("first_step_s", "samples_per_s", "cpu_us_per_sample")}
+                   for who in ("plain", "ours")}
         for who, name in (("plain", "plain torch"), ("ours", "TorchEstimator")):
             m = medians[who]
             print(f"| {precision} | {'yes' if compiled else 'no'} | {name} | {m['first_step_s']:.2f} | "

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         est = TorchEstimator(model=make_model, optimizer=make_optimizer, loss=nn.MSELoss(), batchSize=128,
                              maxEpochs=args.max_epochs, numWorkers=2, seed=0, showProgress=False,
                              loggers=[EpochCounter()])
-        configs = [{"features": FEATURES, "hidden": width, "lr": lr} for width in (16, 128) for lr in (0.001, 0.01, 0.05)]
+        configs = [{"features": FEATURES, "hidden": width, "lr": lr}
+                   for width in (16, 128) for lr in (0.001, 0.01, 0.05)]
         grid = ParamGridBuilder().addGrid(est.getParam("config"), configs).build()
         evaluator = RegressionEvaluator(metricName="rmse")
         est.copy(grid[0]).fit(df, duration="1ep")  # warm-up: the session's first job and Python workers

@@ -58,8 +58,9 @@ def test_bench_package_selects_the_measured_checkout(tmp_path):
     package.mkdir()
     (package / "__init__.py").write_text("")
     env = {**os.environ, "BENCH_PACKAGE": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", "import benchmarks, os, spark_torch_est; "
-                           "print(spark_torch_est.__file__, os.getcwd(), os.environ['PYTHONPATH'].split(os.pathsep)[0])"],
+    code = ("import benchmarks, os, spark_torch_est; "
+            "print(spark_torch_est.__file__, os.getcwd(), os.environ['PYTHONPATH'].split(os.pathsep)[0])")
+    done = subprocess.run([sys.executable, "-c", code],
                           cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split() == [str(package / "__init__.py"), str(tmp_path), str(tmp_path)]
 
