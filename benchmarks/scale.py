@@ -34,11 +34,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args(argv)
     base = dataclasses.replace(WORKLOADS["ingest"], row_group=50_000 if args.quick else 1_000_000)
+    sizes = args.rows or (QUICK_SIZES if args.quick else SIZES)
     header = (f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: `python -m benchmarks.scale "
-              f"{' '.join(sys.argv[1:])}`\n\n- {machine()}\n- {base.describe()}\n\n{args.repeat} round(s) per size.")
+              f"{' '.join(sys.argv[1:])}`\n\n- {machine()}\n- {' / '.join(f'{n:,}' for n in sizes)} rows"
+              f"{base.describe().split(' rows', 1)[1]}\n\n{args.repeat} round(s) per size.")
     print(header + "\n", flush=True)
     started, rows = time.perf_counter(), []
-    for size in args.rows or (QUICK_SIZES if args.quick else SIZES):
+    for size in sizes:
         with tempfile.TemporaryDirectory(prefix="spark-torch-est-scale-") as directory:
             workload = write_data(dataclasses.replace(base, rows=size), directory)
             spec = json.dumps(dataclasses.asdict(workload))
