@@ -141,7 +141,8 @@ def run_rounds(contenders: list[str], workloads: dict[str, Workload], repeat: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[2])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks",
+                                     description="TorchEstimator against its peers and pyarrow, side by side")
     parser.add_argument("--quick", action="store_true", help="smoke run: small tables, 1 epoch, 1 round")
     parser.add_argument("--repeat", type=int, help="interleaved rounds (default 2, --quick 1)")
     parser.add_argument("--only", nargs="+", choices=list(CONTENDERS), help="run only these contenders")

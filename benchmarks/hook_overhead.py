@@ -1,4 +1,4 @@
-"""``python -m benchmarks.hook_overhead [--hooks 5] [--rounds 5] [--rows N] [--epochs N]``
+"""``python -m benchmarks.hook_overhead [--hooks 5] [--rounds 4] [--rows N] [--epochs N]``
 
 What no-op hooks cost a step, through the public API: warm fits of one rank (``local[1]``,
 ``numWorkers=1``, 1 thread) on the reference MLP, with the probe hook alone and with the
@@ -61,7 +61,8 @@ def measure(rows: int, epochs: int, hooks: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.hook_overhead", description=__doc__.splitlines()[2])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hook_overhead",
+                                     description="What no-op hooks cost a step, through the public hook API")
     parser.add_argument("--hooks", type=int, default=5, help="no-op hooks (default 5)")
     parser.add_argument("--rounds", type=int, default=4, help="fits of each side, A B B A (default 4)")
     parser.add_argument("--rows", type=int, default=100_000, help="rows (default 100,000)")

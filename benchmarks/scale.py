@@ -27,7 +27,8 @@ RSS_SLACK_MB = 400  # what a rank holding almost no rows peaks at, roughly (torc
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.splitlines()[2])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale",
+                                     description="Call to the first step against pyarrow's read as the table grows")
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK_SIZES} rows")
     parser.add_argument("--rows", type=int, nargs="+", help=f"the sizes (default {SIZES})")
     parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds per size (default 1)")
