@@ -38,16 +38,16 @@ examples: $(STAMP)  ## all examples: regression, classifier, recommender, text, 
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py
 
-bench: $(STAMP)  ## the suite (peers, typed inputs, 4M-row ingest), the growth table, the hook overhead, tuning (about 16 minutes)
+bench: $(STAMP)  ## side by side: the suite (plain torch, bare DDP, TorchDistributor, typed inputs, 4M-row ingest), the growth table, the hook overhead, tuning (about 12 minutes on 2 idle cores, estimated from its parts)
 	$(RUN) $(BIN)/python -m benchmarks
 	$(RUN) $(BIN)/python -m benchmarks.scale
 	$(RUN) $(BIN)/python -m benchmarks.hook_overhead
 	$(RUN) $(BIN)/python -m benchmarks.tuning
 
-bench-scale: $(STAMP)  ## only the growth table: call to first step against pyarrow's read, 0.5M to 8M rows (about 3 minutes)
+bench-scale: $(STAMP)  ## only the growth table: call to first step against pyarrow's read, 0.5M to 8M rows (about 2 minutes on 2 idle cores)
 	$(RUN) $(BIN)/python -m benchmarks.scale
 
-bench-precision: $(STAMP)  ## the loop under precision 32 and bf16-mixed, compiled or not, against plain torch (CPU, about 15 minutes)
+bench-precision: $(STAMP)  ## the loop under precision 32 and bf16-mixed, compiled or not, against plain torch (CPU, about 15 minutes on 2 cores, estimated)
 	$(RUN) $(BIN)/python -m benchmarks.precision
 
 clean:

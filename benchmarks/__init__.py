@@ -1,20 +1,21 @@
 """Benchmarks of ``spark_torch_est`` against plain torch, bare DDP, TorchDistributor and
-pyarrow's own read.
+pyarrow's own read (see docs/benchmarks.md): ``python -m benchmarks`` (the side-by-side
+suite), ``benchmarks.scale``, ``benchmarks.hook_overhead``, ``benchmarks.tuning``,
+``benchmarks.precision``, ``benchmarks.sharding``.
 
-Run ``python -m benchmarks`` and ``python -m benchmarks.scale`` (see
-``docs/benchmarks.md``). Each contender is a module that runs as its own process
-(``python -m benchmarks.<module>``):
-
-- :mod:`benchmarks.plain`, :mod:`benchmarks.ddp`, :mod:`benchmarks.distributor`,
-  :mod:`benchmarks.estimator`, :mod:`benchmarks.rec_estimator`,
-  :mod:`benchmarks.ingest_pyarrow` and :mod:`benchmarks.ingest_estimator`: the contenders;
-- :mod:`benchmarks.workload`, :mod:`benchmarks.recommender`, :mod:`benchmarks.dataset`,
-  :mod:`benchmarks.loop`, :mod:`benchmarks.ddp_rank`, :mod:`benchmarks.probes`,
-  :mod:`benchmarks.hooks`: what they share, partly run on executors and torchrun workers
-  (see :mod:`benchmarks.remote`); :mod:`benchmarks.fits`, :mod:`benchmarks.session`,
-  :mod:`benchmarks.listener`, :mod:`benchmarks.forward`: what this project's contenders share;
-- :mod:`benchmarks.suite`, :mod:`benchmarks.protocol`, :mod:`benchmarks.machine`,
-  :mod:`benchmarks.tables`, :mod:`benchmarks.report`, :mod:`benchmarks.report_typed`,
-  :mod:`benchmarks.report_ingest`, :mod:`benchmarks.docs`: the driver that runs and
-  reports them; :mod:`benchmarks.scale`: the growth table's driver.
+They use ``spark_torch_est`` only through its public API, so they measure any checkout of
+it: ``BENCH_PACKAGE=/path/to/checkout python -m benchmarks`` imports ``spark_torch_est``
+from that checkout, here, in every contender process and in the executors (which run
+with the checkout as their working directory, first on their path).
 """
+
+import os
+import sys
+
+if os.environ.get("BENCH_PACKAGE"):
+    _TREE = os.path.abspath(os.environ["BENCH_PACKAGE"])
+    if "spark_torch_est" in sys.modules and not sys.modules["spark_torch_est"].__file__.startswith(_TREE):
+        raise ImportError(f"spark_torch_est was imported before benchmarks could take it from {_TREE}")
+    sys.path.insert(0, _TREE)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_TREE, os.environ.get("PYTHONPATH")]))
+    os.chdir(_TREE)  # executors and torchrun workers start here: sys.path[0] is their working directory

@@ -1,8 +1,10 @@
-"""``python -m benchmarks [--quick] [--repeat N] [--skip KEY ...] [--write-docs] [--json PATH]``
+"""``python -m benchmarks [--quick] [--repeat N] [--only KEY ...] [--write-docs]``
 
-Writes each workload's Parquet once (into a temporary directory, deleted at the end),
-runs every contender in interleaved rounds (each in a fresh process), and prints the
-machine, the tables and how much other load there was.
+Writes the three workloads' Parquet once, runs every contender of :data:`CONTENDERS` in
+interleaved rounds (each a fresh process, :mod:`benchmarks.contenders`), and prints the
+comparisons of :data:`COMPARISONS` (each ratio taken within a round, between two contenders
+run side by side) and every figure. Exits non-zero when a contender fails or when
+``TorchEstimator`` did not do the same work as bare DDP (its final loss).
 """
 
 from __future__ import annotations
@@ -10,88 +12,165 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shlex
+import statistics
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks.docs import DOCS_PATH, write_results
-from benchmarks.machine import ForeignLoad, describe_markdown, load_note
-from benchmarks.protocol import use_local_environment
-from benchmarks.report import build_tables, load_summary
-from benchmarks.suite import CONTENDERS, WORKLOADS, Contender, failures, run_rounds
-from benchmarks.workload import WorkloadBase
+from benchmarks.common import Workload, machine, markdown, run_child, show, write_data
+
+WORKLOADS = {
+    "reference": Workload(),
+    "recommender": Workload(kind="rec", rows=1_000_000, features=13, hidden=64, epochs=1, lr=0.05),
+    "ingest": Workload(rows=4_000_000, epochs=1, files=0, steps=20),
+}
+QUICK = {"reference": {"rows": 20_000, "epochs": 1}, "recommender": {"rows": 50_000},
+         "ingest": {"rows": 200_000, "row_group": 50_000}}
+
+#: key: (contender in benchmarks.contenders, workload, label). A round runs them in this order.
+CONTENDERS = {
+    "plain": ("plain", "reference", "plain torch, 1 process, every core"),
+    "ddp": ("ddp", "reference", "bare DDP (spawn, gloo)"),
+    "td_local": ("td_local", "reference", "TorchDistributor local_mode=True"),
+    "td_barrier": ("td_barrier", "reference", "TorchDistributor local_mode=False"),
+    "te": ("te", "reference", "TorchEstimator"),
+    "rec_ddp": ("ddp", "recommender", "bare DDP, recommender"),
+    "rec_te": ("te", "recommender", "TorchEstimator, recommender (inputCols)"),
+    "pyarrow": ("pyarrow", "ingest", "pyarrow read_table into numpy, 1 process"),
+    "ingest": ("ingest", "ingest", "TorchEstimator, ingest table"),
+}
+
+#: (figure, ours (contender, field), reference (contender, field[, label]), target on the ratio).
+COMPARISONS = [
+    ("fit wall time, cold", ("te", "cold_wall_s"), ("td_local", "cold_wall_s"), "<=0.7"),
+    ("fit wall time, warm", ("te", "warm_wall_s"), ("td_local", "warm_wall_s"), "<=0.5"),
+    ("fit wall time, cold", ("te", "cold_wall_s"), ("td_barrier", "cold_wall_s"), "<=0.7"),
+    ("fit wall time, warm", ("te", "warm_wall_s"), ("td_barrier", "warm_wall_s"), "<=0.5"),
+    ("call to first step, cold", ("te", "cold_first_step_s"), ("td_local", "cold_first_step_s"), ""),
+    ("call to first step, warm", ("te", "warm_first_step_s"), ("td_local", "warm_first_step_s"), ""),
+    ("call to first step, cold", ("te", "cold_first_step_s"), ("td_barrier", "cold_first_step_s"), ""),
+    ("call to first step, warm", ("te", "warm_first_step_s"), ("td_barrier", "warm_first_step_s"), ""),
+    ("loop samples/s (warm fit)", ("te", "warm_samples_per_s"), ("ddp", "samples_per_s"), ">=0.95"),
+    ("loop CPU us per sample, rank 0", ("te", "warm_cpu_us_per_sample"), ("ddp", "cpu_us_per_sample"), ""),
+    ("loop samples/s against one process", ("te", "warm_samples_per_s"), ("plain", "samples_per_s"), ""),
+    ("final loss, 20k rows (the same work)", ("te", "loss"), ("ddp", "loss"), "<=1.1"),
+    ("recommender: loop samples/s", ("rec_te", "warm_samples_per_s"), ("rec_ddp", "samples_per_s"), ">=0.95"),
+    ("recommender: loop CPU us per sample", ("rec_te", "warm_cpu_us_per_sample"), ("rec_ddp", "cpu_us_per_sample"), ""),
+    ("recommender: final loss (the same work)", ("rec_te", "loss"), ("rec_ddp", "loss"), "<=1.1"),
+    ("ingest: call to first step, warm, direct read", ("ingest", "warm_first_step_s"), ("pyarrow", "read_s"), "<=2.0"),
+    ("ingest: call to first step, cold, direct read", ("ingest", "cold_first_step_s"), ("pyarrow", "read_s"), ""),
+    ("ingest: call to first step, directRead=False", ("ingest", "spark_first_step_s"), ("pyarrow", "read_s"), ""),
+    ("ingest: first fit on df.cache()", ("ingest", "cache_first_first_step_s"), ("pyarrow", "read_s"), ""),
+    ("ingest: second fit on df.cache()", ("ingest", "cache_second_first_step_s"), ("pyarrow", "read_s"), ""),
+    ("ingest: transform rows/s, tasks read the files", ("ingest", "transform_files_rows_per_s"),
+     ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process"), ">=0.5"),
+    ("ingest: transform rows/s, through Spark's scan", ("ingest", "transform_spark_rows_per_s"),
+     ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process"), ""),
+]
+#: Targets that fail the run when missed: the same work, not the timings of a shared machine.
+MUST = ("final loss",)
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks",
-        description="Runs every contender in interleaved rounds, each in a fresh process, and prints the tables.",
-    )
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 20k rows and 1 epoch, a 50k-row recommender, a 200k-row ingest table")
-    parser.add_argument("--repeat", type=int, default=2, help="interleaved rounds (default 2)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=[c.key for c in CONTENDERS],
-                        help="contenders to leave out")
-    parser.add_argument("--write-docs", action="store_true", help=f"write the tables into {DOCS_PATH}")
-    parser.add_argument("--json", metavar="PATH", help="also write every raw result to PATH")
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error(f"--repeat must be at least 1, got {args.repeat}")
-    return args
+def _value(results: dict, pick: tuple[str, ...]) -> float | None:
+    return results.get(pick[0], {}).get(pick[1])
 
 
-def _workloads(contenders: list[Contender], quick: bool) -> dict[str, WorkloadBase]:
-    """The sizes of the workloads the contenders need (their paths are set once written)."""
-    needed = dict.fromkeys(c.workload for c in contenders)
-    return {name: (WORKLOADS[name][0].quick() if quick else WORKLOADS[name][0]()) for name in needed}
+def _met(value: float | None, target: str) -> str:
+    if not target or value is None:
+        return "-"
+    bound = float(target[2:])
+    return "yes" if (value <= bound if target.startswith("<=") else value >= bound) else "NO"
 
 
-def _write(workloads: dict[str, WorkloadBase], directory: str) -> dict[str, WorkloadBase]:
-    return {name: dataclasses.replace(workload, path=WORKLOADS[name][1](workload, directory))
-            for name, workload in workloads.items()}
+def comparisons(rounds: list[dict]) -> tuple[str, list[str]]:
+    """The comparison table and the figures whose :data:`MUST` target was missed."""
+    rows, missed = [], []
+    for figure, ours, ref, target in COMPARISONS:
+        if not any(_value(r, ours) is not None and _value(r, ref) is not None for r in rounds):
+            continue
+        ratios = [_value(r, ours) / _value(r, ref) for r in rounds if _value(r, ours) and _value(r, ref)]
+        met = _met(statistics.median(ratios), target)
+        if met == "NO" and figure.startswith(MUST):
+            missed.append(figure)
+        rows.append([figure, show([_value(r, ours) for r in rounds]), (ref[2:] or CONTENDERS[ref[0]][2:])[0],
+                     show([_value(r, ref) for r in rounds]), show(ratios, "x"), target and target + "x" or "-", met])
+    header = ["Figure", "TorchEstimator", "Reference", "Reference value", "Ratio", "Target", "Met"]
+    return markdown(header, rows), missed
 
 
-def _header(workloads: dict[str, WorkloadBase], args: argparse.Namespace) -> str:
-    machine = describe_markdown()
-    quick = " (quick: smoke-test sizes, not the benchmark workloads)" if args.quick else ""
-    lines = [workload.describe() for workload in workloads.values()]
-    return (
-        f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: "
-        f"`python -m benchmarks {shlex.join(sys.argv[1:])}`{quick}\n\n"
-        f"{machine}\n\n" + "\n".join(f"- {line}" for line in lines) + "\n\n"
-        f"{args.repeat} interleaved round(s), medians [min-max]."
-    )
+def every_figure(rounds: list[dict]) -> str:
+    rows = []
+    for key, (_, _, label) in CONTENDERS.items():
+        fields = dict.fromkeys(field for r in rounds for field in r.get(key, {}) if field != "error")
+        rows += [[label, field, show([r.get(key, {}).get(field) for r in rounds])] for field in fields]
+    return markdown(["Contender", "Figure", "Value"], rows)
+
+
+def write_docs(text: str, block: str, path: Path = Path(__file__).resolve().parent.parent / "docs/benchmarks.md"):
+    """Replaces the text between ``<!-- block:start -->`` and ``<!-- block:end -->`` in ``path``."""
+    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+    page = path.read_text()
+    if start not in page:
+        page += f"\n{start}\n{end}\n"
+    before, rest = page.split(start, 1)
+    path.write_text(f"{before}{start}\n\n{text.strip()}\n\n{end}{rest.split(end, 1)[1]}")
+
+
+def run_rounds(contenders: list[str], workloads: dict[str, Workload], repeat: int) -> list:
+    """``repeat`` rounds of every contender, each a fresh process; ``{key: figures}`` per round
+    (``{"error": ...}`` for a contender that failed: the others still run)."""
+    rounds = []
+    for number in range(1, repeat + 1):
+        results = {}
+        for key in contenders:
+            name, workload, label = CONTENDERS[key]
+            started = time.perf_counter()
+            try:
+                results[key] = run_child("contenders", name, json.dumps(dataclasses.asdict(workloads[workload])))
+            except Exception as error:  # noqa: BLE001 - reported, and the run exits non-zero
+                results[key] = {"error": str(error)}
+                print(error, file=sys.stderr)
+            print(f"round {number}/{repeat}: {label:<45} {time.perf_counter() - started:6.1f} s", file=sys.stderr,
+                  flush=True)
+        rounds.append(results)
+    return rounds
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parse(argv)
-    use_local_environment()
-    contenders = [c for c in CONTENDERS if c.key not in args.skip]
-    workloads = _workloads(contenders, args.quick)
-    header = _header(workloads, args)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks",
+                                     description="TorchEstimator against its peers and pyarrow, side by side")
+    parser.add_argument("--quick", action="store_true", help="smoke run: small tables, 1 epoch, 1 round")
+    parser.add_argument("--repeat", type=int, help="interleaved rounds (default 2, --quick 1)")
+    parser.add_argument("--only", nargs="+", choices=list(CONTENDERS), help="run only these contenders")
+    parser.add_argument("--write-docs", action="store_true", help="write the tables into docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    repeat = args.repeat or (1 if args.quick else 2)
+    contenders = args.only or list(CONTENDERS)
+    needed = {CONTENDERS[key][1] for key in contenders}
+    workloads = {name: dataclasses.replace(w, **QUICK[name]) if args.quick else w
+                 for name, w in WORKLOADS.items() if name in needed}
+    header = (f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: `python -m benchmarks {shlex.join(sys.argv[1:])}`"
+              f"\n\n- {machine()}\n" + "".join(f"- {name}: {w.describe()}\n" for name, w in workloads.items())
+              + f"\n{repeat} interleaved round(s): median [min-max]; ratios taken within each round.")
     print(header + "\n", flush=True)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="spark-torch-est-bench-") as directory, ForeignLoad() as load:
-        workloads = _write(workloads, directory)
-        rounds = run_rounds(workloads, contenders, args.repeat, load,
-                            log=lambda line: print(line, file=sys.stderr, flush=True))
-    wall = time.perf_counter() - started
-    tables = "\n\n".join(table.markdown() for table in build_tables(rounds, workloads, contenders))
-    note = load_note(load.cpu_s, wall, *load_summary(rounds, contenders))
-    print(f"{tables}\n\n{note}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"workloads": {name: dataclasses.asdict(workload)
-                                                             for name, workload in workloads.items()},
-                                               "rounds": rounds}, indent=1))
+    with tempfile.TemporaryDirectory(prefix="spark-torch-est-bench-") as directory:
+        workloads = {name: write_data(w, directory) for name, w in workloads.items()}
+        rounds = run_rounds(contenders, workloads, repeat)
+    table, missed = comparisons(rounds)
+    text = (f"{header}\n\n{table}\n\nEvery figure (s: seconds from the call; loss: on the table's first 20k rows):"
+            f"\n\n{every_figure(rounds)}\n\nTotal {(time.perf_counter() - started) / 60:.1f} min; load average at "
+            f"the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}.")
+    print(text)
     if args.write_docs:
-        write_results(f"{header}\n\n{tables}\n\n{note}")
-        print(f"\nwrote {DOCS_PATH}")
-    failed = failures(rounds)
-    if failed:
-        sys.exit(f"failed: {', '.join(failed)} (their output is above)")
+        write_docs(text, "results")
+    failed = [key for r in rounds for key, figures in r.items() if "error" in figures]
+    if failed or missed:
+        sys.exit(f"failed: {', '.join(failed + missed)}")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,9 @@ as pyspark does) and by ``SuccessiveHalving`` (eta 2 from one epoch), in one loc
 session: epochs trained (counted by a driver-side logger), wall time, and whether both
 pick the same map.
 
-The grid: an MLP (features-hidden-hidden-1, SGD) over 3 learning rates x 2 widths on
-``y = sin(x0) + x1 * x2 + 0.5 x3 + noise``, 2 ranks, both tuners on the same seeded
-train/validation split (``F.rand(seed) < trainRatio``). A warm-up fit runs first, so
-neither tuner pays the session's cold start.
+The grid: an MLP (16-hidden-hidden-1, SGD, batch 128, 2 ranks) over 3 learning rates x 2
+widths on ``y = sin(x0) + x1 * x2 + 0.5 x3 + noise``, both tuners on the same seeded split.
+A warm-up fit runs first, so neither tuner pays the session's cold start.
 """
 
 from __future__ import annotations
@@ -17,21 +16,14 @@ import time
 
 from pyspark.ml.evaluation import RegressionEvaluator
 from pyspark.ml.tuning import ParamGridBuilder, TrainValidationSplit
-from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from torch import nn
 
-import benchmarks.tuning
-from benchmarks.machine import ForeignLoad, describe_markdown, load_note
-from benchmarks.protocol import use_local_environment
-from benchmarks.remote import register_by_value
-from benchmarks.session import spark_session
-from benchmarks.workload import Workload, make_model, make_optimizer
 from spark_torch_est import Logger, TorchEstimator
-from spark_torch_est.tuning import SuccessiveHalving, param_map_name
+from spark_torch_est.tuning import SuccessiveHalving
 
-LEARNING_RATES = [0.001, 0.01, 0.05]
-WIDTHS = [16, 128]
+from benchmarks.common import machine, make_model, make_optimizer, register_by_value, spark_session
+
 FEATURES = 16
 
 
@@ -40,40 +32,34 @@ class EpochCounter(Logger):
 
     epochs = 0
 
-    def on_epoch_end(self) -> None:
+    def on_epoch_end(self, **kwargs) -> None:
         EpochCounter.epochs += 1
 
 
-def make_data(spark: SparkSession, rows: int) -> DataFrame:
-    """``y = sin(x0) + x1 * x2 + 0.5 x3 + noise`` over ``FEATURES`` standard normal floats, cached."""
-    df = spark.range(rows).select(F.array(*[F.randn(seed=i).cast("float") for i in range(FEATURES)]).alias("features"))
-    x = F.col("features")
-    return df.withColumn("label", F.sin(x[0]) + x[1] * x[2] + 0.5 * x[3] + 0.05 * F.randn(seed=99)).cache()
-
-
 def _timed(tune) -> tuple[object, int, float]:
-    """Runs ``tune()``; returns its model, the epochs it trained and its wall seconds."""
     EpochCounter.epochs = 0
     started = time.perf_counter()
     model = tune()
     return model, EpochCounter.epochs, time.perf_counter() - started
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.tuning")
     parser.add_argument("--rows", type=int, default=200_000, help="rows of the table (default 200,000)")
     parser.add_argument("--max-epochs", type=int, default=6, help="maxEpochs of every map (default 6)")
-    args = parser.parse_args()
-    use_local_environment()
-    register_by_value(benchmarks.tuning)
-    print(describe_markdown())
-    with ForeignLoad() as load, spark_session(Workload(ranks=2), "tuning benchmark") as (spark, _):
-        started = time.perf_counter()
-        df = make_data(spark, args.rows)
+    args = parser.parse_args(argv)
+    register_by_value()
+    print(machine())
+    with spark_session(2, "bench-tuning") as spark:
+        x = F.col("features")
+        df = (spark.range(args.rows).select(F.array(*[F.randn(seed=i).cast("float") for i in range(FEATURES)])
+                                            .alias("features"))
+              .withColumn("label", F.sin(x[0]) + x[1] * x[2] + 0.5 * x[3] + 0.05 * F.randn(seed=99)).cache())
         est = TorchEstimator(model=make_model, optimizer=make_optimizer, loss=nn.MSELoss(), batchSize=128,
                              maxEpochs=args.max_epochs, numWorkers=2, seed=0, showProgress=False,
                              loggers=[EpochCounter()])
-        configs = [{"features": FEATURES, "hidden": width, "lr": lr} for width in WIDTHS for lr in LEARNING_RATES]
+        configs = [{"features": FEATURES, "hidden": width, "lr": lr}
+                   for width in (16, 128) for lr in (0.001, 0.01, 0.05)]
         grid = ParamGridBuilder().addGrid(est.getParam("config"), configs).build()
         evaluator = RegressionEvaluator(metricName="rmse")
         est.copy(grid[0]).fit(df, duration="1ep")  # warm-up: the session's first job and Python workers
@@ -82,22 +68,20 @@ def main() -> None:
         sh, sh_epochs, sh_s = _timed(lambda: SuccessiveHalving(
             estimator=est, estimatorParamMaps=grid, evaluator=evaluator, eta=2, minDuration="1ep",
             trainRatio=0.75, seed=0).fit(df))
-        wall = time.perf_counter() - started
     tvs_best = min(range(len(grid)), key=lambda i: tvs.validationMetrics[i])
     sh_best = sh.rungs[-1]["index"]
     print(f"\n{len(grid)} maps (config: 3 learning rates x 2 widths), {args.rows:,} rows, maxEpochs "
           f"{args.max_epochs}, 2 ranks on local[2]:")
     print(f"  TrainValidationSplit: {tvs_epochs} epochs ({len(grid)} maps x {args.max_epochs} + the refit of the "
-          f"best on all rows), {tvs_s:.1f} s, best map {tvs_best} ({param_map_name(grid[tvs_best])}), "
+          f"best on all rows), {tvs_s:.1f} s, best map {tvs_best} ({configs[tvs_best]}), "
           f"validation RMSE {tvs.validationMetrics[tvs_best]:.4f}")
-    print(f"  SuccessiveHalving:    {sh_epochs} epochs, {sh_s:.1f} s, best map {sh_best} "
-          f"({param_map_name(grid[sh_best])}), validation RMSE {sh.validationMetrics[sh_best]:.4f}")
+    print(f"  SuccessiveHalving:    {sh_epochs} epochs, {sh_s:.1f} s, best map {sh_best} ({configs[sh_best]}), "
+          f"validation RMSE {sh.validationMetrics[sh_best]:.4f}")
     print(f"  epochs {sh_epochs / tvs_epochs:.2f}x, wall time {sh_s / tvs_s:.2f}x; same winner: {tvs_best == sh_best}")
     for rung in sorted({r["rung"] for r in sh.rungs}):
         decisions = ", ".join(f"{r['index']}: {r['metric']:.4f}{'*' if r['kept'] else ''}"
                               for r in sh.rungs if r["rung"] == rung)
         print(f"  rung {rung} (map: RMSE, * kept): {decisions}")
-    print(load_note(load.cpu_s, wall, load.cpu_s / wall, "the run"))
 
 
 if __name__ == "__main__":

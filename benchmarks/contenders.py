@@ -1,0 +1,232 @@
+"""``python -m benchmarks.contenders NAME WORKLOAD_JSON [FITS]``: one contender, in a fresh
+process, printing its figures as one ``BENCH_RESULT {json}`` line.
+
+- ``plain``: plain torch, one process with every core, the global batch of the DDP ones;
+- ``ddp``: bare DDP, ``torch.multiprocessing.spawn`` of the ranks, gloo, 1 thread each;
+- ``td_local`` / ``td_barrier``: ``TorchDistributor(local_mode=True/False)`` running the same
+  DDP rank as a ``train_fn``, a cold and a warm ``run()`` in one session;
+- ``te``: ``TorchEstimator(...).fit(spark.read.parquet(path))``, a cold and a warm fit;
+- ``pyarrow``: ``pq.read_table`` of the ingest table into numpy, the first read of a process;
+- ``ingest``: ``TorchEstimator`` fits of a few steps on the ingest table (:data:`INGEST_FITS`,
+  or the comma-separated ``FITS``), then ``transform`` reading the files and through Spark.
+
+Every ``TorchEstimator`` fit carries a :class:`~benchmarks.common.Probe` (public hook API).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.common import (RESULT, Clock, Probe, Workload, final_loss, make_model, make_optimizer, peak_rss_mb,
+                               plain_train, prefault, read_columns, read_rank, register_by_value, reset_peak_rss,
+                               spark_session)
+
+#: The ingest fits, in order: (name, on ``df.cache()``?, directRead, how the ranks must have
+#: read the rows, touch the files first so that the ranks read them again). Cached fits
+#: come last: once the table's plan is cached, every read of it goes through the cache.
+INGEST_FITS = (
+    ("cold", False, True, "files", False),
+    ("warm", False, True, "files", True),
+    ("spark", False, False, "spark", True),
+    ("cache_first", True, True, "spark", True),
+    ("cache_second", True, True, "spark", False),
+)
+
+
+def plain(workload: Workload, scratch: str) -> dict:
+    torch.set_num_threads(os.cpu_count() or 1)
+    called = time.time()
+    inputs, labels = read_rank(workload, 0, 1)
+    model, optimizer = workload.build()
+    clock = plain_train(model, optimizer, inputs, labels, workload.loss_fn(), epochs=workload.epochs,
+                        batch_size=workload.batch_size * workload.ranks, seed=workload.seed)
+    return {"wall_s": time.time() - called, **clock.figures(called), "loss": final_loss(model, workload)}
+
+
+def ddp_rank(workload: Workload, rank: int, world_size: int, report: str) -> None:
+    """One DDP rank of the peers between ``init_process_group`` and the teardown; rank 0
+    writes its step stamps and final loss to ``report``."""
+    model, optimizer = workload.build()
+    inputs, labels = read_rank(workload, rank, world_size)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    clock = plain_train(wrapped, optimizer, inputs, labels, workload.loss_fn(), epochs=workload.epochs,
+                        batch_size=workload.batch_size, seed=workload.seed, rank=rank, world_size=world_size)
+    del wrapped
+    if rank == 0:
+        Path(report).write_text(json.dumps(vars(clock)))
+        torch.save(model.state_dict(), report + ".pt")
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def _read_report(workload: Workload, report: str, called: float) -> dict:
+    """The wall time since ``called``, rank 0's step figures and its model's final loss."""
+    wall, clock, (model, _) = time.time() - called, Clock(), workload.build()
+    vars(clock).update(json.loads(Path(report).read_text()))
+    model.load_state_dict(torch.load(report + ".pt"))
+    return {"wall_s": wall, **clock.figures(called), "loss": final_loss(model, workload)}
+
+
+def _spawned(rank: int, workload: Workload, port: int, report: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=workload.ranks,
+                            timeout=timedelta(seconds=120))
+    ddp_rank(workload, rank, workload.ranks, report)
+
+
+def ddp(workload: Workload, scratch: str) -> dict:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    report, called = os.path.join(scratch, "ddp.json"), time.time()
+    torch.multiprocessing.spawn(_spawned, args=(workload, port, report), nprocs=workload.ranks, join=True)
+    return _read_report(workload, report, called)
+
+
+def train_fn(workload_json: str, report: str) -> None:
+    """TorchDistributor's train_fn: the same DDP rank as bare DDP, under torchrun."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    ddp_rank(Workload(**json.loads(workload_json)), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), report)
+
+
+def _distributor(workload: Workload, scratch: str, local_mode: bool) -> dict:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    register_by_value()  # this module runs as __main__: pickled by value already
+    result = {}
+    with spark_session(workload.ranks, "bench-torchdistributor"):
+        for when in ("cold", "warm"):
+            report, called = os.path.join(scratch, f"td-{when}.json"), time.time()
+            distributor = TorchDistributor(num_processes=workload.ranks, local_mode=local_mode, use_gpu=False)
+            distributor.run(train_fn, json.dumps(dataclasses.asdict(workload)), report)
+            result.update({f"{when}_{key}": value for key, value in _read_report(workload, report, called).items()})
+    return result
+
+
+def td_local(workload: Workload, scratch: str) -> dict:
+    return _distributor(workload, scratch, local_mode=True)
+
+
+def td_barrier(workload: Workload, scratch: str) -> dict:
+    return _distributor(workload, scratch, local_mode=False)
+
+
+def estimator(workload: Workload, hooks: list, **params):
+    """The workload's ``TorchEstimator``, as a user writes it."""
+    from spark_torch_est import TorchEstimator
+
+    columns = {"inputCols": workload.input_cols} if workload.kind == "rec" else {"featuresCol": "features"}
+    params = {"maxEpochs": workload.epochs, "numWorkers": workload.ranks, "seed": workload.seed, **params}
+    return TorchEstimator(model=make_model, optimizer=make_optimizer, loss=workload.loss_fn(), config=workload.config,
+                          hooks=hooks, labelCol=workload.label_col, batchSize=workload.batch_size, showProgress=False,
+                          **columns, **params)
+
+
+def timed_fit(workload: Workload, df, probe: Probe, duration: str | None = None, hooks: tuple = (),
+              **params) -> tuple[dict, object]:
+    """One fit of a new estimator with ``hooks`` and ``probe``; its figures (``wall_s``, rank
+    0's ``first_step_s`` and loop, the largest rank's ``peak_rss_mb``, ``read``: how the ranks
+    got the rows) and its model."""
+    est = estimator(workload, [*hooks, probe], **params)
+    called = time.time()
+    model = est.fit(df, duration=duration)
+    figures = {"wall_s": time.time() - called, **probe.read(workload.ranks, called)}
+    source = getattr(est.checkpoint, "data_source", None)  # "spark", or the digest of the files the ranks read
+    return {**figures, "read": "" if source is None else "spark" if source == "spark" else "files"}, model
+
+
+def touch(path: str) -> None:
+    """New modification times: the ranks read the files again instead of reusing what their
+    Python workers kept from an earlier fit (the peers read them every time)."""
+    for file in Path(path).rglob("*"):
+        os.utime(file)
+
+
+def te(workload: Workload, scratch: str) -> dict:
+    """A cold fit (the recommender's: 50 steps, a warm-up), then a warm one of a new estimator."""
+    register_by_value()
+    with spark_session(workload.ranks, "bench-torchestimator") as spark:
+        df = spark.read.parquet(workload.path)
+        cold, _ = timed_fit(workload, df, Probe(scratch, "cold"), duration="50ba" if workload.kind == "rec" else None)
+        touch(workload.path)
+        warm, model = timed_fit(workload, df, Probe(scratch, "warm"))
+    return {**{f"cold_{k}": v for k, v in cold.items() if k != "read"},
+            **{f"warm_{k}": v for k, v in warm.items() if k != "read"},
+            "loss": final_loss(model.torch_model(), workload)}
+
+
+def pyarrow(workload: Workload, scratch: str) -> dict:
+    import pyarrow.dataset  # noqa: F401  (read_table imports it on its first call: an import, not the read)
+
+    prefault(3 * workload.rows * (workload.features + 1) * 4 / 2 ** 20 + 512)
+    reset_peak_rss()
+    started = time.perf_counter()
+    features, labels = read_columns(workload.path, ["features", "label"])
+    read_s = time.perf_counter() - started
+    return {"read_s": read_s, "peak_rss_mb": peak_rss_mb(),
+            "parquet_mb": sum(f.stat().st_size for f in Path(workload.path).iterdir()) / 2 ** 20}
+
+
+def _rows_per_s(frame, rows: int) -> float:
+    started = time.perf_counter()
+    frame.write.format("noop").mode("overwrite").save()
+    return rows / (time.perf_counter() - started)
+
+
+def ingest(workload: Workload, scratch: str, fits: str = "") -> dict:
+    """The fits of :data:`INGEST_FITS` (those named in ``fits``), then ``transform``."""
+    register_by_value()
+    chosen = [fit for fit in INGEST_FITS if not fits or fit[0] in fits.split(",")]
+    result, model = {}, None
+    with spark_session(workload.ranks, "bench-torchestimator-ingest") as spark:
+        df = spark.read.parquet(workload.path)
+        result["partitions"] = df.rdd.getNumPartitions()
+        for name, cached, direct, expect, touch_first in chosen:
+            if touch_first:
+                touch(workload.path)
+            prefault(3 * workload.rows * (workload.features + 1) * 4 / 2 ** 20 + 512)
+            frame = df.cache() if cached else df
+            figures, fitted = timed_fit(workload, frame, Probe(scratch, name), f"{workload.steps}ba", directRead=direct)
+            if figures.pop("read") not in (expect, ""):
+                raise RuntimeError(f"the {name} fit did not read its rows through {expect}")
+            result.update({f"{name}_{k}": v for k, v in figures.items() if k in ("first_step_s", "peak_rss_mb")})
+            model = model or fitted
+        df.unpersist(blocking=True)
+        if not fits:  # the first call loads the model into the Python workers, the others find it there
+            scorers = {"files": model, "spark": model.copy({model.directRead: False})}
+            for name in ("files", "spark", "files"):
+                result[f"transform_{name}_rows_per_s"] = _rows_per_s(scorers[name].transform(df), workload.rows)
+    if not fits:  # after the JVM has exited: the plain forward has every core
+        result["transform_plain_rows_per_s"] = _plain_forward(model.torch_model(), workload)
+    return result
+
+
+def _plain_forward(model: torch.nn.Module, workload: Workload) -> float:
+    torch.set_num_threads(os.cpu_count() or 1)
+    (features,) = read_columns(workload.path, ["features"])
+    rows, batch = torch.from_numpy(features), 4096
+    with torch.inference_mode():
+        started = time.perf_counter()
+        torch.cat([model(rows[start:start + batch]) for start in range(0, len(rows), batch)]).numpy()
+    return len(rows) / (time.perf_counter() - started)
+
+
+if __name__ == "__main__":
+    name, workload, *extra = sys.argv[1:]
+    with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
+        figures = globals()[name](Workload(**json.loads(workload)), scratch, *extra)
+    print(RESULT + json.dumps(figures), flush=True)

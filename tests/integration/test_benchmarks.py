@@ -1,0 +1,36 @@
+"""The benchmarks run end to end against this checkout (each in its own driver process),
+so a change of the package cannot silently break them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).parents[2]
+
+
+def _run(*args: str, timeout: int) -> str:
+    done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout
+
+
+def test_hook_overhead_runs_fits_with_public_hooks():
+    out = _run("benchmarks.hook_overhead", "--rows", "4096", "--epochs", "1", "--rounds", "1", timeout=300)
+    assert "5 no-op hooks cost" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_quick_suite_and_growth_table_run():
+    out = _run("benchmarks", "--quick", timeout=1200)
+    assert "| final loss, 20k rows (the same work) |" in out and "| ingest: second fit on df.cache() |" in out
+    assert "n/a" not in out.split("Every figure")[0]
+    out = _run("benchmarks.scale", "--quick", timeout=600)
+    assert "| 200,000 |" in out
