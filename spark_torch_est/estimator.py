@@ -26,8 +26,8 @@ from spark_torch_est.launcher import Launcher
 from spark_torch_est.logger_dispatch import LoggerDispatch
 from spark_torch_est.loggers import Logger, normalize_loggers
 from spark_torch_est.model import TorchModel
-from spark_torch_est.params import (ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params, param_map_name,
-                                    to_config)
+from spark_torch_est.param_table import to_config
+from spark_torch_est.params import EstimatorParams, carry_params, param_map_name
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.precision import PRECISIONS
 from spark_torch_est.progress import Progress, Target
@@ -110,13 +110,14 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         directRead: Let the tasks read a plain Parquet table on a local or mounted
             filesystem themselves, with pyarrow (default True; see docs/ingest.md); the
             model keeps it for ``transform`` and ``evaluate``.
-        precision: ``"32"`` (default), ``"bf16-mixed"`` (bfloat16 autocast) or
-            ``"16-mixed"`` (float16 autocast and a gradient scaler) for the forward pass
-            and loss; weights stay float32 (see docs/gpu.md).
+        precision: ``"32"``, ``"bf16-mixed"`` (bfloat16 autocast) or ``"16-mixed"``
+            (float16 autocast and a gradient scaler) for the forward pass and loss (default
+            ``"32"``); weights stay float32 (see docs/gpu.md).
         compileModel: Compile each rank's model with ``torch.compile`` (default False).
-        strategy: ``"ddp"`` (default: every rank holds the whole model) or ``"fsdp"``
-            (FSDP2: each rank holds its shard of the parameters and optimizer state, and
-            checkpoints are sharded under checkpointDir, which it needs; see docs/large-models.md).
+        strategy: ``"ddp"`` or ``"fsdp"`` (default ``"ddp"``). With ``"ddp"`` every rank
+            holds the whole model; with ``"fsdp"`` (FSDP2) each rank holds its shard of the
+            parameters and optimizer state, and checkpoints are sharded under checkpointDir,
+            which it needs (see docs/large-models.md).
         shardModules: With ``"fsdp"``: class names of the submodules sharded on their own
             before the root (default None: every direct child holding parameters).
     """
@@ -138,8 +139,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
                  allowNonFinite: bool = False, directRead: bool = True, precision: str = "32",
                  compileModel: bool = False, strategy: str = "ddp", shardModules: list[str] | None = None) -> None:
-        super().__init__()
-        self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
+        super().__init__()  # the Params' defaults: see param_table.py
         kwargs = dict(self._input_kwargs)
         if "config" in kwargs:
             kwargs["config"] = _checked_config(kwargs["config"])
