@@ -360,11 +360,10 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchEstimator:
         instance = cls()
-        creators, initial_states, *fresh = cloudpickle.loads(read("creators.pkl"))  # fresh hooks: saved since 0.2
-        instance._creators, instance._initial_hook_states = creators, initial_states
+        creators, instance._initial_hook_states, instance._fresh_hooks = cloudpickle.loads(read("creators.pkl"))
+        instance._creators = creators
         if creators.config:  # saved before config became a Param; a saved Param wins
             instance._set(config=checked_config(creators.config))
-        instance._fresh_hooks = fresh[0] if fresh else set()
         loggers = read("loggers.pkl")
         instance._loggers = cloudpickle.loads(loggers) if loggers is not None else []
         blob = read("checkpoint.pt")
