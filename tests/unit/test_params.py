@@ -72,9 +72,14 @@ def test_each_stage_carries_the_params_of_its_families_with_their_defaults(stage
 _CREATOR_ARGS = {"model", "optimizer", "loss", "scheduler", "metrics", "hooks", "loggers"}
 
 
+def _assert_same_names(names: set[str], where: str) -> None:
+    table = {p.name for p in PARAMS}
+    assert names == table, f"only in {where}: {sorted(names - table)}; only in the table: {sorted(table - names)}"
+
+
 def test_the_estimators_signature_agrees_with_the_table():
     signature = inspect.signature(TorchEstimator.__init__).parameters
-    assert set(signature) - {"self"} - _CREATOR_ARGS == {p.name for p in PARAMS}
+    _assert_same_names(set(signature) - {"self"} - _CREATOR_ARGS, "TorchEstimator.__init__")
     for spec in PARAMS:
         argument = signature[spec.name]
         assert argument.kind is inspect.Parameter.KEYWORD_ONLY, spec.name
@@ -100,6 +105,6 @@ def test_the_estimators_docstring_documents_every_param_with_its_default():
     args = inspect.getdoc(TorchEstimator).split("Args:\n", 1)[1]
     entries = {m["name"]: " ".join(m["text"].split())
                for m in re.finditer(r"^    (?P<name>\w+): (?P<text>.*(?:\n        .*)*)", args, re.MULTILINE)}
-    assert set(entries) - _CREATOR_ARGS == {p.name for p in PARAMS}
+    _assert_same_names(set(entries) - _CREATOR_ARGS, "TorchEstimator's docstring")
     for spec in PARAMS:
         assert f"(default {_documented(spec.default)}" in entries[spec.name], (spec.name, entries[spec.name])
