@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.' '_
 RUN := PYSPARK_PYTHON=$(abspath $(BIN))/python PYSPARK_DRIVER_PYTHON=$(abspath $(BIN))/python \
        SPARK_LOCAL_IP=127.0.0.1 SPARK_CONF_DIR=$(abspath conf)
 
-.PHONY: test test-slow test-all example examples example-submit bench bench-scale bench-precision clean
+.PHONY: test test-slow test-all example examples example-submit bench bench-scale bench-precision params clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,9 @@ bench-scale: $(STAMP)  ## only the growth table: call to first step against pyar
 
 bench-precision: $(STAMP)  ## the loop under precision 32 and bf16-mixed, compiled or not, against plain torch (CPU, about 15 minutes on 2 cores, estimated)
 	$(RUN) $(BIN)/python -m benchmarks.precision
+
+params: $(STAMP)  ## regenerates spark_torch_est/params_*.py from the Param table (spark_torch_est/param_table.py, docs/params.md)
+	$(BIN)/python -m spark_torch_est.param_codegen
 
 clean:
 	rm -rf $(VENV) .pytest_cache spark-warehouse

@@ -5,22 +5,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, overload
 
 import cloudpickle
-import torch
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.sql import DataFrame
-from pyspark.sql.utils import is_remote
 
-from spark_torch_est.checkpoint import Checkpoint, check_compatible
-from spark_torch_est.creators import CreatorError, Creators
+from spark_torch_est.checkpoint import Checkpoint
+from spark_torch_est.creators import Creators
 from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.loggers import Logger
@@ -29,16 +24,11 @@ from spark_torch_est.loggers.dispatch import LoggerDispatch
 from spark_torch_est.loggers.view import DriverView
 from spark_torch_est.messages import RankMessage
 from spark_torch_est.model import TorchModel
-from spark_torch_est.params import (ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, EstimatorParams, carry_params, param_map_name,
-                                    to_config)
+from spark_torch_est.params import EstimatorParams, carry_params, param_map_name
 from spark_torch_est.persistence import TorchPersistence
-from spark_torch_est.precision import PRECISIONS
-from spark_torch_est.progress import Progress, Target
-from spark_torch_est.schema import InputSchema
-from spark_torch_est.sharding import STRATEGIES, check_shardable, model_to_check
-from spark_torch_est.sources import parquet_source
-from spark_torch_est.spec import Columns, FileSource, TaskSpec
-from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
+from spark_torch_est.planning import checked_config, make_creators, plan_fit, plan_frame, resolve_checkpoint
+from spark_torch_est.progress import Progress
+from spark_torch_est.spec import TaskSpec
 
 if TYPE_CHECKING:
     from pyspark.ml._typing import ParamMap
@@ -112,13 +102,14 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         directRead: Let the tasks read a plain Parquet table on a local or mounted
             filesystem themselves, with pyarrow (default True; see docs/ingest.md); the
             model keeps it for ``transform`` and ``evaluate``.
-        precision: ``"32"`` (default), ``"bf16-mixed"`` (bfloat16 autocast) or
-            ``"16-mixed"`` (float16 autocast and a gradient scaler) for the forward pass
-            and loss; weights stay float32 (see docs/gpu.md).
+        precision: ``"32"``, ``"bf16-mixed"`` (bfloat16 autocast) or ``"16-mixed"``
+            (float16 autocast and a gradient scaler) for the forward pass and loss (default
+            ``"32"``); weights stay float32 (see docs/gpu.md).
         compileModel: Compile each rank's model with ``torch.compile`` (default False).
-        strategy: ``"ddp"`` (default: every rank holds the whole model) or ``"fsdp"``
-            (FSDP2: each rank holds its shard of the parameters and optimizer state, and
-            checkpoints are sharded under checkpointDir, which it needs; see docs/large-models.md).
+        strategy: ``"ddp"`` or ``"fsdp"`` (default ``"ddp"``). With ``"ddp"`` every rank
+            holds the whole model; with ``"fsdp"`` (FSDP2) each rank holds its shard of the
+            parameters and optimizer state, and checkpoints are sharded under checkpointDir,
+            which it needs (see docs/large-models.md).
         shardModules: With ``"fsdp"``: class names of the submodules sharded on their own
             before the root (default None: every direct child holding parameters).
     """
@@ -140,13 +131,12 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
                  allowNonFinite: bool = False, directRead: bool = True, precision: str = "32",
                  compileModel: bool = False, strategy: str = "ddp", shardModules: list[str] | None = None) -> None:
-        super().__init__()
-        self._setDefault(**MODEL_DEFAULTS, **ESTIMATOR_DEFAULTS)
+        super().__init__()  # the Params' defaults: see param_table.py
         kwargs = dict(self._input_kwargs)
         if "config" in kwargs:
-            kwargs["config"] = _checked_config(kwargs["config"])
+            kwargs["config"] = checked_config(kwargs["config"])
         creator_args = {name: kwargs.pop(name) for name in _CREATOR_ARGS if name in kwargs}
-        self._creators = _make_creators(**creator_args)
+        self._creators = make_creators(**creator_args)
         self._initial_hook_states = _hook_states(self._creators.hooks)
         self._fresh_hooks: set[str] = set()  # hooks added since the last fit: they keep their own state
         self._loggers = normalize_loggers(kwargs.pop("loggers", None))  # driver only: not in the creators
@@ -195,7 +185,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         still fit the run's checkpoint), optimizer, scheduler and loss from it, and takes
         the optimizer's hyper-parameters (``lr``, ``weight_decay``, ...) from the new
         optimizer while keeping its state (moments, step counts)."""
-        return self._set(config=_checked_config(config))
+        return self._set(config=checked_config(config))
 
     @property
     def _run_creators(self) -> Creators:
@@ -204,7 +194,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     def setLoss(self, loss: Any) -> TorchEstimator:
         """Replaces the loss between fits (an ``nn.Module``, its class, or a callable)."""
-        _make_creators(loss=loss)
+        make_creators(loss=loss)
         self._creators = dataclasses.replace(self._creators, loss=loss)
         return self
 
@@ -319,19 +309,11 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     def _fit_run(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
                  name: str | None = None) -> TorchModel:
-        start = _resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
-        progress = start.progress if start is not None else Progress()
-        self._check_params()
-        self._check_changes(start)
-        target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
-                              self.getMaxEpochs())
-        schema = self._input_schema(dataset)
-        if start is not None:
-            check_inputs(dataset.schema, start.input_schema, schema)
-        frame, source = self._checked_frame(dataset, schema, start)
-        spec = self._spec(target, schema, start, source)
-        view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
-        loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
+        start = resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
+        plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks)
+        progress = plan.progress
+        view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize())
+        loggers = LoggerDispatch(self._loggers, plan.spec.run_id, progress)
         loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
                       progress, name)
 
@@ -339,11 +321,11 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             view.handle(message)
             loggers.handle(message)
 
-        launcher = Launcher(dataset.sparkSession, frame, self.getMaxRetries(), self.getSlotWaitTimeout(), on_message,
-                            min_workers=self.getMinWorkers(),
-                            replan=lambda workers: self._plan_frame(dataset, schema, workers))
+        launcher = Launcher(dataset.sparkSession, plan.frame, self.getMaxRetries(), self.getSlotWaitTimeout(),
+                            on_message, min_workers=self.getMinWorkers(),
+                            replan=lambda workers: plan_frame(self, dataset, plan.schema, workers))
         try:
-            checkpoint = _train(launcher, spec, progress)
+            checkpoint = _train(launcher, plan.spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)
@@ -380,154 +362,15 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchEstimator:
         instance = cls()
-        creators, initial_states, *fresh = cloudpickle.loads(read("creators.pkl"))  # fresh hooks: saved since 0.2
-        instance._creators, instance._initial_hook_states = creators, initial_states
+        creators, instance._initial_hook_states, instance._fresh_hooks = cloudpickle.loads(read("creators.pkl"))
+        instance._creators = creators
         if creators.config:  # saved before config became a Param; a saved Param wins
-            instance._set(config=_checked_config(creators.config))
-        instance._fresh_hooks = fresh[0] if fresh else set()
+            instance._set(config=checked_config(creators.config))
         loggers = read("loggers.pkl")
         instance._loggers = cloudpickle.loads(loggers) if loggers is not None else []
         blob = read("checkpoint.pt")
         instance._checkpoint = Checkpoint.from_bytes(blob) if blob is not None else None
         return instance
-
-    # ----------------------------------------------------------------- validation
-
-    def _check_params(self) -> None:
-        for name, low in (("batchSize", 1), ("maxEpochs", 1), ("numWorkers", 1), ("maxRetries", 0),
-                          ("inferenceBatchSize", 1), ("memoryBudgetMB", 0)):
-            value = self.getOrDefault(name)
-            if value < low:
-                raise InvalidInputError(f"{name} must be at least {low}, got {value}")
-        for name in ("timeout", "slotWaitTimeout"):
-            if not self.getOrDefault(name) > 0:
-                raise InvalidInputError(f"{name} must be a positive number of seconds, got {self.getOrDefault(name)}")
-        if self.getPrecision() not in PRECISIONS:
-            raise InvalidInputError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
-                                    f"got {self.getPrecision()!r}")
-        low, high = self.getMinWorkers(), self.getNumWorkers()
-        if low is not None and not 1 <= low <= high:
-            raise InvalidInputError(f"minWorkers must be between 1 and numWorkers={high} (or None for numWorkers), "
-                                    f"got {low}")
-        if self.getStrategy() not in STRATEGIES:
-            raise InvalidInputError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, "
-                                    f"got {self.getStrategy()!r}")
-        if self.getStrategy() == "fsdp" and not self.getCheckpointDir():
-            raise InvalidInputError(
-                f'strategy="fsdp" writes sharded checkpoints, each rank its part, so it needs checkpointDir: set it '
-                f"to storage every worker reaches (a shared filesystem, DBFS, HDFS or an object store); got "
-                f"checkpointDir={self.getCheckpointDir()!r}")
-        if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
-            raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
-                                    f"got {self.getCheckpointInterval()!r}")
-        if self.getCheckpointDir():
-            try:
-                probe_writable(self.getCheckpointDir())
-            except (OSError, ValueError, ImportError) as error:  # read-only, missing mount, unknown URL scheme
-                raise InvalidInputError(f"checkpointDir={self.getCheckpointDir()!r} cannot be written from the driver "
-                                        f"({type(error).__name__}: {error}); point it at a writable directory the "
-                                        "executors share, or unset it") from None
-
-    def _check_changes(self, start: Checkpoint | None) -> None:
-        """Refuses the changes since ``start`` that the next fit could not honor exactly."""
-        if start is not None and start.strategy != self.getStrategy():
-            raise InvalidInputError(
-                f"strategy changed from {start.strategy!r} to {self.getStrategy()!r} within a run: its optimizer "
-                f"state is kept {'sharded' if start.strategy == 'fsdp' else 'whole'} and cannot be carried over; "
-                f"keep strategy={start.strategy!r}, or call est.reset() to start a new run")
-        if start is None or start.progress.sample_in_epoch == 0 or start.seed == self.getSeed():
-            return
-        raise InvalidInputError(
-            f"seed changed from {start.seed} to {self.getSeed()} in the middle of epoch {start.progress.epoch + 1}: "
-            "the rest of that epoch would be shuffled anew, training some rows twice and others not at all. Finish "
-            f"the epoch with seed={start.seed} first (fit(df, duration=...) up to its end), then change the seed; "
-            "or call est.reset() to start a new run"
-        )
-
-    def _checked_frame(self, dataset: DataFrame, schema: InputSchema,
-                       start: Checkpoint | None) -> tuple[DataFrame, FileSource | None]:
-        """Checks the creators and prepares the training frame side by side: the JVM plans
-        the frame (slow in a fresh session) while Python builds the model and optimizer
-        (the first optimizer in a process imports ``torch._dynamo``, which is slow). A creator
-        error wins over a column error. Under Spark Connect the client plans nothing, so
-        both run in turn. A plain Parquet table is read by the ranks themselves (see
-        :mod:`spark_torch_est.sources`): the job's frame is then one empty-handed row per rank."""
-        def plan() -> tuple[DataFrame, FileSource | None]:
-            return self._plan_frame(dataset, schema, self.getNumWorkers())
-
-        if is_remote():
-            self._check_creators(start)
-            return plan()
-        context = dataset.sparkSession.sparkContext._jsc.sc()
-        properties = context.getLocalProperties().clone()  # the caller's job group, pool, ...
-
-        def plan_here() -> DataFrame:
-            context.setLocalProperties(properties)  # as pyspark's inheritable_thread_target does
-            return plan()
-
-        with ThreadPoolExecutor(1, thread_name_prefix="spark_torch_est-plan") as pool:
-            planned = pool.submit(plan_here)
-            self._check_creators(start)
-            return planned.result()
-
-    def _plan_frame(self, dataset: DataFrame, schema: InputSchema, workers: int) -> tuple[DataFrame, FileSource | None]:
-        """The training frame of a job of ``workers`` ranks, and the Parquet files they read
-        themselves (None: the rows come through the frame)."""
-        columns = dict(schema=schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
-                       label_col=self.getLabelCol(), validation_col=self.getValidationIndicatorCol(),
-                       weight_col=self.getWeightCol())
-        frame = training_frame(dataset, num_workers=workers, **columns)
-        direct = self.getDirectRead()
-        source = parquet_source(dataset, frame_outputs(dataset, **columns), workers) if direct else None
-        return (dataset.sparkSession.range(0, workers, 1, workers), source) if source else (frame, None)
-
-    def _input_schema(self, dataset: DataFrame) -> InputSchema:
-        """The model's inputs in ``dataset`` (see :func:`frames.input_schema`)."""
-        return input_schema(dataset.schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
-                            input_cols=self.getInputCols(), input_shapes=self.getInputShapes(),
-                            padding_value=self.getPaddingValue())
-
-    def _check_creators(self, start: Checkpoint | None) -> None:
-        """Builds every object once on the driver, so bad creators fail before any job."""
-        creators = self._run_creators
-        for name in ("model", "optimizer", "loss"):
-            if getattr(creators, name) is None:
-                raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
-        HookSet(creators.hooks)
-        try:
-            fsdp = self.getStrategy() == "fsdp"
-            model = model_to_check(creators) if fsdp else creators.build_model()
-            if fsdp:
-                check_shardable(model, self.getShardModules())
-            if start is not None and start.model_state:  # a sharded checkpoint's own .pt holds no weights
-                check_compatible(model.state_dict(), start.model_state)
-            creators.build_scheduler(creators.build_optimizer(model))
-            creators.build_loss()
-        except CreatorError as error:
-            raise InvalidInputError(f"{error} (check the {error.creator}= argument)") from error
-
-    def _spec(self, target: Target, schema: InputSchema, start: Checkpoint | None,
-              source: FileSource | None) -> TaskSpec:
-        try:
-            payload = cloudpickle.dumps(self._run_creators)
-        except Exception as error:
-            raise InvalidInputError(
-                f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
-            ) from error
-        interval = Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
-        return TaskSpec(
-            run_id=start.run_id if start is not None else uuid.uuid4().hex, fit_id=uuid.uuid4().hex, payload=payload,
-            resume=start.for_ranks().to_bytes() if start is not None else None, target=target, schema=schema,
-            world_size=self.getNumWorkers(), batch_size=self.getBatchSize(), seed=self.getSeed(),
-            timeout_s=self.getTimeout(), use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
-            checkpoint_every=(interval.value, interval.unit),
-            columns=Columns(label=self.getLabelCol(), weight=self.getWeightCol(),
-                            features=tuple(self.getFeatureCols() or ()) or None),
-            memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
-            allow_non_finite=self.getAllowNonFinite(), fresh_hooks=tuple(sorted(self._fresh_hooks)), source=source,
-            precision=self.getPrecision(), compile_model=self.getCompileModel(), strategy=self.getStrategy(),
-            shard_modules=tuple(self.getShardModules()) if self.getShardModules() is not None else None,
-        )
 
 
 def _train(launcher: Launcher, spec: TaskSpec, start: Progress) -> Checkpoint:
@@ -540,50 +383,5 @@ def _train(launcher: Launcher, spec: TaskSpec, start: Progress) -> Checkpoint:
         raise TrainingFailedError(f"the fit failed unexpectedly: {type(error).__name__}: {error}") from error
 
 
-def _checked_config(config: Any) -> dict[str, Any]:
-    """``config`` as the config Param takes it, or an InvalidInputError naming config."""
-    try:
-        return to_config(config)
-    except TypeError as error:
-        raise InvalidInputError(str(error)) from None
-
-
-def _make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None, scheduler: Any = None,
-                   metrics: Mapping[str, Any] | None = None, hooks: Any = None) -> Creators:
-    for name, value in (("optimizer", optimizer), ("scheduler", scheduler)):
-        if value is not None and not callable(value):
-            raise InvalidInputError(f"{name} must be a callable creator, got {type(value).__name__}")
-    if model is not None and not (isinstance(model, torch.nn.Module) or callable(model)):
-        raise InvalidInputError(f"model must be an nn.Module or a callable(config), got {type(model).__name__}")
-    if loss is not None and not callable(loss):
-        raise InvalidInputError(f"loss must be an nn.Module or a callable(outputs, labels), got {type(loss).__name__}")
-    return Creators(model=model, optimizer=optimizer, loss=loss, scheduler=scheduler,
-                    metrics=dict(metrics or {}), hooks=normalize_hooks(hooks))
-
-
 def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:
     return {name: copy.deepcopy(hook.state_dict()) for name, hook in hooks.items()}
-
-
-def _resolve_checkpoint(source: Any) -> Checkpoint:
-    """The checkpoint behind ``resume_from``: a Checkpoint, a TorchModel's, a checkpoint
-    file, or the newest one a checkpointDir's ``latest`` pointer names."""
-    if isinstance(source, Checkpoint):
-        return source
-    if isinstance(source, TorchModel):
-        return source.checkpoint
-    if isinstance(source, str):
-        try:
-            latest = CheckpointDir(source).latest()
-            blob = read_bytes(latest.url if latest is not None else source)
-        except (OSError, ValueError) as error:  # missing, unreadable, or an unknown URL scheme
-            raise InvalidInputError(
-                f"resume_from={source!r}: cannot read it ({type(error).__name__}: {error}); pass the path or URL of "
-                "a checkpoint file (a ckpt-*.pt in checkpointDir, or one written by Checkpoint.save), a "
-                "checkpointDir, a TorchModel or a Checkpoint"
-            ) from error
-        return Checkpoint.from_bytes(blob)
-    raise InvalidInputError(
-        f"resume_from must be a TorchModel, a Checkpoint or a checkpoint path, got {type(source).__name__}"
-    )
-

@@ -23,7 +23,7 @@ from spark_torch_est.frames import check_inputs, input_schema, label_kind, weigh
 from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
 from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
-from spark_torch_est.params import MODEL_DEFAULTS, ModelParams
+from spark_torch_est.params import ModelParams
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.schema import FEATURES_LAYOUT
 from spark_torch_est.sources import parquet_table
@@ -53,8 +53,7 @@ class TorchModel(Model, ModelParams, TorchPersistence):
     """
 
     def __init__(self, creators: Creators | None = None, checkpoint: Checkpoint | None = None) -> None:
-        super().__init__()
-        self._setDefault(**MODEL_DEFAULTS)
+        super().__init__()  # the Params' defaults: see param_table.py
         self._creators = dataclasses.replace(creators, optimizer=None, scheduler=None, hooks={}) \
             if creators is not None else None
         self._checkpoint = checkpoint

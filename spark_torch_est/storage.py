@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import fsspec
 
-__all__ = ["write_atomic", "read_bytes", "probe_writable", "exists", "CheckpointDir", "CheckpointFile"]
+__all__ = ["write_atomic", "read_bytes", "probe_writable", "exists", "short_run_id", "CheckpointDir",
+           "CheckpointFile"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,16 @@ class CheckpointFile:
         return read_bytes(self.url)
 
 
+def short_run_id(run_id: str) -> str:
+    """The first 12 characters of a run id: what names the run's checkpoint files and the
+    loggers' folders (short, and unique enough for the runs that share a directory).
+
+    >>> short_run_id("3f9c0a1b2d4e5f60718293a4b5c6d7e8")
+    '3f9c0a1b2d4e'
+    """
+    return run_id[:12]
+
+
 class CheckpointDir:
     """Periodic checkpoints of one run in a directory.
 
@@ -121,7 +132,7 @@ class CheckpointDir:
 
     def __init__(self, url: str, run_id: str = "", keep: int = 3) -> None:
         self.url = url.rstrip("/")
-        self.run = run_id[:12]
+        self.run = short_run_id(run_id)
         self.keep = keep
         self.fs, self.path = _fs(self.url)
 

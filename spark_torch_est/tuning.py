@@ -35,6 +35,7 @@ from spark_torch_est.launcher import task_slots, wait_for_slots
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import param_map_name
 from spark_torch_est.persistence import TorchPersistence
+from spark_torch_est.planning import check_params
 
 __all__ = ["SuccessiveHalving", "SuccessiveHalvingModel", "param_map_name"]
 
@@ -223,7 +224,7 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
         min_epochs = _epochs(self.getMinDuration())
         trials = [_Trial(i, estimator.copy(dict(m))) for i, m in enumerate(maps)]
         for trial in trials:
-            trial.estimator._check_params()
+            check_params(trial.estimator)
             if min_epochs > trial.max_epochs:
                 raise InvalidInputError(
                     f"minDuration={self.getMinDuration()!r} is past maxEpochs={trial.max_epochs} of param map "

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from spark_torch_est.loggers.base import Logger, tracked_params
+from spark_torch_est.storage import short_run_id
 
 __all__ = ["CSVLogger"]
 
@@ -27,7 +28,7 @@ class CSVLogger(Logger):
 
     def run_dir(self, run_id: str) -> str:
         """The folder of the estimator run ``run_id``."""
-        return os.path.join(self.log_dir, run_id[:12])
+        return os.path.join(self.log_dir, short_run_id(run_id))
 
     def on_fit_start(self, params: dict, config: dict, run_id: str) -> None:
         """Creates the run's folder and writes ``params.json``."""

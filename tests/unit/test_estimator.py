@@ -1,10 +1,11 @@
-"""The estimator's driver-side checks that need no Spark: Params and creators."""
+"""The estimator's driver-side checks that need no Spark: Params and creators (see planning.py)."""
 
 import pytest
 import torch
 
 from spark_torch_est import TorchEstimator
 from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.planning import check_creators, check_params, task_spec
 from spark_torch_est.progress import Target
 from tests.helpers import features_schema, linear_model, sgd
 
@@ -28,7 +29,7 @@ def _est(**kw):
 ])
 def test_params_out_of_range(params, message):
     with pytest.raises(InvalidInputError, match=message):
-        _est(**params)._check_params()
+        check_params(_est(**params))
 
 
 def test_param_accessors_and_copy_keep_values():
@@ -48,7 +49,8 @@ def test_param_accessors_and_copy_keep_values():
 ])
 def test_bad_creators_fail_on_the_driver(creators, message):
     with pytest.raises(InvalidInputError, match=message):
-        _est(**creators)._check_creators(None)
+        est = _est(**creators)
+        check_creators(est, est._run_creators, None)
 
 
 def test_unpicklable_creators_are_reported():
@@ -57,7 +59,7 @@ def test_unpicklable_creators_are_reported():
     lock = threading.Lock()
     est = _est(model=lambda c: (lock, torch.nn.Linear(1, 1))[1])
     with pytest.raises(InvalidInputError, match="cannot be pickled"):
-        est._spec(Target(epoch=1), features_schema(1), None, None)
+        task_spec(est, est._run_creators, Target(epoch=1), features_schema(1), None, None)
 
 
 def test_copy_with_a_hook_that_cannot_be_copied_names_the_fix():

@@ -1,13 +1,18 @@
-"""The Params' typed accessors, and the types a user's code sees (py.typed, fit's overloads)."""
+"""The Params: one table, the typed accessors generated from it, the estimator's signature and
+docstring that agree with it, and the types a user's code sees (py.typed, fit's overloads)."""
 
 from __future__ import annotations
 
+import inspect
+import re
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from spark_torch_est import TorchEstimator, TorchModel
+from spark_torch_est.param_codegen import module_path, render
+from spark_torch_est.param_table import FAMILIES, PARAMS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "spark_torch_est"
 
@@ -19,7 +24,7 @@ def test_every_param_has_getx_and_setx_with_types_a_checker_sees(stage):
         for method in (f"get{cap}", f"set{cap}"):
             declared = next((vars(c)[method] for c in stage.__mro__ if method in vars(c)), None)
             assert declared is not None and "return" in declared.__annotations__, \
-                f"{stage.__name__}.{method} must be declared with types in params.py (not only generated)"
+                f"{stage.__name__}.{method} must be declared with types (generated from param_table.py)"
 
 
 def test_a_type_checker_sees_fit_return_a_model_or_a_list_and_typed_accessors(tmp_path):
@@ -46,6 +51,60 @@ def test_a_type_checker_sees_fit_return_a_model_or_a_list_and_typed_accessors(tm
         'note: Revealed type is "list[spark_torch_est.model.TorchModel]"',
         'note: Revealed type is "spark_torch_est.estimator.TorchEstimator"',
         'note: Revealed type is "str | None"',
-        'error: Argument 1 to "setMaxEpochs" of "EstimatorParams" has incompatible type "str"; expected "int"  '
+        'error: Argument 1 to "setMaxEpochs" of "TrainingParams" has incompatible type "str"; expected "int"  '
         '[arg-type]',
     ], out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_generated_param_modules_are_up_to_date_with_the_table(family):
+    assert module_path(family).read_text() == render(family), \
+        f"{module_path(family).name} is stale: run `make params` (python -m spark_torch_est.param_codegen)"
+
+
+@pytest.mark.parametrize("stage", [TorchEstimator, TorchModel])
+def test_each_stage_carries_the_params_of_its_families_with_their_defaults(stage):
+    expected = {p.name: p.default for p in PARAMS if stage.__name__ in FAMILIES[p.family].carried_by}
+    instance = stage()
+    assert {p.name: instance.getOrDefault(p) for p in instance.params} == expected
+
+
+_CREATOR_ARGS = {"model", "optimizer", "loss", "scheduler", "metrics", "hooks", "loggers"}
+
+
+def _assert_same_names(names: set[str], where: str) -> None:
+    table = {p.name for p in PARAMS}
+    assert names == table, f"only in {where}: {sorted(names - table)}; only in the table: {sorted(table - names)}"
+
+
+def test_the_estimators_signature_agrees_with_the_table():
+    signature = inspect.signature(TorchEstimator.__init__).parameters
+    _assert_same_names(set(signature) - {"self"} - _CREATOR_ARGS, "TorchEstimator.__init__")
+    for spec in PARAMS:
+        argument = signature[spec.name]
+        assert argument.kind is inspect.Parameter.KEYWORD_ONLY, spec.name
+        if isinstance(spec.default, (dict, list)):  # a mutable default: None stands for it, any Mapping is taken
+            assert argument.default is None, spec.name
+            continue
+        assert (type(argument.default), argument.default) == (type(spec.default), spec.default), spec.name
+        assert argument.annotation == spec.type, spec.name
+
+
+def _documented(value: object) -> str:
+    """A default as the docstring writes it: ``"1ep"``, ``{}``, None, 600 (not 600.0)."""
+    if isinstance(value, str):
+        return f'``"{value}"``'
+    if isinstance(value, (dict, list)):
+        return f"``{value}``"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def test_the_estimators_docstring_documents_every_param_with_its_default():
+    args = inspect.getdoc(TorchEstimator).split("Args:\n", 1)[1]
+    entries = {m["name"]: " ".join(m["text"].split())
+               for m in re.finditer(r"^    (?P<name>\w+): (?P<text>.*(?:\n        .*)*)", args, re.MULTILINE)}
+    _assert_same_names(set(entries) - _CREATOR_ARGS, "TorchEstimator's docstring")
+    for spec in PARAMS:
+        assert f"(default {_documented(spec.default)}" in entries[spec.name], (spec.name, entries[spec.name])

@@ -1,0 +1,278 @@
+"""[driver] A fit planned on the driver before any Spark job: its Params, the changes within
+the run and the creators checked; the target, the inputs, the training frame and the task
+spec derived from the estimator's Params.
+
+Everything here raises :class:`InvalidInputError` (or ``TrainingCompleteError`` for a run at
+``maxEpochs``) before a job starts, naming the Param or argument that fixes the problem.
+"""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Collection, Mapping
+
+import cloudpickle
+import torch
+from pyspark.sql import DataFrame
+from pyspark.sql.utils import is_remote
+
+from spark_torch_est.checkpoint import Checkpoint, check_compatible
+from spark_torch_est.creators import CreatorError, Creators
+from spark_torch_est.duration import Duration
+from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
+from spark_torch_est.hooks import HookSet, normalize_hooks
+from spark_torch_est.model import TorchModel
+from spark_torch_est.param_table import to_config
+from spark_torch_est.params import EstimatorParams
+from spark_torch_est.precision import PRECISIONS
+from spark_torch_est.progress import Progress, Target
+from spark_torch_est.schema import InputSchema
+from spark_torch_est.sharding import STRATEGIES, check_shardable, model_to_check
+from spark_torch_est.sources import parquet_source
+from spark_torch_est.spec import Columns, FileSource, TaskSpec
+from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
+
+__all__ = ["FitPlan", "plan_fit", "plan_frame", "check_params", "check_changes", "check_creators", "task_spec",
+           "make_creators", "checked_config", "resolve_checkpoint"]
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """What a fit launches.
+
+    Attributes:
+        progress: Where the run starts.
+        target: Where it stops.
+        schema: The model's inputs in the DataFrame.
+        frame: The job's DataFrame (one empty-handed row per rank when ``source`` is set).
+        source: The Parquet files the ranks read themselves, or None.
+        spec: The frozen spec every task gets.
+    """
+
+    progress: Progress
+    target: Target
+    schema: InputSchema
+    frame: DataFrame
+    source: FileSource | None
+    spec: TaskSpec
+
+
+def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, duration: str | Duration | None,
+             start: Checkpoint | None, fresh_hooks: frozenset[str] | set[str]) -> FitPlan:
+    """Checks a fit of ``dataset`` from ``start`` (None: a new run) and plans it.
+
+    Args:
+        params: The estimator, for its Params.
+        creators: Its creators with the config Param (what the tasks build from).
+        dataset: The training DataFrame.
+        duration: More training to do (None: up to ``maxEpochs``).
+        start: The checkpoint the fit continues, or None.
+        fresh_hooks: Names of the hooks added since the last fit (they keep their own state).
+    """
+    progress = start.progress if start is not None else Progress()
+    check_params(params)
+    check_changes(params, start)
+    target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
+                          params.getMaxEpochs())
+    schema = input_schema_of(params, dataset)
+    if start is not None:
+        check_inputs(dataset.schema, start.input_schema, schema)
+    frame, source = _checked_frame(params, creators, dataset, schema, start)
+    spec = task_spec(params, creators, target, schema, start, source, fresh_hooks)
+    return FitPlan(progress, target, schema, frame, source, spec)
+
+
+def check_params(params: EstimatorParams) -> None:
+    """Refuses values no fit can run with (ranges, choices, a checkpointDir the driver cannot write)."""
+    for name, low in (("batchSize", 1), ("maxEpochs", 1), ("numWorkers", 1), ("maxRetries", 0),
+                      ("inferenceBatchSize", 1), ("memoryBudgetMB", 0)):
+        value = params.getOrDefault(name)
+        if value < low:
+            raise InvalidInputError(f"{name} must be at least {low}, got {value}")
+    for name in ("timeout", "slotWaitTimeout"):
+        if not params.getOrDefault(name) > 0:
+            raise InvalidInputError(f"{name} must be a positive number of seconds, got {params.getOrDefault(name)}")
+    _check_choice("precision", params.getPrecision(), PRECISIONS)
+    low, high = params.getMinWorkers(), params.getNumWorkers()
+    if low is not None and not 1 <= low <= high:
+        raise InvalidInputError(f"minWorkers must be between 1 and numWorkers={high} (or None for numWorkers), "
+                                f"got {low}")
+    _check_choice("strategy", params.getStrategy(), STRATEGIES)
+    directory = params.getCheckpointDir()
+    if params.getStrategy() == "fsdp" and not directory:
+        raise InvalidInputError(
+            f'strategy="fsdp" writes sharded checkpoints, each rank its part, so it needs checkpointDir: set it '
+            f"to storage every worker reaches (a shared filesystem, DBFS, HDFS or an object store); got "
+            f"checkpointDir={directory!r}")
+    if Duration.parse(params.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
+        raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
+                                f"got {params.getCheckpointInterval()!r}")
+    if directory:
+        try:
+            probe_writable(directory)
+        except (OSError, ValueError, ImportError) as error:  # read-only, missing mount, unknown URL scheme
+            raise InvalidInputError(f"checkpointDir={directory!r} cannot be written from the driver "
+                                    f"({type(error).__name__}: {error}); point it at a writable directory the "
+                                    "executors share, or unset it") from None
+
+
+def _check_choice(name: str, value: str, choices: Collection[str]) -> None:
+    if value not in choices:
+        raise InvalidInputError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def check_changes(params: EstimatorParams, start: Checkpoint | None) -> None:
+    """Refuses the changes since ``start`` that the next fit could not honor exactly."""
+    if start is not None and start.strategy != params.getStrategy():
+        raise InvalidInputError(
+            f"strategy changed from {start.strategy!r} to {params.getStrategy()!r} within a run: its optimizer "
+            f"state is kept {'sharded' if start.strategy == 'fsdp' else 'whole'} and cannot be carried over; "
+            f"keep strategy={start.strategy!r}, or call est.reset() to start a new run")
+    if start is None or start.progress.sample_in_epoch == 0 or start.seed == params.getSeed():
+        return
+    raise InvalidInputError(
+        f"seed changed from {start.seed} to {params.getSeed()} in the middle of epoch {start.progress.epoch + 1}: "
+        "the rest of that epoch would be shuffled anew, training some rows twice and others not at all. Finish "
+        f"the epoch with seed={start.seed} first (fit(df, duration=...) up to its end), then change the seed; "
+        "or call est.reset() to start a new run"
+    )
+
+
+def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoint | None) -> None:
+    """Builds every object once on the driver, so bad creators fail before any job."""
+    for name in ("model", "optimizer", "loss"):
+        if getattr(creators, name) is None:
+            raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
+    HookSet(creators.hooks)
+    try:
+        fsdp = params.getStrategy() == "fsdp"
+        model = model_to_check(creators) if fsdp else creators.build_model()
+        if fsdp:
+            check_shardable(model, params.getShardModules())
+        if start is not None and start.model_state:  # a sharded checkpoint's own .pt holds no weights
+            check_compatible(model.state_dict(), start.model_state)
+        creators.build_scheduler(creators.build_optimizer(model))
+        creators.build_loss()
+    except CreatorError as error:
+        raise InvalidInputError(f"{error} (check the {error.creator}= argument)") from error
+
+
+def input_schema_of(params: EstimatorParams, dataset: DataFrame) -> InputSchema:
+    """The model's inputs in ``dataset`` (see :func:`frames.input_schema`)."""
+    return input_schema(dataset.schema, features_col=params.getFeaturesCol(), feature_cols=params.getFeatureCols(),
+                        input_cols=params.getInputCols(), input_shapes=params.getInputShapes(),
+                        padding_value=params.getPaddingValue())
+
+
+def plan_frame(params: EstimatorParams, dataset: DataFrame, schema: InputSchema,
+               workers: int) -> tuple[DataFrame, FileSource | None]:
+    """The training frame of a job of ``workers`` ranks, and the Parquet files they read
+    themselves (None: the rows come through the frame)."""
+    columns = dict(schema=schema, features_col=params.getFeaturesCol(), feature_cols=params.getFeatureCols(),
+                   label_col=params.getLabelCol(), validation_col=params.getValidationIndicatorCol(),
+                   weight_col=params.getWeightCol())
+    frame = training_frame(dataset, num_workers=workers, **columns)
+    source = parquet_source(dataset, frame_outputs(dataset, **columns), workers) if params.getDirectRead() else None
+    return (dataset.sparkSession.range(0, workers, 1, workers), source) if source else (frame, None)
+
+
+def _checked_frame(params: EstimatorParams, creators: Creators, dataset: DataFrame, schema: InputSchema,
+                   start: Checkpoint | None) -> tuple[DataFrame, FileSource | None]:
+    """Checks the creators and plans the training frame side by side: the JVM plans the
+    frame (slow in a fresh session) while Python builds the model and optimizer (the first
+    optimizer in a process imports ``torch._dynamo``, which is slow too). A creator error
+    wins over a column error. Under Spark Connect the client plans nothing, so both run in
+    turn. A plain Parquet table is read by the ranks themselves (see
+    :mod:`spark_torch_est.sources`): the job's frame is then one empty-handed row per rank."""
+    def plan() -> tuple[DataFrame, FileSource | None]:
+        return plan_frame(params, dataset, schema, params.getNumWorkers())
+
+    if is_remote():
+        check_creators(params, creators, start)
+        return plan()
+    context = dataset.sparkSession.sparkContext._jsc.sc()
+    properties = context.getLocalProperties().clone()  # the caller's job group, pool, ...
+
+    def plan_here() -> tuple[DataFrame, FileSource | None]:
+        context.setLocalProperties(properties)  # as pyspark's inheritable_thread_target does
+        return plan()
+
+    with ThreadPoolExecutor(1, thread_name_prefix="spark_torch_est-plan") as pool:
+        planned = pool.submit(plan_here)
+        check_creators(params, creators, start)
+        return planned.result()
+
+
+def task_spec(params: EstimatorParams, creators: Creators, target: Target, schema: InputSchema,
+              start: Checkpoint | None, source: FileSource | None,
+              fresh_hooks: frozenset[str] | set[str] = frozenset()) -> TaskSpec:
+    """The spec of the fit's tasks: the creators cloudpickled, the Params as plain data."""
+    try:
+        payload = cloudpickle.dumps(creators)
+    except Exception as error:
+        raise InvalidInputError(
+            f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
+        ) from error
+    interval = Duration.parse(params.getCheckpointInterval(), what="checkpointInterval")
+    budget, shards = params.getMemoryBudgetMB(), params.getShardModules()
+    return TaskSpec(
+        run_id=start.run_id if start is not None else uuid.uuid4().hex, fit_id=uuid.uuid4().hex, payload=payload,
+        resume=start.for_ranks().to_bytes() if start is not None else None, target=target, schema=schema,
+        world_size=params.getNumWorkers(), batch_size=params.getBatchSize(), seed=params.getSeed(),
+        timeout_s=params.getTimeout(), use_gpu=params.getUseGpu(), checkpoint_dir=params.getCheckpointDir(),
+        checkpoint_every=(interval.value, interval.unit),
+        columns=Columns(label=params.getLabelCol(), weight=params.getWeightCol(),
+                        features=tuple(params.getFeatureCols() or ()) or None),
+        memory_budget=int(budget * (1 << 20)) if budget else None,
+        allow_non_finite=params.getAllowNonFinite(), fresh_hooks=tuple(sorted(fresh_hooks)), source=source,
+        precision=params.getPrecision(), compile_model=params.getCompileModel(), strategy=params.getStrategy(),
+        shard_modules=tuple(shards) if shards is not None else None,
+    )
+
+
+def make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None, scheduler: Any = None,
+                  metrics: Mapping[str, Any] | None = None, hooks: Any = None) -> Creators:
+    """The creators of ``TorchEstimator(...)``, each checked to be of a kind that can work."""
+    for name, value in (("optimizer", optimizer), ("scheduler", scheduler)):
+        if value is not None and not callable(value):
+            raise InvalidInputError(f"{name} must be a callable creator, got {type(value).__name__}")
+    if model is not None and not (isinstance(model, torch.nn.Module) or callable(model)):
+        raise InvalidInputError(f"model must be an nn.Module or a callable(config), got {type(model).__name__}")
+    if loss is not None and not callable(loss):
+        raise InvalidInputError(f"loss must be an nn.Module or a callable(outputs, labels), got {type(loss).__name__}")
+    return Creators(model=model, optimizer=optimizer, loss=loss, scheduler=scheduler,
+                    metrics=dict(metrics or {}), hooks=normalize_hooks(hooks))
+
+
+def checked_config(config: Any) -> dict[str, Any]:
+    """``config`` as the config Param takes it, or an InvalidInputError naming config."""
+    try:
+        return to_config(config)
+    except TypeError as error:
+        raise InvalidInputError(str(error)) from None
+
+
+def resolve_checkpoint(source: Any) -> Checkpoint:
+    """The checkpoint behind ``resume_from``: a Checkpoint, a TorchModel's, a checkpoint
+    file, or the newest one a checkpointDir's ``latest`` pointer names."""
+    if isinstance(source, Checkpoint):
+        return source
+    if isinstance(source, TorchModel):
+        return source.checkpoint
+    if isinstance(source, str):
+        try:
+            latest = CheckpointDir(source).latest()
+            blob = read_bytes(latest.url if latest is not None else source)
+        except (OSError, ValueError) as error:  # missing, unreadable, or an unknown URL scheme
+            raise InvalidInputError(
+                f"resume_from={source!r}: cannot read it ({type(error).__name__}: {error}); pass the path or URL of "
+                "a checkpoint file (a ckpt-*.pt in checkpointDir, or one written by Checkpoint.save), a "
+                "checkpointDir, a TorchModel or a Checkpoint"
+            ) from error
+        return Checkpoint.from_bytes(blob)
+    raise InvalidInputError(
+        f"resume_from must be a TorchModel, a Checkpoint or a checkpoint path, got {type(source).__name__}"
+    )
