@@ -30,7 +30,7 @@ from spark_torch_est.params import (ESTIMATOR_DEFAULTS, MODEL_DEFAULTS, Estimato
                                     to_config)
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.precision import PRECISIONS
-from spark_torch_est.progress import Progress, Target
+from spark_torch_est.progress import Interval, Progress, Target
 from spark_torch_est.schema import InputSchema
 from spark_torch_est.sharding import STRATEGIES, check_shardable
 from spark_torch_est.sources import parquet_source
@@ -415,9 +415,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                 f'strategy="fsdp" writes sharded checkpoints, each rank its part, so it needs checkpointDir: set it '
                 f"to storage every worker reaches (a shared filesystem, DBFS, HDFS or an object store); got "
                 f"checkpointDir={self.getCheckpointDir()!r}")
-        if Duration.parse(self.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
-            raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
-                                    f"got {self.getCheckpointInterval()!r}")
+        Interval.parse(self.getCheckpointInterval())
         if self.getCheckpointDir():
             try:
                 probe_writable(self.getCheckpointDir())
@@ -511,13 +509,12 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             raise InvalidInputError(
                 f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
             ) from error
-        interval = Duration.parse(self.getCheckpointInterval(), what="checkpointInterval")
         return TaskSpec(
             run_id=start.run_id if start is not None else uuid.uuid4().hex, fit_id=uuid.uuid4().hex, payload=payload,
             resume=start.to_bytes() if start is not None else None, target=target, schema=schema,
             world_size=self.getNumWorkers(), batch_size=self.getBatchSize(), seed=self.getSeed(),
             timeout_s=self.getTimeout(), use_gpu=self.getUseGpu(), checkpoint_dir=self.getCheckpointDir(),
-            checkpoint_every=(interval.value, interval.unit),
+            checkpoint_every=Interval.parse(self.getCheckpointInterval()),
             columns=Columns(label=self.getLabelCol(), weight=self.getWeightCol(),
                             features=tuple(self.getFeatureCols() or ()) or None),
             memory_budget=int(self.getMemoryBudgetMB() * (1 << 20)) if self.getMemoryBudgetMB() else None,
