@@ -444,7 +444,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                        start: Checkpoint | None) -> tuple[DataFrame, FileSource | None]:
         """Checks the creators and prepares the training frame side by side: the JVM plans
         the frame (slow in a fresh session) while Python builds the model and optimizer
-        (the first optimizer in a process imports ``torch._dynamo``, ~1.5 s). A creator
+        (the first optimizer in a process imports ``torch._dynamo``). A creator
         error wins over a column error. Under Spark Connect the client plans nothing, so
         both run in turn. A plain Parquet table is read by the ranks themselves (see
         :mod:`spark_torch_est.sources`): the job's frame is then one empty-handed row per rank."""

@@ -1,13 +1,12 @@
-"""[executor] The training loop of one rank, in three levels as mmengine's loops are: the run
+"""[executor] The training loop of one rank in three levels, as mmengine's loops: the run
 (:meth:`Trainer.run`), the epoch (:meth:`Trainer.run_epoch`) and the step
 (:meth:`Trainer.run_step`), each with its hooks around it. Every rank runs the same
 collectives in the same order.
 
-The rows come agreed on by every rank (:mod:`spark_torch_est.agreement`); what a checkpoint
-keeps lives in one :class:`~spark_torch_est.run_state.RunState`. Hook arguments are passed
-at each call: the run's objects (fixed at setup), the progress as it is (``epoch``,
-``global_step``, ``state``), and the step's :class:`Batch`, outputs and loss where the stage
-has them. What the rank is doing is :attr:`Trainer.stage`, set only by :meth:`Stage.at`.
+The rows come agreed on by the ranks (:mod:`~spark_torch_est.agreement`); a checkpoint is
+built from one :class:`~spark_torch_est.run_state.RunState`. Hook arguments are passed at
+each call: the run's objects, the progress as it is, the step's :class:`~step.Batch`,
+outputs and loss. The stage is set only by :meth:`~step.Stage.at`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from spark_torch_est import rng
-from spark_torch_est.agreement import agree_on_rows, shape_labels
+from spark_torch_est.agreement import AgreedRows, agree_on_rows, shape_labels
 from spark_torch_est.channel import ProgressReporter
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.columns import DenseRows
@@ -63,7 +62,7 @@ class Trainer:
 
     Attributes:
         hooks: The fit's hooks (``hooks.current_hook`` names a hook while it runs).
-        state: The run's state (None until the setup made it).
+        rows: The rows as the ranks agreed on them; ``state``: the run's state (from setup).
         model: The model; ``ddp_model``: the module a step calls (DDP-wrapped, compiled).
     """
 
@@ -74,6 +73,7 @@ class Trainer:
         self.reporter = reporter or ProgressReporter(None, rank)
         self.hooks = HookSet(creators.hooks)
         self.control = Control()
+        self.rows: AgreedRows
         self.state: RunState | None = None
         self._stage = Stage("setup")
         self._batch_idx = 0  # the index of the last training batch in its epoch
@@ -223,12 +223,10 @@ class Trainer:
         return self._compile(wrapped) if self.spec.compile_model else wrapped
 
     def _compile(self, model: nn.Module) -> nn.Module:
-        """The training module compiled (``torch.compile`` of the DDP wrapper, as torch
-        recommends, or of the model on one rank). The model itself stays as it is, so its
-        state keeps its plain keys (no ``_orig_mod.``), and validation runs it uncompiled.
-        One graph per batch shape (``dynamic=False``): the kernels a step runs do not
-        depend on the shapes seen before, so a resumed run equals an uninterrupted one.
-        Each fit compiles afresh; its first step's time is logged (see :meth:`run_step`)."""
+        """The training module compiled (the DDP wrapper, as torch recommends). The model
+        stays as it is: its state keeps plain keys (no ``_orig_mod.``), validation runs it
+        uncompiled. One graph per batch shape (``dynamic=False``), so a resumed run equals an
+        uninterrupted one. Each fit compiles afresh and logs its first step's time."""
         import torch._dynamo
 
         torch._dynamo.reset()
@@ -343,7 +341,10 @@ class Trainer:
         metrics.reset()
         model.eval()
         starts = range(0, len(table), size)
-        most = self._most_batches(len(starts)) if self.state.sharded is not None else len(starts)
+        most = len(starts)
+        if self.state.sharded is not None:  # every rank makes as many forward passes: each gathers the parameters
+            with self._stage.at("collective"):
+                most = int(self.ranks.all_reduce(torch.tensor([most]), dist.ReduceOp.MAX)[0])
         with torch.no_grad():
             for start, rows in zip(starts, prefetch((table.slice(s, s + size) for s in starts), self._transfer)):
                 batch = self._on_device(*rows)
@@ -352,19 +353,13 @@ class Trainer:
                     outputs = self._forward(batch.inputs, model)
                     loss = metrics.update(outputs, batch.labels, batch.weights)
                 self._call("after_val_iter", batch, batch_idx=start // size, outputs=outputs, loss=loss)
-            extra = most - len(starts)  # under "fsdp" every forward gathers the parameters from every rank
+            extra = most - len(starts)
             inputs = self._model_inputs(self.rows.train.slice(0, 1)[0]) if extra > 0 else None
             for _ in range(extra):
                 with self.precision.autocast():
                     self._forward(inputs, model)
         model.train()
         return metrics.totals()
-
-    def _most_batches(self, batches: int) -> int:
-        """Collective: the most validation batches of any rank (under "fsdp" every rank makes
-        that many forward passes)."""
-        with self._stage.at("collective"):
-            return int(self.ranks.all_reduce(torch.tensor([batches], dtype=torch.int64), dist.ReduceOp.MAX)[0])
 
     # --------------------------------------------------------- hooks, flags, checkpoints
 

@@ -9,7 +9,7 @@ import torch
 
 from spark_torch_est.columns import DenseRows, RaggedRows
 from spark_torch_est.data import (EpochPlan, arrow_values, epoch_order, list_column_to_matrix, read_shard,
-                                  vectors_to_matrix)
+                                  stack_columns, vectors_to_matrix)
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.schema import INPUTS_LAYOUT, InputColumn, InputSchema
@@ -29,6 +29,13 @@ def _batch(features, labels, flags=None):
 def test_list_column_becomes_matrix_also_when_sliced():
     array = pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.float32()))
     np.testing.assert_array_equal(list_column_to_matrix(array.slice(1), "f"), [[3, 4], [5, 6]])
+
+
+def test_numeric_columns_stack_side_by_side_as_float32_and_nulls_name_their_column():
+    stacked = stack_columns([pa.array([1, 2], pa.int64()), pa.array([0.5, 1.5])], ["a", "b"])
+    assert stacked.dtype == np.float32 and stacked.tolist() == [[1.0, 0.5], [2.0, 1.5]]
+    with pytest.raises(InputDataError, match="'b'"):
+        stack_columns([pa.array([1.0]), pa.array([None], pa.float64())], ["a", "b"])
 
 
 def test_null_rows_and_elements_are_rejected():
