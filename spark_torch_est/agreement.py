@@ -48,6 +48,12 @@ class AgreedRows:
     val_rows: int
     steps_per_epoch: int
 
+    def shape_labels(self, output_shape: list[int], label_name: str) -> None:
+        """Gives both tables' labels the shape the loss expects beside a model output of
+        ``output_shape`` per row (see :func:`shape_labels`)."""
+        for table in (self.train, self.validation):
+            table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name))
+
 
 def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks) -> AgreedRows:
     """Collective: shares every rank's row counts and column layouts, gives each column one

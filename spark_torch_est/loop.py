@@ -22,10 +22,9 @@ import torch.distributed as dist
 from torch import nn
 
 from spark_torch_est import rng
-from spark_torch_est.agreement import AgreedRows, agree_on_rows, shape_labels
+from spark_torch_est.agreement import AgreedRows, agree_on_rows
 from spark_torch_est.channel import ProgressReporter
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
-from spark_torch_est.columns import DenseRows
 from spark_torch_est.creators import Creators
 from spark_torch_est.data import EpochPlan, Shard, epoch_order
 from spark_torch_est.hooks import Control, HookSet
@@ -190,7 +189,7 @@ class Trainer:
 
     def _shape_labels(self, model: nn.Module) -> list[int]:
         """Runs the model on two rows (eval mode, no RNG drawn) to learn its output shape,
-        and shapes the labels to match (see :func:`agreement.shape_labels`)."""
+        and shapes the labels to match (see :meth:`AgreedRows.shape_labels`)."""
         was_training = model.training
         model.eval()
         with torch.no_grad():
@@ -202,8 +201,7 @@ class Trainer:
                 error.__notes__ = [*getattr(error, "__notes__", ()), note]
                 raise
         model.train(was_training)
-        for table in (self.rows.train, self.rows.validation):
-            table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, self.spec.columns.label))
+        self.rows.shape_labels(output_shape, self.spec.columns.label)
         return output_shape
 
     def _wrap(self, model: nn.Module, resumed: bool) -> nn.Module:
@@ -262,9 +260,8 @@ class Trainer:
 
     def _hook_step(self, batch: Batch, samples: int) -> tuple[Any, torch.Tensor | None]:
         """The ``train_step`` of a hook in place of the default step: ``(loss, outputs)``."""
-        with self._stage.at("train_step"):
-            with self.precision.autocast():
-                result = self.hooks.run_train_step(self._arguments(batch, model=self.ddp_model))
+        with self._stage.at("train_step"), self.precision.autocast():
+            result = self.hooks.run_train_step(self._arguments(batch, model=self.ddp_model))
             loss, outputs = result if isinstance(result, tuple) else (result, None)
         self.state.step_done(samples)
         return loss, outputs
