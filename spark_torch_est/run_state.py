@@ -79,11 +79,11 @@ class RunState:
     # ------------------------------------------------------------------- the run
 
     def restore(self, resume: Checkpoint) -> None:
-        """Continues the run of ``resume`` (whose weights the model already holds): its
-        counters, and the optimizer, scheduler, scaler and hook states. A hyper-parameter
-        the optimizer creator now makes differently (a new config) takes its new value; the
-        others keep the run's, as a scheduler left them. Hooks added since keep their own
-        state.
+        """Continues the run of ``resume``: its counters, and the optimizer, scheduler, scaler
+        and hook states (and under "fsdp" the model's shards; else the model holds the run's
+        weights already). A hyper-parameter the optimizer creator now makes differently (a
+        new config) takes its new value; the others keep the run's, as a scheduler left them.
+        Hooks added since keep their own state.
 
         Raises:
             IncompatibleCheckpointError: "fsdp" resuming from a checkpoint that is not sharded.
