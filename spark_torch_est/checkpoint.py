@@ -319,8 +319,8 @@ def _check_structure(state: Mapping[str, Any]) -> None:
     for name, low in (("epoch_rows", 0), ("world_size", 1), ("seed", 0)):
         need(integer(state[name], low), name, f"an integer >= {low}")
     progress = state["progress"]
-    need(isinstance(progress, Mapping) and set(progress) <= set(Progress.__dataclass_fields__)
-         and all(integer(v) for v in progress.values()), "progress", "a dict of counters >= 0 (Progress.to_dict)")
+    need(isinstance(progress, Mapping) and set(progress) == set(Progress.__dataclass_fields__)
+         and all(integer(v) for v in progress.values()), "progress", "a dict of every counter >= 0 (Progress.to_dict)")
     history = state["history"]
     need(isinstance(history, list) and all(isinstance(e, Mapping) and integer(e.get("epoch"), 1)
                                            and all(isinstance(k, str) for k in e) for e in history),

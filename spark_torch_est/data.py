@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from spark_torch_est.columns import Budget, DenseRows, RaggedRows, Rows, RowsBuilder
+from spark_torch_est.columns import Budget, RaggedRows, Rows, RowsBuilder
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.protocol import IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema
 from spark_torch_est.spec import Columns
 
 __all__ = ["Table", "Shard", "EpochPlan", "arrow_values", "vectors_to_matrix", "list_column_to_matrix",
-           "column_to_numpy", "read_shard", "shape_labels", "epoch_order", "TORCH_DTYPES"]
+           "stack_columns", "read_shard", "epoch_order", "TORCH_DTYPES"]
 
 #: The schema's dtype names as torch dtypes.
 TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "bool": torch.bool, "uint8": torch.uint8}
@@ -150,14 +150,15 @@ def list_column_to_matrix(array: pa.Array, name: str) -> np.ndarray:
     return values.reshape(len(lengths), int(lengths[0]))
 
 
-def column_to_numpy(array: pa.Array, name: str) -> np.ndarray:
-    """A numeric, boolean or equally-long-array column as numpy (``(n,)`` or ``(n, d)``).
+def stack_columns(arrays: Sequence[pa.Array], names: Sequence[str]) -> np.ndarray:
+    """Numeric columns side by side as one ``(n, k)`` float32 matrix (``featureCols``),
+    without per-row Python.
 
     Raises:
-        InputDataError: Nulls or arrays of different lengths.
+        InputDataError: A column has nulls.
     """
-    values, lengths, _ = arrow_values(array, name)
-    return values if lengths is None else list_column_to_matrix(array, name)
+    return np.stack([arrow_values(array, name)[0].astype(np.float32, copy=False)
+                     for array, name in zip(arrays, names)], axis=1)
 
 
 @dataclass
@@ -290,54 +291,6 @@ class _Builders:
         return Table([builder.finish(padding) for builder in self.inputs], labels, self.weights.finish())
 
 
-def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:
-    """Gives labels the shape the loss expects beside the model's output, never by
-    broadcasting: integer labels of a one-output model become float32 regression targets
-    shaped like the output, integer labels of a k-output model stay int64 class indices,
-    as do whole-number float labels (Spark ML's indexers give doubles: 0.0, 1.0, ...),
-    float labels take the output's shape when they hold as many values per row.
-
-    Raises:
-        InputDataError: The labels cannot match the output without broadcasting, or one
-            number per row for a k-output model is not a whole number.
-    """
-    per_row, width = list(labels.shape[1:]), math.prod(output_shape)
-    if labels.is_floating_point() and width > 1 and labels.dim() == 1:
-        return _class_indices(labels, output_shape, label_name)
-    if not labels.is_floating_point():
-        if width > 1 and labels.dim() == 1:
-            return labels  # class indices
-        labels = labels.float()
-    if per_row == list(output_shape):
-        return labels
-    if math.prod(per_row) == width:
-        return labels.reshape(len(labels), *output_shape)
-    held = f"{math.prod(per_row)} values" if per_row else "one number"
-    raise InputDataError(
-        f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {held} per row; "
-        "make the model's output match the label, or the label the output"
-    )
-
-
-def _class_indices(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:
-    """Float labels, one per row, of a model with several outputs: class indices when
-    every one is a whole number (as integer labels are).
-
-    Raises:
-        InputDataError: A label has a fraction (or is negative, NaN or infinite).
-    """
-    whole = torch.isfinite(labels) & (labels >= 0) & (labels == torch.round(labels))
-    if bool(whole.all()):
-        return labels.long()
-    bad = float(labels[~whole][0])
-    raise InputDataError(
-        f"labelCol {label_name!r} holds {bad:g}, but the model returns {output_shape} values per row, so it takes "
-        f"one class index per row (a whole number from 0 to {math.prod(output_shape) - 1}, as StringIndexer gives) "
-        "or as many values per row as it returns (an array or Vector label); index or round the label, or give "
-        "the model one output per row for regression"
-    )
-
-
 class EpochPlan:
     """Which rows every rank takes at each step of (the rest of) an epoch.
 
@@ -380,74 +333,3 @@ def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor
     state = np.random.SeedSequence([seed, epoch, part]).generate_state(2, dtype=np.uint32)
     generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
     return torch.randperm(num_rows, generator=generator)
-
-
-#: Values describing one column on one rank (see :func:`layout`).
-LAYOUT_SIZE = 8
-_MAX_DIMS = LAYOUT_SIZE - 4
-
-
-def layout(rows: Rows | None) -> list[int]:
-    """``[has rows, ragged, integer dtype, row dims, dim 1, ...]`` of a rank's column, to
-    share with the other ranks."""
-    if rows is None or len(rows) == 0:
-        return [0] * LAYOUT_SIZE
-    integer = int(not rows.dtype.is_floating_point)
-    if rows.row_shape is None:
-        return [1, 1, integer, 1] + [0] * _MAX_DIMS
-    shape = list(rows.row_shape)
-    if len(shape) > _MAX_DIMS:
-        raise InputDataError(f"rows of {len(shape)} dimensions are not supported (at most {_MAX_DIMS})")
-    return [1, 0, integer, len(shape)] + shape + [0] * (_MAX_DIMS - len(shape))
-
-
-@dataclass(frozen=True)
-class Agreed:
-    """The layout every rank gives one column.
-
-    Attributes:
-        row_shape: The shape of a row, or None for arrays padded per batch.
-        integer: Whether the column holds integers (for a label, class indices).
-    """
-
-    row_shape: tuple[int, ...] | None
-    integer: bool
-
-
-def agree(layouts: torch.Tensor, what: str, may_be_ragged: bool) -> Agreed:
-    """The one layout for a column from every rank's :func:`layout` (rows of ``layouts``).
-
-    Raises:
-        InputDataError: Ranks hold rows of different shapes that cannot be padded.
-    """
-    present = [[int(v) for v in row] for row in layouts if int(row[0])]
-    if not present:
-        return Agreed((), False)
-    integer = any(row[2] for row in present)
-    shapes = {tuple(row[4:4 + row[3]]) if not row[1] else None for row in present}
-    if may_be_ragged and all(shape is None or len(shape) == 1 for shape in shapes):
-        return Agreed(None if len(shapes) > 1 or None in shapes else shapes.pop(), integer)
-    if None in shapes:
-        raise InputDataError(f"{what} holds arrays of different lengths; every row needs the same length")
-    if len(shapes) == 1:
-        return Agreed(shapes.pop(), integer)
-    sizes = sorted(shapes)
-    raise InputDataError(
-        f"{what} holds rows of {_size(sizes[0])} values in some partitions and of {_size(sizes[-1])} in others; "
-        "every row needs the same number of values"
-    )
-
-
-def _size(shape: tuple[int, ...]) -> str:
-    return str(shape[0]) if len(shape) == 1 else str(list(shape)) if shape else "1"
-
-
-def conform(rows: Rows | None, agreed: Agreed, dtype: torch.dtype, padding: float) -> Rows:
-    """``rows`` in the agreed layout (no rows: an empty column of it)."""
-    if rows is None or len(rows) == 0:
-        if agreed.row_shape is None:
-            return RaggedRows(DenseRows(torch.empty(0, dtype=dtype)), torch.zeros(1, dtype=torch.int64), padding)
-        return DenseRows(torch.empty(0, *agreed.row_shape, dtype=dtype))
-    if agreed.row_shape is None and not isinstance(rows, RaggedRows):
-        return rows.to_ragged(padding)
-    return rows

@@ -4,7 +4,8 @@ Spark hands a task the addresses of its GPUs (``spark.task.resource.gpu.amount``
 ``spark.executor.resource.gpu.discoveryScript``). They count the GPUs the executor sees:
 with ``CUDA_VISIBLE_DEVICES`` set, address ``i`` is the ``i``-th GPU of that list, as
 ``TorchDistributor`` reads them, and torch in this process numbers that GPU ``i`` too.
-One task is one rank on one GPU.
+One task is one rank on one GPU. State that leaves the device (checkpoints, metric
+states) goes through :func:`to_cpu`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from spark_torch_est.errors import InputDataError
 
-__all__ = ["TaskGpu", "task_gpu", "choose_device", "task_device", "task_gpus", "cpu_despite_gpus"]
+__all__ = ["TaskGpu", "task_gpu", "choose_device", "task_device", "task_gpus", "cpu_despite_gpus", "to_cpu"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,3 +131,17 @@ def task_gpus() -> tuple[list[str], int]:
         return [], 0
     resource = context.resources().get("gpu")
     return (list(resource.addresses) if resource is not None else []), context.partitionId()
+
+
+def to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it detached and on the CPU, in dicts, lists and
+    tuples as they are (a tuple stays a tuple); anything else is returned as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_cpu(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(to_cpu(v) for v in value)
+    return value

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spark_torch_est.data import arrow_values
+from spark_torch_est.data import stack_columns
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.spec import FileSource
+from spark_torch_est.spec import FileSource, How
 
 __all__ = ["read_part", "over_parts", "file_stamp", "footer_digest"]
 
@@ -135,10 +135,10 @@ def over_parts(source: FileSource, task: Callable[[Iterator[pa.RecordBatch]], It
 def _frame(batch: pa.RecordBatch, source: FileSource) -> pa.RecordBatch:
     arrays, names = [], []
     for name, sources, how in source.outputs:
-        if how == "stack":
-            values = np.stack([arrow_values(batch.column(s), s)[0].astype(np.float32, copy=False) for s in sources], 1)
+        if how is How.STACK:
+            values = stack_columns([batch.column(s) for s in sources], sources)
             array = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), len(sources))
-        elif how == "wrap":
+        elif how is How.WRAP:
             array = pa.FixedSizeListArray.from_arrays(batch.column(sources[0]), 1)
         else:
             array = batch.column(sources[0])

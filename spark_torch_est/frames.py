@@ -17,6 +17,7 @@ from pyspark.sql import types as T
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema
+from spark_torch_est.spec import How
 
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
            "input_schema", "check_inputs", "weight_column", "training_frame", "frame_outputs"]
@@ -300,21 +301,21 @@ def training_frame(df: DataFrame, *, schema: InputSchema, features_col: str | No
 
 def frame_outputs(df: DataFrame, *, schema: InputSchema, features_col: str | None, feature_cols: list[str] | None,
                   label_col: str, validation_col: str | None,
-                  weight_col: str | None) -> list[tuple[str, tuple[str, ...], str]]:
+                  weight_col: str | None) -> list[tuple[str, tuple[str, ...], How]]:
     """The training frame's columns as the ranks build them from a table's own columns
     when they read its files (see :class:`spec.FileSource`): what :func:`training_frame`
     computes in the JVM, but done per batch in the tasks."""
     if schema.layout == FEATURES_LAYOUT:
         kind = features_kind(df.schema, features_col, feature_cols)
-        outputs = [(FEATURES, tuple(feature_cols), "stack") if kind == "columns" else
-                   (FEATURES, (features_col,), "wrap" if kind == "scalar" else "as_is")]
+        outputs = [(FEATURES, tuple(feature_cols), How.STACK) if kind == "columns" else
+                   (FEATURES, (features_col,), How.WRAP if kind == "scalar" else How.AS_IS)]
     else:
-        outputs = [(input_column(i), (c.name,), "as_is") for i, c in enumerate(schema.columns)]
-    outputs.append((LABEL, (label_col,), "as_is"))
+        outputs = [(input_column(i), (c.name,), How.AS_IS) for i, c in enumerate(schema.columns)]
+    outputs.append((LABEL, (label_col,), How.AS_IS))
     if weight_col is not None:
-        outputs.append((WEIGHT, (weight_col,), "as_is"))
+        outputs.append((WEIGHT, (weight_col,), How.AS_IS))
     if validation_col is not None:
-        outputs.append((IS_VALIDATION, (validation_col,), "as_is"))
+        outputs.append((IS_VALIDATION, (validation_col,), How.AS_IS))
     return outputs
 
 

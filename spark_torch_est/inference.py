@@ -19,13 +19,14 @@ import torch
 
 from spark_torch_est.columns import DenseRows, Rows, RowsBuilder
 from spark_torch_est.creators import Creators
-from spark_torch_est.data import TORCH_DTYPES, arrow_values, shape_labels
+from spark_torch_est.agreement import shape_labels
+from spark_torch_est.data import TORCH_DTYPES, arrow_values, stack_columns
 from spark_torch_est.devices import cpu_despite_gpus, task_device, task_gpus
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.precision import autocast
-from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema
+from spark_torch_est.schema import FEATURES_LAYOUT, InputSchema, call_model
 
 __all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "read_inputs",
            "predict_outputs", "output_columns"]
@@ -96,9 +97,7 @@ def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Rows]:
     """
     schema = spec.input_schema
     if spec.stacked:
-        values = [arrow_values(array, name)[0].astype(np.float32, copy=False)
-                  for array, name in zip(arrays, spec.columns)]
-        return [DenseRows(torch.from_numpy(np.stack(values, axis=1)))]
+        return [DenseRows(torch.from_numpy(stack_columns(arrays, spec.columns)))]
     inputs = []
     for array, name, column in zip(arrays, spec.columns, schema.columns):
         values, lengths, inner = arrow_values(array, name)
@@ -149,10 +148,9 @@ def _forward(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> I
     rows = len(inputs[0]) if inputs else 0
     with torch.inference_mode():
         for start in range(0, rows, spec.batch_size):
-            chunk = [x.slice(start, start + spec.batch_size).to(device) for x in inputs]
-            chunk = [x.reshape(len(x), *c.shape) if c.shape is not None else x for x, c in zip(chunk, schema.columns)]
+            chunk = schema.model_inputs([x.slice(start, start + spec.batch_size).to(device) for x in inputs])
             with autocast(spec.precision, device):
-                outputs = model(chunk[0]) if schema.layout == FEATURES_LAYOUT else model(*chunk)
+                outputs = call_model(model, chunk)
             yield start, outputs
 
 

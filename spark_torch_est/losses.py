@@ -1,4 +1,5 @@
-"""[both] The loss as the loop, validation and ``evaluate()`` call it.
+"""[both] The loss as the loop, validation and ``evaluate()`` call it, and what the loop
+demands of it: one value per batch (:func:`scalar_loss`), finite (:class:`NonFiniteLossError`).
 
 Without sample weights it is the user's loss. With ``weightCol`` every row's loss is
 weighted: a loss module is called with ``reduction="none"`` (a copy; the user's object is
@@ -10,12 +11,12 @@ batches' total weight, that gives exact weighted means per epoch.
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-__all__ = ["Loss"]
+__all__ = ["Loss", "NonFiniteLossError", "scalar_loss", "zero_through"]
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -64,3 +65,25 @@ class Loss:
                 function.reduction = "none"
             self._per_row = function
         return self._per_row
+
+
+class NonFiniteLossError(ArithmeticError):
+    """The loss or the weights became NaN or infinite (see the ``allowNonFinite`` Param)."""
+
+
+def scalar_loss(loss: Any) -> torch.Tensor:
+    """The loss as given, if it is a one-value tensor.
+
+    Raises:
+        TypeError: It is not (a Python number, a per-row tensor, ...).
+    """
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError(f"the loss must be a tensor holding one value, got {shape}; reduce it (e.g. .mean()) "
+                        "and return a tensor, not a Python number")
+    return loss
+
+
+def zero_through(model: nn.Module) -> torch.Tensor:
+    """A zero that every trainable parameter reaches, so backward gives each a zero gradient."""
+    return sum((0.0 * p.sum() for p in model.parameters() if p.requires_grad), torch.zeros(()))

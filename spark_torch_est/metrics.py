@@ -16,6 +16,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from spark_torch_est.devices import to_cpu
+
 __all__ = ["is_stateful", "MetricAccumulator"]
 
 
@@ -98,7 +100,7 @@ class MetricAccumulator:
                 blobs.append(b"")
                 continue
             buffer = io.BytesIO()
-            torch.save(_to_cpu(dict(metric.metric_state)), buffer)
+            torch.save(to_cpu(dict(metric.metric_state)), buffer)
             blobs.append(buffer.getvalue())
         return blobs
 
@@ -118,12 +120,3 @@ def _mean(total: float, weight: float) -> float:
     """``total / weight``; NaN when nothing counted (no rows, or weights that are all 0)."""
     return total / weight if weight else float("nan")
 
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_to_cpu(v) for v in value]
-    return value

@@ -28,7 +28,7 @@ from spark_torch_est.model import TorchModel
 from spark_torch_est.param_table import to_config
 from spark_torch_est.params import EstimatorParams
 from spark_torch_est.precision import PRECISIONS
-from spark_torch_est.progress import Progress, Target
+from spark_torch_est.progress import Interval, Progress, Target
 from spark_torch_est.schema import InputSchema
 from spark_torch_est.sharding import STRATEGIES, check_shardable, model_to_check
 from spark_torch_est.sources import parquet_source
@@ -107,9 +107,7 @@ def check_params(params: EstimatorParams) -> None:
             f'strategy="fsdp" writes sharded checkpoints, each rank its part, so it needs checkpointDir: set it '
             f"to storage every worker reaches (a shared filesystem, DBFS, HDFS or an object store); got "
             f"checkpointDir={directory!r}")
-    if Duration.parse(params.getCheckpointInterval(), what="checkpointInterval").unit == "sp":
-        raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), "
-                                f"got {params.getCheckpointInterval()!r}")
+    Interval.parse(params.getCheckpointInterval())
     if directory:
         try:
             probe_writable(directory)
@@ -216,14 +214,13 @@ def task_spec(params: EstimatorParams, creators: Creators, target: Target, schem
         raise InvalidInputError(
             f"the creators, hooks or config cannot be pickled for the executors: {type(error).__name__}: {error}"
         ) from error
-    interval = Duration.parse(params.getCheckpointInterval(), what="checkpointInterval")
     budget, shards = params.getMemoryBudgetMB(), params.getShardModules()
     return TaskSpec(
         run_id=start.run_id if start is not None else uuid.uuid4().hex, fit_id=uuid.uuid4().hex, payload=payload,
         resume=start.for_ranks().to_bytes() if start is not None else None, target=target, schema=schema,
         world_size=params.getNumWorkers(), batch_size=params.getBatchSize(), seed=params.getSeed(),
         timeout_s=params.getTimeout(), use_gpu=params.getUseGpu(), checkpoint_dir=params.getCheckpointDir(),
-        checkpoint_every=(interval.value, interval.unit),
+        checkpoint_every=Interval.parse(params.getCheckpointInterval()),
         columns=Columns(label=params.getLabelCol(), weight=params.getWeightCol(),
                         features=tuple(params.getFeatureCols() or ()) or None),
         memory_budget=int(budget * (1 << 20)) if budget else None,

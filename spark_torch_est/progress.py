@@ -1,4 +1,5 @@
-"""[both] How far a run has come (:class:`Progress`) and where a fit stops (:class:`Target`).
+"""[both] How far a run has come (:class:`Progress`), where a fit stops (:class:`Target`) and
+when a periodic checkpoint is due (:class:`Interval`).
 
 Progress is immutable and advanced by methods, never rebuilt by hand::
 
@@ -13,17 +14,24 @@ A Target is the one home of the stop rule::
     >>> target = Target.after(Progress(epoch=1), Duration.parse("2ep"), max_epochs=2)
     >>> target.epoch, target.reached(Progress(epoch=2))
     (2, True)
+
+An Interval is the one home of the checkpoint rule::
+
+    >>> every = Interval.parse("2ep")
+    >>> every.due(Progress(epoch=4), "ep"), every.due(Progress(epoch=3), "ep"), every.due(Progress(epoch=4), "ba")
+    (True, False, False)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Mapping
 
 from spark_torch_est.duration import Duration
-from spark_torch_est.errors import TrainingCompleteError
+from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
 
-__all__ = ["Progress", "Target"]
+__all__ = ["Progress", "Target", "Interval"]
 
 
 @dataclass(frozen=True)
@@ -60,9 +68,13 @@ class Progress:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, int]) -> Progress:
-        """Builds a Progress from :meth:`to_dict` output (``sample_in_epoch`` may be absent)."""
-        return cls(**{name: int(data.get(name, 0)) for name in cls.__dataclass_fields__})
+    def from_dict(cls, data: Mapping[str, int]) -> Progress:
+        """Builds a Progress from :meth:`to_dict` output (other keys are ignored).
+
+        Raises:
+            KeyError: A counter is missing.
+        """
+        return cls(**{name: int(data[name]) for name in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -115,3 +127,35 @@ class Target:
         if self.samples is not None and samples_per_step > 0:
             steps = min(steps, math.ceil((self.samples - progress.samples) / samples_per_step))
         return max(steps, 0)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """How often a fit writes a periodic checkpoint (``checkpointInterval``): every
+    ``count`` completed epochs, or every ``count`` optimizer steps of the run.
+
+    Attributes:
+        count: Epochs or steps between checkpoints.
+        unit: ``"ep"`` or ``"ba"``.
+    """
+
+    count: int
+    unit: str
+
+    @classmethod
+    def parse(cls, text: str) -> Interval:
+        """The interval a ``checkpointInterval`` string names.
+
+        Raises:
+            InvalidInputError: Not a duration, or one counted in samples.
+        """
+        duration = Duration.parse(text, what="checkpointInterval")
+        if duration.unit not in ("ep", "ba"):
+            raise InvalidInputError(f"checkpointInterval counts epochs or batches ('1ep', '500ba'), got {text!r}")
+        return cls(duration.value, duration.unit)
+
+    def due(self, progress: Progress, unit: str) -> bool:
+        """Whether a checkpoint is due at ``progress``, just after the end of one ``unit``
+        (``"ep"``: an epoch, ``"ba"``: an optimizer step)."""
+        count = progress.epoch if unit == "ep" else progress.global_step
+        return unit == self.unit and count % self.count == 0

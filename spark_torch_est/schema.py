@@ -18,16 +18,27 @@ array<array<...>> of fixed sizes       ``(B, L1, L2, ...)``
 binary                                 uint8 ``(B, L)`` (raw bytes)
 arrays of different lengths            padded per batch to its longest row
 =====================================  =================================================
+
+:meth:`InputSchema.model_inputs` is the one adapter from a batch's column tensors to the
+model's arguments, used alike by training, ``transform``, ``evaluate`` and ``predict_udf``;
+:func:`call_model` calls the model with them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from spark_torch_est.errors import InvalidInputError
 
-__all__ = ["InputColumn", "InputSchema", "FEATURES_LAYOUT", "INPUTS_LAYOUT"]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    #: What the model is called with: one tensor (``model(x)``) or a tuple (``model(*x)``).
+    ModelInputs = Union[Tensor, tuple[Tensor, ...]]
+
+__all__ = ["InputColumn", "InputSchema", "FEATURES_LAYOUT", "INPUTS_LAYOUT", "call_model"]
 
 FEATURES_LAYOUT = "features"  # featuresCol / featureCols: one float32 tensor, model(features)
 INPUTS_LAYOUT = "inputs"      # inputCols: a tuple of typed tensors, model(*inputs)
@@ -92,6 +103,25 @@ class InputSchema:
         """The columns' names."""
         return [column.name for column in self.columns]
 
+    def model_inputs(self, tensors: Sequence[Tensor]) -> ModelInputs:
+        """A batch's column tensors (one per column, in order) as the model takes them:
+        each reshaped by its ``inputShapes`` row shape; the one tensor under
+        :data:`FEATURES_LAYOUT`, the tuple under :data:`INPUTS_LAYOUT` (see :func:`call_model`)."""
+        shaped = tuple(x.reshape(len(x), *column.shape) if column.shape is not None else x
+                       for x, column in zip(tensors, self.columns))
+        return shaped[0] if self.layout == FEATURES_LAYOUT else shaped
+
+    def describe(self, tensors: Sequence[Tensor], feature_cols: Sequence[str] | None = None) -> str:
+        """What the model was given (the column tensors of a batch), in the user's column
+        names; ``feature_cols`` are the ``featureCols`` behind the one features input."""
+        if self.layout == FEATURES_LAYOUT:
+            width = math.prod(tensors[0].shape[1:])
+            source = f"featureCols {list(feature_cols)}" if feature_cols else f"featuresCol {self.columns[0].name!r}"
+            return f"the model was given {width} features per row ({source}): a batch of shape {tuple(tensors[0].shape)}"
+        given = ", ".join(f"{c.name!r}: {str(t.dtype).replace('torch.', '')} {tuple(t.shape)}"
+                          for c, t in zip(self.columns, tensors))
+        return f"the model was called as model(*inputs) with inputCols {given}"
+
     def to_dict(self) -> dict:
         """Plain data for the checkpoint."""
         return {"layout": self.layout, "padding_value": self.padding_value,
@@ -103,3 +133,9 @@ class InputSchema:
         """Inverse of :meth:`to_dict`."""
         return cls(layout=data["layout"], padding_value=float(data["padding_value"]),
                    columns=tuple(InputColumn(**c) for c in data["columns"]))
+
+
+def call_model(model: Callable[..., Any], inputs: ModelInputs) -> Any:
+    """The model on :meth:`InputSchema.model_inputs`: ``model(*inputs)`` for a tuple,
+    else ``model(inputs)``."""
+    return model(*inputs) if isinstance(inputs, tuple) else model(inputs)

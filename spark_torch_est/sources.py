@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from spark_torch_est.files import file_stamp, footer_digest
-from spark_torch_est.spec import FilePart, FileSource
+from spark_torch_est.spec import FilePart, FileSource, How
 
 __all__ = ["parquet_source", "parquet_table", "scoring_parts"]
 
@@ -49,7 +49,7 @@ _SPARK_ATOMS = {T.ByteType: "int8", T.ShortType: "int16", T.IntegerType: "int32"
                 T.BinaryType: "binary"}
 
 
-def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], str]],
+def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], How]],
                    num_workers: int) -> FileSource | None:
     """A :class:`FileSource` split into ``num_workers`` parts, when ``df`` is a plain scan of
     Parquet files the driver can read; else None.
@@ -86,7 +86,7 @@ def parquet_table(df: DataFrame, slots: int) -> FileSource | None:
     if not files or len(files) > _MAX_FILES:
         return None
     try:
-        return _split(files, tuple((name, (name,), "as_is") for name in columns),
+        return _split(files, tuple((name, (name,), How.AS_IS) for name in columns),
                       lambda size, rows: scoring_parts(size, rows, slots), types)
     except Exception as error:  # unreadable files, unknown URL schemes, other types: Spark reads them instead
         logger.info("reading the table through Spark: its files cannot be read directly (%s: %s)",

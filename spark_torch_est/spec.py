@@ -5,11 +5,12 @@ peers (:class:`Launch`, made by the launcher once per job)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 
-from spark_torch_est.progress import Target
+from spark_torch_est.progress import Interval, Target
 from spark_torch_est.schema import InputSchema
 
-__all__ = ["TaskSpec", "Launch", "Columns", "FilePart", "FileSource"]
+__all__ = ["TaskSpec", "Launch", "Columns", "FilePart", "FileSource", "How"]
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,22 @@ class FilePart:
     stop: int
 
 
+class How(Enum):
+    """How the ranks make a training-frame column from a table's own columns (see
+    :class:`FileSource`), as the Spark job would make it in the JVM."""
+
+    AS_IS = "as_is"  #: the file's column
+    WRAP = "wrap"    #: a number per row as a one-value array
+    STACK = "stack"  #: numeric columns side by side as one array per row (``featureCols``)
+
+
 @dataclass(frozen=True)
 class FileSource:
     """A Parquet table the ranks read themselves, one part per rank.
 
     Attributes:
-        outputs: The training frame's columns: ``(name, file columns, how)`` with ``how``
-            ``"as_is"`` (the file's column), ``"wrap"`` (a number per row as a one-value
-            array) or ``"stack"`` (numeric columns side by side as one array per row).
+        outputs: The training frame's columns: ``(name, file columns, how)`` (a
+            :class:`How`, or its value).
         parts: For each rank, the file parts it reads, in order.
         digest: A short digest of the parts and of the files as planned, to tell one split
             from another.
@@ -60,10 +69,14 @@ class FileSource:
             (see :func:`files.file_stamp`): a rank reads a file only while it is still so.
     """
 
-    outputs: tuple[tuple[str, tuple[str, ...], str], ...]
+    outputs: tuple[tuple[str, tuple[str, ...], How], ...]
     parts: tuple[tuple[FilePart, ...], ...]
     digest: str
     files: tuple[tuple[str, int, str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outputs", tuple((name, tuple(sources), How(how))
+                                                  for name, sources, how in self.outputs))
 
     @property
     def part_rows(self) -> tuple[int, ...]:
@@ -89,7 +102,7 @@ class TaskSpec:
         timeout_s: Timeout for rendezvous and for every collective.
         use_gpu: True/False, or None to use a GPU when Spark assigned the task one.
         checkpoint_dir: URL for periodic checkpoints, or None.
-        checkpoint_every: ``(count, unit)`` from ``checkpointInterval``, e.g. ``(1, "ep")``.
+        checkpoint_every: ``checkpointInterval``, or None for no periodic checkpoints.
         columns: The user's label and weight columns.
         memory_budget: Bytes of a partition's rows held in RAM before they spill to
             local files read per batch (None: never spill).
@@ -117,7 +130,7 @@ class TaskSpec:
     timeout_s: float
     use_gpu: bool | None = None
     checkpoint_dir: str | None = None
-    checkpoint_every: tuple[int, str] | None = None
+    checkpoint_every: Interval | None = None
     columns: Columns = Columns()
     memory_budget: int | None = None
     allow_non_finite: bool = False
@@ -127,6 +140,12 @@ class TaskSpec:
     compile_model: bool = False
     strategy: str = "ddp"
     shard_modules: tuple[str, ...] | None = None
+
+    @property
+    def data_source(self) -> str:
+        """Which rows each rank reads: the digest of the table's file parts, or ``"spark"``
+        when the rows come through the Spark job."""
+        return self.source.digest if self.source is not None else "spark"
 
     def shrunk(self, world_size: int, source: FileSource | None) -> TaskSpec:
         """This fit as a job of fewer ranks (``minWorkers``) with the same global batch:

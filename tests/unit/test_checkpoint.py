@@ -99,7 +99,9 @@ def _tampered(field: str, value) -> bytes:
 
 
 @pytest.mark.parametrize("field, value", [
-    ("progress", "x"), ("progress", {"epoch": -1}), ("history", [1, 2]), ("history", [{"train_loss": 1.0}]),
+    ("progress", "x"), ("progress", {"epoch": -1}), ("progress", {"epoch": 1, "batch_in_epoch": 0, "global_step": 5,
+                                                                    "samples": 50}),
+    ("history", [1, 2]), ("history", [{"train_loss": 1.0}]),
     ("rng", []), ("rng", [torch.zeros(3, dtype=torch.float64)]), ("optimizer", {}), ("scheduler", [1]),
     ("model", [1.0, 2.0]), ("inputs.schema", None), ("world_size", 0), ("outputs", {"shape": [1]}),
     ("hooks", {"h": 1}), ("run_id", 5), ("partial_epoch", {}), ("sharded", {"url": 1}), ("scaler", [1.0]),

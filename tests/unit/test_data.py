@@ -9,7 +9,7 @@ import torch
 
 from spark_torch_est.columns import DenseRows, RaggedRows
 from spark_torch_est.data import (EpochPlan, arrow_values, epoch_order, list_column_to_matrix, read_shard,
-                                  shape_labels, vectors_to_matrix)
+                                  stack_columns, vectors_to_matrix)
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.schema import INPUTS_LAYOUT, InputColumn, InputSchema
@@ -29,6 +29,13 @@ def _batch(features, labels, flags=None):
 def test_list_column_becomes_matrix_also_when_sliced():
     array = pa.array([[1, 2], [3, 4], [5, 6]], pa.list_(pa.float32()))
     np.testing.assert_array_equal(list_column_to_matrix(array.slice(1), "f"), [[3, 4], [5, 6]])
+
+
+def test_numeric_columns_stack_side_by_side_as_float32_and_nulls_name_their_column():
+    stacked = stack_columns([pa.array([1, 2], pa.int64()), pa.array([0.5, 1.5])], ["a", "b"])
+    assert stacked.dtype == np.float32 and stacked.tolist() == [[1.0, 0.5], [2.0, 1.5]]
+    with pytest.raises(InputDataError, match="'b'"):
+        stack_columns([pa.array([1.0]), pa.array([None], pa.float64())], ["a", "b"])
 
 
 def test_null_rows_and_elements_are_rejected():
@@ -89,30 +96,6 @@ def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
 def test_integer_labels_stay_integers_until_the_model_says_what_they_are():
     shard = read_shard(iter([_batch([[1.0]], pa.array([3], pa.int64()))]), features_schema(1))
     assert shard.train.labels.dtype == torch.int64
-
-
-@pytest.mark.parametrize("labels, output_shape, expected_dtype, expected_shape", [
-    (torch.tensor([1, 2]), [1], torch.float32, (2, 1)),      # integer labels, one output: regression
-    (torch.tensor([1, 2]), [3], torch.int64, (2,)),          # integer labels, k outputs: class indices
-    (torch.tensor([0.0, 2.0]), [3], torch.int64, (2,)),      # whole-number doubles (StringIndexer): the same
-    (torch.tensor([1.5, 2.5]), [1], torch.float32, (2, 1)),
-    (torch.tensor([1.5, 2.5]), [], torch.float32, (2,)),
-    (torch.ones(2, 4), [2, 2], torch.float32, (2, 2, 2)),    # as many values per row: reshaped
-])
-def test_labels_take_the_outputs_shape_never_by_broadcasting(labels, output_shape, expected_dtype, expected_shape):
-    shaped = shape_labels(labels, output_shape, "y")
-    assert shaped.dtype == expected_dtype and tuple(shaped.shape) == expected_shape
-
-
-@pytest.mark.parametrize("labels, output_shape", [(torch.tensor([1.5]), [3]), (torch.ones(2, 3), [2])])
-def test_labels_that_would_broadcast_are_refused(labels, output_shape):
-    with pytest.raises(InputDataError, match="labelCol 'y'"):
-        shape_labels(labels, output_shape, "y")
-
-
-def test_a_fractional_label_for_a_k_output_model_names_labelcol_and_the_fix():
-    with pytest.raises(InputDataError, match=r"labelCol 'y' holds 1\.5, .* class index .* from 0 to 2"):
-        shape_labels(torch.tensor([0.0, 1.5]), [3], "y")
 
 
 def test_null_labels_are_rejected_naming_the_column():

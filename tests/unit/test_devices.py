@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from spark_torch_est.devices import TaskGpu, choose_device, cpu_despite_gpus, task_gpu, task_gpus
+from spark_torch_est.devices import TaskGpu, choose_device, cpu_despite_gpus, task_gpu, task_gpus, to_cpu
 from spark_torch_est.errors import InputDataError
 
 
@@ -71,3 +71,12 @@ def test_gpus_spark_gave_a_task_without_cuda_run_on_the_cpu_and_say_so():
 
 def test_outside_a_spark_task_there_are_no_task_gpus():
     assert task_gpus() == ([], 0)
+
+
+def test_state_leaves_the_device_with_its_containers_as_they_were():
+    weight = torch.ones(2, requires_grad=True) * 2
+    state = {"groups": [{"betas": (0.9, 0.99), "params": [0]}], "pair": (weight, [weight]), "step": 3}
+    moved = to_cpu(state)
+    assert moved["groups"] == state["groups"] and moved["step"] == 3
+    assert isinstance(moved["pair"], tuple) and isinstance(moved["pair"][1], list)
+    assert not moved["pair"][0].requires_grad and moved["pair"][0].device.type == "cpu"

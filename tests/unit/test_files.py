@@ -15,7 +15,7 @@ import pytest
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.files import file_stamp, footer_digest, read_part
 from spark_torch_est.protocol import FEATURES, LABEL, input_column
-from spark_torch_est.spec import FilePart, FileSource
+from spark_torch_est.spec import FilePart, FileSource, How
 
 
 def _table(path, rows=100, group=30):
@@ -29,7 +29,7 @@ def test_a_part_reads_exactly_its_rows_across_row_groups(tmp_path):
     path = str(tmp_path / "t.parquet")
     _table(path)
     parts = ((FilePart(path, 1, 10, 30), FilePart(path, 2, 0, 5)),)  # rows 40..59 and 60..64
-    source = FileSource(outputs=((input_column(0), ("v",), "as_is"), (LABEL, ("y",), "as_is")), parts=parts,
+    source = FileSource(outputs=((input_column(0), ("v",), How.AS_IS), (LABEL, ("y",), How.AS_IS)), parts=parts,
                         digest="d")
     batches = list(read_part(source, 0, batch_rows=7))
     labels = np.concatenate([b.column(LABEL).to_numpy() for b in batches])
@@ -40,11 +40,11 @@ def test_a_part_reads_exactly_its_rows_across_row_groups(tmp_path):
 def test_numeric_columns_are_stacked_or_wrapped_as_the_frame_would(tmp_path):
     path = str(tmp_path / "t.parquet")
     _table(path, rows=4, group=4)
-    source = FileSource(outputs=((FEATURES, ("a", "b"), "stack"), (LABEL, ("y",), "as_is")),
+    source = FileSource(outputs=((FEATURES, ("a", "b"), How.STACK), (LABEL, ("y",), How.AS_IS)),
                         parts=((FilePart(path, 0, 0, 4),),), digest="d")
     (batch,) = read_part(source, 0)
     assert batch.column(FEATURES).to_pylist() == [[0.0, 1.0], [3.0, 4.0], [6.0, 7.0], [9.0, 10.0]]
-    source = FileSource(outputs=((FEATURES, ("a",), "wrap"), (LABEL, ("y",), "as_is")),
+    source = FileSource(outputs=((FEATURES, ("a",), How.WRAP), (LABEL, ("y",), How.AS_IS)),
                         parts=((FilePart(path, 0, 1, 3),),), digest="d")
     (batch,) = read_part(source, 0)
     assert batch.column(FEATURES).to_pylist() == [[3.0], [6.0]]
@@ -65,7 +65,7 @@ def test_a_file_changed_after_planning_is_refused_naming_it(tmp_path, change):
     plain = dict(compression="none", use_dictionary=False, row_group_size=40)
     table = pa.table({"v": pa.array([[float(i)] for i in range(40)]), "y": np.arange(40)})
     pq.write_table(table, path, **plain)
-    source = _planned(path, ((input_column(0), ("v",), "as_is"), (LABEL, ("y",), "as_is")), 40)
+    source = _planned(path, ((input_column(0), ("v",), How.AS_IS), (LABEL, ("y",), How.AS_IS)), 40)
     assert len(np.concatenate([b.column(LABEL).to_numpy() for b in read_part(source, 0)])) == 40
     stat = os.stat(path)
     if change == "grown":
@@ -84,7 +84,7 @@ def test_wide_rows_are_read_a_few_megabytes_at_a_time(tmp_path):
     values = pa.array(np.zeros(1000 * 50_000, dtype=np.float32))
     pq.write_table(pa.table({"v": pa.FixedSizeListArray.from_arrays(values, 50_000).cast(pa.list_(pa.float32())),
                              "y": np.arange(1000)}), path, row_group_size=1000)
-    source = _planned(path, ((input_column(0), ("v",), "as_is"), (LABEL, ("y",), "as_is")), 1000)
+    source = _planned(path, ((input_column(0), ("v",), How.AS_IS), (LABEL, ("y",), How.AS_IS)), 1000)
     sizes = [batch.nbytes for batch in read_part(source, 0)]
     assert sum(sizes) >= 200e6 and max(sizes) <= 4.5 * 2 ** 20
 
@@ -104,13 +104,13 @@ def test_wide_rows_keep_a_rank_near_its_memory_budget(tmp_path):
         from spark_torch_est.data import read_shard
         from spark_torch_est.files import file_stamp, footer_digest, read_part
         from spark_torch_est.protocol import LABEL, input_column
-        from spark_torch_est.spec import Columns, FilePart, FileSource
+        from spark_torch_est.spec import Columns, FilePart, FileSource, How
         from tests.helpers import features_schema
         path = {path!r}
         size, times = file_stamp(fsspec.filesystem("file"), path)
         with open(path, "rb") as handle:
             digest = footer_digest(handle, size)
-        source = FileSource(outputs=((input_column(0), ("v",), "as_is"), (LABEL, ("y",), "as_is")),
+        source = FileSource(outputs=((input_column(0), ("v",), How.AS_IS), (LABEL, ("y",), How.AS_IS)),
                             parts=((FilePart(path, 0, 0, 1000),),), digest="d", files=((path, size, times, digest),))
         def hwm():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024

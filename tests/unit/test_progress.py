@@ -3,8 +3,8 @@
 import pytest
 
 from spark_torch_est import Duration, Progress
-from spark_torch_est.errors import TrainingCompleteError
-from spark_torch_est.progress import Target
+from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
+from spark_torch_est.progress import Interval, Target
 
 
 def test_progress_advances_by_steps_and_epochs_without_changing_in_place():
@@ -14,6 +14,8 @@ def test_progress_advances_by_steps_and_epochs_without_changing_in_place():
     assert stepped == Progress(epoch=0, batch_in_epoch=2, global_step=2, samples=160, sample_in_epoch=160)
     assert stepped.to_next_epoch() == Progress(epoch=1, batch_in_epoch=0, global_step=2, samples=160)
     assert Progress.from_dict(stepped.to_dict()) == stepped
+    with pytest.raises(KeyError, match="sample_in_epoch"):  # every counter is written, so one missing is damage
+        Progress.from_dict({"epoch": 1, "batch_in_epoch": 0, "global_step": 2, "samples": 160})
 
 
 @pytest.mark.parametrize("duration, expected", [
@@ -46,3 +48,12 @@ def test_steps_left_counts_the_nearest_limit():
     assert Target(epoch=3).steps_left(start, steps_per_epoch=10, samples_per_step=100) == 16
     assert Target(epoch=3, global_step=20).steps_left(start, 10, 100) == 6
     assert Target(epoch=3, samples=1650).steps_left(start, 10, 100) == 3
+
+
+def test_a_checkpoint_interval_is_due_at_its_multiples_of_its_own_unit():
+    every = Interval.parse("3ba")
+    assert [step for step in range(1, 10) if every.due(Progress(global_step=step), "ba")] == [3, 6, 9]
+    assert not every.due(Progress(epoch=3, global_step=3), "ep")
+    assert Interval.parse("1ep").due(Progress(epoch=2, global_step=7), "ep")
+    with pytest.raises(InvalidInputError, match="counts epochs or batches"):
+        Interval.parse("100sp")

@@ -15,7 +15,7 @@ from torch import nn
 from spark_torch_est import Checkpoint
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
 from spark_torch_est.failure import RankFailure
-from spark_torch_est.progress import Target
+from spark_torch_est.progress import Interval, Target
 from spark_torch_est.sharding import _MetadataUnpickler, check_shardable, shard_targets
 from spark_torch_est.storage import CheckpointDir
 from tests.helpers import mlp, train_locally
@@ -23,7 +23,7 @@ from tests.helpers import mlp, train_locally
 
 def _fsdp(tmp_path, target, resume=None, **fields):
     return train_locally(target, resume, strategy="fsdp", checkpoint_dir=str(tmp_path),
-                         checkpoint_every=(1, "ep"), **fields)
+                         checkpoint_every=Interval(1, "ep"), **fields)
 
 
 def _weights(checkpoint: Checkpoint) -> np.ndarray:

@@ -84,13 +84,13 @@ def test_a_worker_reuses_the_table_part_it_read_until_the_files_change(tmp_path)
 
     from spark_torch_est import worker
     from spark_torch_est.protocol import FEATURES, LABEL
-    from spark_torch_est.spec import FilePart, FileSource
+    from spark_torch_est.spec import FilePart, FileSource, How
     from tests.helpers import features_schema, task_spec
 
     path = str(tmp_path / "t.parquet")
     x = np.arange(40, dtype=np.float32).reshape(20, 2)
     pq.write_table(pa.table({"f": pa.array(list(x), pa.list_(pa.float32())), "y": np.arange(20.0)}), path)
-    source = FileSource(outputs=((FEATURES, ("f",), "as_is"), (LABEL, ("y",), "as_is")),
+    source = FileSource(outputs=((FEATURES, ("f",), How.AS_IS), (LABEL, ("y",), How.AS_IS)),
                         parts=((FilePart(path, 0, 0, 20),),), digest="d")
     spec = task_spec(schema=features_schema(2), source=source)
     first = worker._ingest(spec, iter([]), 0)

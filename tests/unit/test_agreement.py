@@ -1,0 +1,53 @@
+"""What the ranks agree on before the first step: one layout per column, and labels shaped
+to the model's output."""
+
+import pytest
+import torch
+
+from spark_torch_est.agreement import LAYOUT_SIZE, agree, conform, layout, shape_labels
+from spark_torch_est.columns import DenseRows, RaggedRows
+from spark_torch_est.errors import InputDataError
+
+
+def _layouts(*columns):
+    return torch.tensor([layout(rows) for rows in columns]).reshape(-1, LAYOUT_SIZE)
+
+
+def test_arrays_of_different_lengths_on_two_ranks_are_padded_per_batch_where_inputs_allow():
+    short, long = DenseRows(torch.ones(3, 2, dtype=torch.int64)), DenseRows(torch.ones(2, 5, dtype=torch.int64))
+    agreed = agree(_layouts(short, long, None), "inputCols column 'tokens'", may_be_ragged=True)
+    assert agreed.row_shape is None and agreed.integer
+    padded = conform(short, agreed, torch.int64, padding=0)
+    assert isinstance(padded, RaggedRows) and padded.take(torch.tensor([0])).tolist() == [[1, 1]]
+    empty = conform(None, agreed, torch.int64, padding=0)
+    assert isinstance(empty, RaggedRows) and len(empty) == 0
+
+
+def test_features_of_different_widths_on_two_ranks_are_refused_naming_the_column():
+    layouts = _layouts(DenseRows(torch.ones(3, 2)), DenseRows(torch.ones(3, 4)))
+    with pytest.raises(InputDataError, match="featuresCol 'f' holds rows of 2 values in some partitions and of 4"):
+        agree(layouts, "featuresCol 'f'", may_be_ragged=False)
+
+
+@pytest.mark.parametrize("labels, output_shape, expected_dtype, expected_shape", [
+    (torch.tensor([1, 2]), [1], torch.float32, (2, 1)),      # integer labels, one output: regression
+    (torch.tensor([1, 2]), [3], torch.int64, (2,)),          # integer labels, k outputs: class indices
+    (torch.tensor([0.0, 2.0]), [3], torch.int64, (2,)),      # whole-number doubles (StringIndexer): the same
+    (torch.tensor([1.5, 2.5]), [1], torch.float32, (2, 1)),
+    (torch.tensor([1.5, 2.5]), [], torch.float32, (2,)),
+    (torch.ones(2, 4), [2, 2], torch.float32, (2, 2, 2)),    # as many values per row: reshaped
+])
+def test_labels_take_the_outputs_shape_never_by_broadcasting(labels, output_shape, expected_dtype, expected_shape):
+    shaped = shape_labels(labels, output_shape, "y")
+    assert shaped.dtype == expected_dtype and tuple(shaped.shape) == expected_shape
+
+
+@pytest.mark.parametrize("labels, output_shape", [(torch.tensor([1.5]), [3]), (torch.ones(2, 3), [2])])
+def test_labels_that_would_broadcast_are_refused(labels, output_shape):
+    with pytest.raises(InputDataError, match="labelCol 'y'"):
+        shape_labels(labels, output_shape, "y")
+
+
+def test_a_fractional_label_for_a_k_output_model_names_labelcol_and_the_fix():
+    with pytest.raises(InputDataError, match=r"labelCol 'y' holds 1\.5, .* class index .* from 0 to 2"):
+        shape_labels(torch.tensor([0.0, 1.5]), [3], "y")
