@@ -11,6 +11,10 @@ bytes in parts, and the driver's acknowledgement once their SHA-256 matches. Onl
 acknowledged checkpoint counts as delivered; without one the rank returns it as result
 rows of the Spark job instead, which is slower (about 40 MB/s against hundreds) and
 bounded by ``spark.driver.maxResultSize``.
+
+A rank that fails sends its failure report here too (:meth:`ChannelClient.report`) and
+fails its task once the driver acknowledged it, so the driver holds the root cause when
+Spark tells it the job failed; only the job's ranks can read or write these reports.
 """
 
 from __future__ import annotations
@@ -26,43 +30,45 @@ import time
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 from typing import Any, Callable
 
-__all__ = ["ChannelServer", "ChannelClient", "LogForwarder", "ProgressReporter", "EXECUTOR_ONLY"]
+from spark_torch_est.failure import Failure
+
+__all__ = ["AuthenticatingServer", "ChannelServer", "ChannelClient", "LogForwarder", "ProgressReporter",
+           "EXECUTOR_ONLY", "limit_waits"]
 
 logger = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1 << 20
 _PART_BYTES = 16 << 20
 _MAX_PENDING = 32
+_MAX_REPORTS = 4096
 
 
-class ChannelServer:
-    """Accepts authenticated rank connections and hands each message to ``on_message``.
+class AuthenticatingServer:
+    """Accepts connections on ``host`` and hands each one that proves it holds ``secret``
+    (``multiprocessing.connection``'s HMAC challenge, both ways) to
+    :meth:`_serve_authenticated`, in its own thread.
 
     Every connection gets its own thread, whose HMAC handshake must finish within
     ``handshake_timeout`` seconds: a connection that never speaks only holds its own
     thread for that long, never the accept loop, and at most ``_MAX_PENDING`` handshakes
-    run at once.
+    run at once (a newcomer past that drops the oldest). Before it authenticates, nothing
+    a connection sends is read but the handshake's own messages (at most 256 bytes).
 
     Args:
         host: The address to bind (the driver host; never all interfaces).
-        secret: The job's key the ranks must prove they hold.
-        on_message: Called from reader threads with each decoded message.
+        secret: The job's key the clients must prove they hold.
         handshake_timeout: Seconds a new connection has to authenticate (default 5).
-        max_blob_bytes: Largest blob accepted (default None: any size). One blob per server
-            (a job has one checkpoint to send): a second one, or one announced larger, closes
-            the sender's connection before any of its bytes is read.
 
     Attributes:
         address: ``(host, port)`` to give the ranks.
         rejected: How many connections failed or did not finish authentication.
     """
 
-    def __init__(self, host: str, secret: bytes, on_message: Callable[[dict], None],
-                 handshake_timeout: float = 5.0, max_blob_bytes: int | None = None) -> None:
+    #: What log lines call this server.
+    what = "the driver's channel"
+
+    def __init__(self, host: str, secret: bytes, handshake_timeout: float = 5.0) -> None:
         self.secret = secret
-        self.max_blob_bytes = max_blob_bytes
-        self._blob_started = False
-        self.on_message = on_message
         self.handshake_timeout = handshake_timeout
         self.rejected = 0
         self._closed = threading.Event()
@@ -72,7 +78,6 @@ class ChannelServer:
         self.address: tuple[str, int] = self._socket.getsockname()[:2]
         self._connections: list[Connection] = []
         self._pending: dict[socket.socket, float] = {}  # authenticating connections, by when they came
-        self._blobs: dict[tuple[str, str], bytes] = {}  # (key, SHA-256 hex) -> bytes
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="spark_torch_est-channel", daemon=True)
         self._thread.start()
@@ -113,19 +118,19 @@ class ChannelServer:
             pass
         sock.close()
         self.rejected += 1
-        logger.debug("refused a connection to the driver's channel: %s", why)
+        logger.debug("refused a connection to %s: %s", self.what, why)
         if self.rejected in (1, 100, 10_000):  # a flood would otherwise flood the log too
-            logger.warning("refused %d connection(s) to the driver's channel: %s", self.rejected, why)
+            logger.warning("refused %d connection(s) to %s: %s", self.rejected, self.what, why)
 
     def _serve(self, sock: socket.socket, deadline: threading.Timer) -> None:
-        """Authenticates one connection before its deadline, then reads its messages."""
+        """Authenticates one connection before its deadline, then serves it."""
         connection = None
         try:
-            _limit_waits(sock, self.handshake_timeout)
+            limit_waits(sock, self.handshake_timeout)
             connection = Connection(os.dup(sock.fileno()))  # shutting sock down (_refuse) ends its reads
             deliver_challenge(connection, self.secret)
             answer_challenge(connection, self.secret)
-            _limit_waits(sock, 0)  # authenticated: from now on wait as long as the fit runs
+            limit_waits(sock, 0)  # authenticated: from now on wait as long as the fit runs
         except (AuthenticationError, OSError, EOFError, ValueError) as error:
             with self._lock:
                 if sock in self._pending:
@@ -142,6 +147,56 @@ class ChannelServer:
                 return
             self._connections.append(connection)
         sock.close()  # the connection holds its own descriptor of the same socket
+        self._serve_authenticated(connection)
+
+    def _serve_authenticated(self, connection: Connection) -> None:
+        """Serves one authenticated connection until it ends (in its own thread)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stops accepting, closes every connection and joins the accept thread."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:  # wake the blocking accept()
+            socket.create_connection(self.address, timeout=1).close()
+        except OSError:
+            pass
+        self._thread.join(5)
+        self._socket.close()
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+
+
+class ChannelServer(AuthenticatingServer):
+    """Accepts authenticated rank connections and hands each message to ``on_message``;
+    holds the job's checkpoint blob and the ranks' failure reports for the launcher.
+
+    Args:
+        host: The address to bind (the driver host; never all interfaces).
+        secret: The job's key the ranks must prove they hold.
+        on_message: Called from reader threads with each decoded message.
+        handshake_timeout: Seconds a new connection has to authenticate (default 5).
+        max_blob_bytes: Largest blob accepted (default None: any size). One blob per server
+            (a job has one checkpoint to send): a second one, or one announced larger, closes
+            the sender's connection before any of its bytes is read.
+
+    Attributes:
+        address: ``(host, port)`` to give the ranks.
+        rejected: How many connections failed or did not finish authentication.
+    """
+
+    def __init__(self, host: str, secret: bytes, on_message: Callable[[dict], None],
+                 handshake_timeout: float = 5.0, max_blob_bytes: int | None = None) -> None:
+        self.max_blob_bytes = max_blob_bytes
+        self._blob_started = False
+        self.on_message = on_message
+        self._blobs: dict[tuple[str, str], bytes] = {}  # (key, SHA-256 hex) -> bytes
+        self._failures: dict[int, Failure] = {}  # by rank
+        super().__init__(host, secret, handshake_timeout)
+
+    def _serve_authenticated(self, connection: Connection) -> None:
         self._read(connection)
 
     def _read(self, connection: Connection) -> None:
@@ -156,6 +211,9 @@ class ChannelServer:
                         return
                     self._receive_blob(connection, message)
                     continue
+                if message.get("type") == "failure":
+                    self._keep_failure(connection, message)
+                    continue
             except (EOFError, OSError, ValueError, TypeError, KeyError):  # TypeError: closed by close()
                 return
             except RecursionError:  # JSON nested past Python's stack: not a message of ours
@@ -166,6 +224,20 @@ class ChannelServer:
                 self.on_message(message)
             except Exception:  # a display problem must not stop the stream
                 logger.exception("progress message handler failed")
+
+    def _keep_failure(self, connection: Connection, message: dict) -> None:
+        """Keeps a rank's failure report (the first per rank, at most ``_MAX_REPORTS``),
+        then acknowledges it: the rank fails its task only after the driver holds it."""
+        failure = Failure.unseal(str(message.get("report", "")), self.secret)
+        with self._lock:
+            if failure is not None and len(self._failures) < _MAX_REPORTS:
+                self._failures.setdefault(failure.rank, failure)
+        connection.send_bytes(json.dumps({"type": "ack", "key": "failure"}).encode())
+
+    def failures(self) -> list[Failure]:
+        """The failures the ranks reported, in rank order."""
+        with self._lock:
+            return [self._failures[rank] for rank in sorted(self._failures)]
 
     def _admit_blob(self, header: dict) -> bool:
         """Whether to read the blob ``header`` announces: the job's first, within the size limit."""
@@ -204,23 +276,12 @@ class ChannelServer:
             return self._blobs.pop((key, sha256), None)
 
     def close(self) -> None:
-        """Stops accepting, closes every connection and joins the accept thread."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        try:  # wake the blocking accept()
-            socket.create_connection(self.address, timeout=1).close()
-        except OSError:
-            pass
-        self._thread.join(5)
-        self._socket.close()
+        super().close()
         with self._lock:
-            for connection in self._connections:
-                connection.close()
             self._blobs.clear()
 
 
-def _limit_waits(sock: socket.socket, seconds: float) -> None:
+def limit_waits(sock: socket.socket, seconds: float) -> None:
     """Makes ``sock`` blocking (as ``Connection`` needs) with reads and writes that give up
     after ``seconds`` (0: never)."""
     sock.setblocking(True)
@@ -251,10 +312,11 @@ class ChannelClient:
 
     def __init__(self, address: tuple[str, int], secret: bytes, connect_timeout: float = 5.0) -> None:
         sock = socket.create_connection(tuple(address), timeout=connect_timeout)
-        _limit_waits(sock, connect_timeout)
+        limit_waits(sock, connect_timeout)
         self._connection = Connection(sock.detach())
         answer_challenge(self._connection, secret)
         deliver_challenge(self._connection, secret)
+        self._secret = secret
         self._lock = threading.Lock()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -266,6 +328,23 @@ class ChannelClient:
                 self._connection.send_bytes(json.dumps(message, default=_plain).encode())
         except (OSError, ValueError, TypeError):
             self.close()
+
+    def report(self, failure: Failure, timeout: float = 10.0) -> bool:
+        """Sends a rank's failure report and waits (at most ``timeout`` seconds) until the
+        driver holds it; whether it does."""
+        if self._connection is None:
+            return False
+        try:
+            with self._lock:
+                self._connection.send_bytes(json.dumps({"type": "failure",
+                                                        "report": failure.seal(self._secret)}).encode())
+                if not self._connection.poll(timeout):
+                    return False
+                reply = json.loads(self._connection.recv_bytes(_MAX_MESSAGE))
+        except (OSError, EOFError, ValueError, TypeError):
+            self.close()
+            return False
+        return reply == {"type": "ack", "key": "failure"}
 
     def send_blob(self, key: str, blob: bytes | memoryview, ack_timeout: float | None = None) -> str | None:
         """Sends ``blob`` and waits for the driver's acknowledgement.
