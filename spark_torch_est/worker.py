@@ -252,7 +252,7 @@ def _report(launch: Launch, failure: Failure, channel: ChannelClient | None = No
     """Sends the failure to the driver over the channel (a connection of its own when
     the rank has none yet) and waits until the driver holds it: the driver looks there
     for the root cause once Spark tells it the job failed. Only the job's ranks and the
-    driver can read it (the store, which anyone reaching it could read, is not used)."""
+    driver can read it (not the rendezvous store, which more can reach)."""
     client = channel if channel is not None else _open_channel(launch, failure.rank)
     if client is None:
         return
