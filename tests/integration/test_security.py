@@ -23,7 +23,7 @@ from pyspark.sql import types as T
 
 from spark_torch_est import Hook
 from spark_torch_est.errors import TrainingFailedError
-from tests.helpers import estimator, listening_ports
+from tests.helpers import STORE_FLOOD, estimator, listening_ports, rss_mb
 from spark_torch_est import launcher as launcher_module
 
 pytestmark = pytest.mark.spark
@@ -251,33 +251,6 @@ def announced(monkeypatch):
     return addresses
 
 
-_FLOOD = textwrap.dedent("""
-    import socket, sys
-    from datetime import timedelta
-    import torch.distributed as dist
-    port = int(sys.argv[1])
-    written = 0
-    try:
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=3))
-        for i in range(60):
-            store.set(f"junk/{i}", b"x" * (7 << 20))
-            written += 1
-    except Exception:
-        pass
-    idle = []
-    for _ in range(3000):
-        try:
-            idle.append(socket.create_connection(("127.0.0.1", port), timeout=2))
-        except OSError:
-            pass
-    print(written, len(idle), flush=True)
-    sys.stdin.readline()  # the connections stay open until the driver has been measured
-""")
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
 
 
 class WaitFor(Hook):
@@ -299,19 +272,20 @@ def test_an_outsider_on_the_network_can_neither_fill_the_drivers_memory_nor_hold
     every value (the driver grew by ~430 MB) and every connection (+3,003 descriptors)."""
     marker = tmp_path / "attacked"
     estimator(maxEpochs=1).fit(linear_df)  # warm Python workers: the measured job is the attacked one
-    rss, descriptors = _rss_mb(), len(os.listdir("/proc/self/fd"))
+    rss, descriptors = rss_mb(), len(os.listdir("/proc/self/fd"))
     outcome: dict = {}
 
     def attack() -> None:
         deadline = time.monotonic() + 120
         while not announced and time.monotonic() < deadline:
             time.sleep(0.01)
-        attacker = subprocess.Popen([sys.executable, "-c", _FLOOD, str(announced[0][1])], stdin=subprocess.PIPE,
+        attacker = subprocess.Popen([sys.executable, "-c", STORE_FLOOD, str(announced[0][1])], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True)
         try:
-            outcome["written"], outcome["connections"] = map(int, attacker.stdout.readline().split())
+            written, sent_mb, connections = map(int, attacker.stdout.readline().split())
+            outcome.update(written=written, sent_mb=sent_mb, connections=connections)
             outcome["descriptors"] = len(os.listdir("/proc/self/fd")) - descriptors
-            outcome["rss"] = _rss_mb() - rss
+            outcome["rss"] = rss_mb() - rss
         finally:
             marker.touch()
             attacker.stdin.close()

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 from datetime import timedelta
 from multiprocessing.connection import AuthenticationError
 
@@ -18,6 +17,7 @@ import torch.distributed as dist
 
 from spark_torch_est.spec import Launch
 from spark_torch_est.store_gate import StoreGate, open_relay
+from tests.helpers import STORE_FLOOD, rss_mb
 
 SECRET = b"g" * 32
 
@@ -61,47 +61,17 @@ def test_one_connection_per_rank(gate):
     assert second.get("k") == b"v" and "third" not in gate.store.list_keys()
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
-_FLOOD = textwrap.dedent("""
-    import socket, sys, time
-    from datetime import timedelta
-    import torch.distributed as dist
-    port = int(sys.argv[1])
-    written = 0
-    try:  # 60 values of 7 MB, as a TCPStore client
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
-        for i in range(60):
-            store.set(f"junk/{i}", b"x" * (7 << 20))
-            written += 1
-    except Exception:
-        pass
-    sent = 0
-    try:  # 420 MB of raw bytes on one connection
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            for _ in range(60):
-                sock.sendall(b"x" * (7 << 20))
-                sent += 7
-    except OSError:
-        pass
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3000)]
-    print(written, sent, len(idle), flush=True)
-    sys.stdin.readline()  # the connections stay open until the test has measured
-""")
 
 
 def test_an_outsider_can_hold_neither_memory_nor_descriptors_of_the_driver(gate):
     descriptors = len(os.listdir("/proc/self/fd"))
-    rss = _rss_mb()
-    attacker = subprocess.Popen([sys.executable, "-c", _FLOOD, str(gate.address[1])], stdin=subprocess.PIPE,
+    rss = rss_mb()
+    attacker = subprocess.Popen([sys.executable, "-c", STORE_FLOOD, str(gate.address[1])], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
     try:
         written, sent_mb, idle = map(int, attacker.stdout.readline().split())
         held = len(os.listdir("/proc/self/fd")) - descriptors
-        grown = _rss_mb() - rss
+        grown = rss_mb() - rss
         client = _client(open_relay(gate.address, SECRET, 5.0))  # a rank still gets in
         client.set("k", b"v")
     finally:
