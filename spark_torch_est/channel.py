@@ -13,6 +13,10 @@ bytes in parts, and the driver's acknowledgement once their SHA-256 matches. Onl
 acknowledged checkpoint counts as delivered; without one the rank returns it as result
 rows of the Spark job instead, which is much slower (docs/benchmarks.md) and bounded by
 ``spark.driver.maxResultSize``.
+
+A rank that fails sends its failure report here too (:meth:`ChannelClient.report`) and
+fails its task once the driver acknowledged it, so the driver holds the root cause when
+Spark tells it the job failed; only the job's ranks can read or write these reports.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import socket
-import struct
 import threading
 import time
-from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, Callable
 
+from spark_torch_est.authenticated import AuthenticatingServer, limit_waits
+from spark_torch_est.failure import Failure
 from spark_torch_est.messages import RankMessage
 from spark_torch_est.progress import Progress
 
@@ -37,16 +41,12 @@ logger = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1 << 20
 _PART_BYTES = 16 << 20
-_MAX_PENDING = 32
+_MAX_REPORTS = 4096
 
 
-class ChannelServer:
-    """Accepts authenticated rank connections and hands each message to ``on_message``.
-
-    Every connection gets its own thread, whose HMAC handshake must finish within
-    ``handshake_timeout`` seconds: a connection that never speaks only holds its own
-    thread for that long, never the accept loop, and at most ``_MAX_PENDING`` handshakes
-    run at once.
+class ChannelServer(AuthenticatingServer):
+    """Accepts authenticated rank connections and hands each message to ``on_message``;
+    holds the job's checkpoint blob and the ranks' failure reports for the launcher.
 
     Args:
         host: The address to bind (the driver host; never all interfaces).
@@ -64,89 +64,14 @@ class ChannelServer:
 
     def __init__(self, host: str, secret: bytes, on_message: Callable[[RankMessage], None],
                  handshake_timeout: float = 5.0, max_blob_bytes: int | None = None) -> None:
-        self.secret = secret
         self.max_blob_bytes = max_blob_bytes
         self._blob_started = False
         self.on_message = on_message
-        self.handshake_timeout = handshake_timeout
-        self.rejected = 0
-        self._closed = threading.Event()
-        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind((host, 0))
-        self._socket.listen(64)
-        self.address: tuple[str, int] = self._socket.getsockname()[:2]
-        self._connections: list[Connection] = []
-        self._pending: dict[socket.socket, float] = {}  # authenticating connections, by when they came
         self._blobs: dict[tuple[str, str], bytes] = {}  # (key, SHA-256 hex) -> bytes
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept, name="spark_torch_est-channel", daemon=True)
-        self._thread.start()
+        self._failures: dict[int, Failure] = {}  # by rank
+        super().__init__(host, secret, handshake_timeout)
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                sock, _ = self._socket.accept()
-            except OSError:
-                continue
-            if self._closed.is_set():
-                sock.close()
-                break
-            with self._lock:
-                if len(self._pending) >= _MAX_PENDING:  # the oldest gives way: a rank's handshake takes
-                    oldest = min(self._pending, key=self._pending.get)  # milliseconds, a stalling one seconds
-                    self._refuse(oldest, "too many connections were authenticating at once; dropped the oldest")
-                # One deadline for the whole handshake, however slowly the peer drips bytes:
-                deadline = threading.Timer(self.handshake_timeout, self._expire, args=(sock,))
-                self._pending[sock] = time.monotonic()
-            deadline.daemon = True
-            deadline.start()
-            threading.Thread(target=self._serve, args=(sock, deadline), name="spark_torch_est-channel-reader",
-                             daemon=True).start()
-
-    def _expire(self, sock: socket.socket) -> None:
-        with self._lock:
-            if sock in self._pending:
-                self._refuse(sock, f"it did not authenticate within {self.handshake_timeout:.0f}s")
-
-    def _refuse(self, sock: socket.socket, why: str) -> None:
-        """Ends a connection that did not authenticate; its reader's waits return at once.
-        Callers hold the lock."""
-        self._pending.pop(sock, None)
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:  # already gone
-            pass
-        sock.close()
-        self.rejected += 1
-        logger.debug("refused a connection to the driver's channel: %s", why)
-        if self.rejected in (1, 100, 10_000):  # a flood would otherwise flood the log too
-            logger.warning("refused %d connection(s) to the driver's channel: %s", self.rejected, why)
-
-    def _serve(self, sock: socket.socket, deadline: threading.Timer) -> None:
-        """Authenticates one connection before its deadline, then reads its messages."""
-        connection = None
-        try:
-            _limit_waits(sock, self.handshake_timeout)
-            connection = Connection(os.dup(sock.fileno()))  # shutting sock down (_refuse) ends its reads
-            deliver_challenge(connection, self.secret)
-            answer_challenge(connection, self.secret)
-            _limit_waits(sock, 0)  # authenticated: from now on wait as long as the fit runs
-        except (AuthenticationError, OSError, EOFError, ValueError) as error:
-            with self._lock:
-                if sock in self._pending:
-                    self._refuse(sock, f"it did not prove it holds the job's secret ({type(error).__name__})")
-            if connection is not None:
-                connection.close()
-            return
-        finally:
-            deadline.cancel()
-        with self._lock:
-            if self._pending.pop(sock, None) is None or self._closed.is_set():  # dropped meanwhile
-                connection.close()
-                sock.close()
-                return
-            self._connections.append(connection)
-        sock.close()  # the connection holds its own descriptor of the same socket
+    def _serve_authenticated(self, connection: Connection) -> None:
         self._read(connection)
 
     def _read(self, connection: Connection) -> None:
@@ -158,6 +83,9 @@ class ChannelServer:
                         connection.close()
                         return
                     self._receive_blob(connection, message)
+                    continue
+                if isinstance(message, dict) and message.get("type") == "failure":
+                    self._keep_failure(connection, message)
                     continue
             except (EOFError, OSError, ValueError, TypeError, KeyError):  # TypeError: closed by close()
                 return
@@ -174,6 +102,20 @@ class ChannelServer:
                 self.on_message(decoded)
             except Exception:  # a display problem must not stop the stream
                 logger.exception("progress message handler failed")
+
+    def _keep_failure(self, connection: Connection, message: dict) -> None:
+        """Keeps a rank's failure report (the first per rank, at most ``_MAX_REPORTS``),
+        then acknowledges it: the rank fails its task only after the driver holds it."""
+        failure = Failure.unseal(str(message.get("report", "")), self.secret)
+        with self._lock:
+            if failure is not None and len(self._failures) < _MAX_REPORTS:
+                self._failures.setdefault(failure.rank, failure)
+        connection.send_bytes(json.dumps({"type": "ack", "key": "failure"}).encode())
+
+    def failures(self) -> list[Failure]:
+        """The failures the ranks reported, in rank order."""
+        with self._lock:
+            return [self._failures[rank] for rank in sorted(self._failures)]
 
     def _admit_blob(self, header: dict) -> bool:
         """Whether to read the blob ``header`` announces: the job's first, within the size limit."""
@@ -212,29 +154,9 @@ class ChannelServer:
             return self._blobs.pop((key, sha256), None)
 
     def close(self) -> None:
-        """Stops accepting, closes every connection and joins the accept thread."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        try:  # wake the blocking accept()
-            socket.create_connection(self.address, timeout=1).close()
-        except OSError:
-            pass
-        self._thread.join(5)
-        self._socket.close()
+        super().close()
         with self._lock:
-            for connection in self._connections:
-                connection.close()
             self._blobs.clear()
-
-
-def _limit_waits(sock: socket.socket, seconds: float) -> None:
-    """Makes ``sock`` blocking (as ``Connection`` needs) with reads and writes that give up
-    after ``seconds`` (0: never)."""
-    sock.setblocking(True)
-    limit = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
 
 
 def _plain(value: Any) -> Any:
@@ -259,10 +181,11 @@ class ChannelClient:
 
     def __init__(self, address: tuple[str, int], secret: bytes, connect_timeout: float = 5.0) -> None:
         sock = socket.create_connection(tuple(address), timeout=connect_timeout)
-        _limit_waits(sock, connect_timeout)
+        limit_waits(sock, connect_timeout)
         self._connection = Connection(sock.detach())
         answer_challenge(self._connection, secret)
         deliver_challenge(self._connection, secret)
+        self._secret = secret
         self._lock = threading.Lock()
 
     def send(self, message: RankMessage) -> None:
@@ -274,6 +197,23 @@ class ChannelClient:
                 self._connection.send_bytes(json.dumps(message.to_dict(), default=_plain).encode())
         except (OSError, ValueError, TypeError):
             self.close()
+
+    def report(self, failure: Failure, timeout: float = 10.0) -> bool:
+        """Sends a rank's failure report and waits (at most ``timeout`` seconds) until the
+        driver holds it; whether it does."""
+        if self._connection is None:
+            return False
+        try:
+            with self._lock:
+                self._connection.send_bytes(json.dumps({"type": "failure",
+                                                        "report": failure.seal(self._secret)}).encode())
+                if not self._connection.poll(timeout):
+                    return False
+                reply = json.loads(self._connection.recv_bytes(_MAX_MESSAGE))
+        except (OSError, EOFError, ValueError, TypeError):
+            self.close()
+            return False
+        return reply == {"type": "ack", "key": "failure"}
 
     def send_blob(self, key: str, blob: bytes | memoryview, ack_timeout: float | None = None) -> str | None:
         """Sends ``blob`` and waits for the driver's acknowledgement.

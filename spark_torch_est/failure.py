@@ -6,11 +6,11 @@ dead peer is a system failure in whatever stage it surfaced (a peer killed while
 survivor is in ``forward`` shows up there, as a gloo error of DDP's buffer broadcast); an
 error in user code (creators, loss, hooks, shapes) is deterministic and not retried.
 
-The rank then reports a :class:`Failure` twice: sealed in the driver's rendezvous store
-and sealed inside its exception text, which Spark, Py4J or Spark Connect wrap. Both places
-are reachable by others (the store has no authentication), so every report carries an
-HMAC made with the job's secret; the driver drops reports that do not verify, and parses
-the rest defensively (:meth:`Failure.unseal`). :func:`explain_job_failure` turns what is
+The rank then reports a :class:`Failure` twice: over the driver's authenticated channel
+(which only the job's ranks reach) and sealed inside its exception text, which Spark,
+Py4J or Spark Connect wrap and others may write into. So every report carries an HMAC
+made with the job's secret; the driver drops reports that do not verify, and parses the
+rest defensively (:meth:`Failure.unseal`). :func:`explain_job_failure` turns what is
 left, or Spark's own error text, into the fit's error, and :class:`FailurePolicy` decides
 to relaunch, reroute or raise, and logs why.
 """
@@ -94,7 +94,7 @@ class Failure:
 
     def seal(self, secret: bytes) -> str:
         """The failure as one line that survives Spark's error wrapping, with an HMAC
-        of the job's secret (also what the store holds)."""
+        of the job's secret (also what the channel carries)."""
         fields = dict(asdict(self), message=self.message[:_MAX_MESSAGE], traceback=self.traceback[-_MAX_TRACEBACK:])
         body = json.dumps(fields).replace(">", "\\u003e")  # so the end marker cannot occur inside
         return f"{_BEGIN}{_tag(secret, body)} {body}{_END}"
@@ -103,7 +103,7 @@ class Failure:
     def unseal(cls, text: str | bytes, secret: bytes) -> Failure | None:
         """The first failure in ``text`` whose HMAC verifies and whose fields are well
         formed; None if there is none. Reports that fail either check are logged and
-        ignored: whoever can reach the store can write one. The scan is linear in the
+        ignored: whoever can write into a task's error text can write one. The scan is linear in the
         text: each begin marker is paired with the next end marker."""
         if isinstance(text, bytes):
             text = text.decode("utf-8", "replace")
@@ -226,7 +226,7 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
 
     Args:
         text: The exception text of the failed job.
-        reported: Verified failures the ranks left in the driver's store.
+        reported: Verified failures the ranks reported over the driver's channel.
         secret: The job's secret, to verify a report inside ``text``.
     """
     found = Failure.unseal(text, secret)

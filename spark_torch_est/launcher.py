@@ -6,12 +6,10 @@ import dataclasses
 import logging
 import re
 import secrets
-import socket
 import threading
 import time
 import uuid
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any, Callable, Iterator
 
 from pyspark.sql import DataFrame, SparkSession
@@ -19,13 +17,14 @@ from pyspark.sql import DataFrame, SparkSession
 from spark_torch_est.channel import ChannelServer
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.failure import Decision, Failure, FailurePolicy, explain_job_failure
+from spark_torch_est.failure import Decision, FailurePolicy, explain_job_failure
 from spark_torch_est.messages import RankMessage
 from spark_torch_est.progress import Progress
-from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA, failure_key
+from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA
 from spark_torch_est.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.spec import FileSource, Launch, TaskSpec
 from spark_torch_est.storage import CheckpointDir
+from spark_torch_est.store_gate import StoreGate
 from spark_torch_est.worker import train_task
 
 __all__ = ["Launcher", "task_slots", "wait_for_slots"]
@@ -88,34 +87,6 @@ def wait_for_slots(spark: SparkSession, needed: int, timeout_s: float, minimum: 
         time.sleep(0.5)  # polling the scheduler, not synchronizing
         slots = task_slots(spark)
     return needed
-
-
-class _DriverStore:
-    """The rendezvous TCPStore, bound to the driver host only (never to all interfaces)."""
-
-    def __init__(self, host: str, timeout_s: float) -> None:
-        import torch.distributed as dist
-
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.bind((host, 0))
-        self._socket.listen(256)
-        self.host = host
-        self.port = self._socket.getsockname()[1]
-        self.store = dist.TCPStore(host, self.port, None, True, timedelta(seconds=timeout_s),
-                                   wait_for_workers=False, master_listen_fd=self._socket.fileno())
-        self._socket.detach()  # the store owns the descriptor now and closes it
-
-    def failures(self, launch: Launch, world_size: int) -> list[Failure]:
-        """Failures the ranks of a job reported, in rank order, that carry the job's
-        secret (they write through a ``PrefixStore(job_id)``, which joins prefix and key
-        with ``/``; anyone who reaches the store can write there too)."""
-        keys = [f"{launch.job_id}/{failure_key(rank)}" for rank in range(world_size)]
-        found = [Failure.unseal(self.store.get(k), launch.secret) for k in keys if self.store.check([k])]
-        return [failure for failure in found if failure is not None]
-
-    def close(self) -> None:
-        del self.store
 
 
 def _driver_host(spark: SparkSession) -> str | None:
@@ -230,14 +201,14 @@ class Launcher:
         return spec, start
 
     @contextmanager
-    def _driver_services(self, launch: Launch) -> Iterator[tuple[Launch, _DriverStore | None, ChannelServer | None]]:
-        """The rendezvous store and the message channel, both bound to the driver host;
-        yields the launch with their addresses."""
+    def _driver_services(self, launch: Launch, ranks: int) -> Iterator[tuple[Launch, ChannelServer | None]]:
+        """The rendezvous store's gate (one connection per rank) and the message channel,
+        both bound to the driver host; yields the launch with their addresses."""
         host = _driver_host(self.spark)
         store = channel = None
         if host is not None and host not in self._store_unreachable:
             try:
-                store = _DriverStore(host, timeout_s=60.0)
+                store = StoreGate(host, launch.secret, max_connections=ranks, timeout_s=60.0)
             except OSError as error:
                 logger.warning("cannot open a rendezvous store on %s (%s); using Spark's allGather", host, error)
         if host is not None:
@@ -245,10 +216,10 @@ class Launcher:
                 channel = ChannelServer(host, launch.secret, self.on_message, max_blob_bytes=_max_blob())
             except OSError as error:
                 logger.warning("cannot open the driver's channel on %s (%s); no live progress", host, error)
-        launch = dataclasses.replace(launch, store_address=(store.host, store.port) if store is not None else None,
+        launch = dataclasses.replace(launch, store_address=store.address if store is not None else None,
                                      channel_address=channel.address if channel is not None else None)
         try:
-            yield launch, store, channel
+            yield launch, channel
         finally:
             if channel is not None:
                 channel.close()
@@ -256,14 +227,15 @@ class Launcher:
                 store.close()
 
     def _launch(self, spec: TaskSpec, launch: Launch, frame: DataFrame) -> bytes:
-        with self._driver_services(launch) as (launch, store, channel):
+        with self._driver_services(launch, spec.world_size) as (launch, channel):
             started = time.perf_counter()
             try:
                 table = self._collect(spec, launch, frame)
             except (SparkTorchError, _SlotsLost):
                 raise
             except Exception as error:
-                reported = store.failures(launch, spec.world_size) if store is not None else []
+                reported = [failure for failure in (channel.failures() if channel is not None else [])
+                            if failure.rank < spec.world_size]
                 raise explain_job_failure(str(error), reported, launch.secret) from None
             logger.info("training job %s finished on %d ranks in %.1fs", launch.job_id, spec.world_size,
                         time.perf_counter() - started)

@@ -1,10 +1,9 @@
-"""[both] Names the driver and the tasks agree on: the columns of the training frame, the
-rows a training job returns, and the store keys of failure reports."""
+"""[both] Names the driver and the tasks agree on: the columns of the training frame and
+the rows a training job returns."""
 
 from __future__ import annotations
 
-__all__ = ["input_column", "FEATURES", "LABEL", "WEIGHT", "IS_VALIDATION", "RESULT_SCHEMA", "DELIVERED",
-           "failure_key"]
+__all__ = ["input_column", "FEATURES", "LABEL", "WEIGHT", "IS_VALIDATION", "RESULT_SCHEMA", "DELIVERED"]
 
 
 def input_column(index: int) -> str:
@@ -24,7 +23,3 @@ IS_VALIDATION = "__ste_is_validation"
 RESULT_SCHEMA = "seq long, data binary"
 DELIVERED = -1
 
-
-def failure_key(rank: int) -> str:
-    """The store key (under the job's prefix) where a rank leaves its sealed failure report."""
-    return f"failure/{rank}"

@@ -1,11 +1,12 @@
 """[executor] How the ranks of a job find each other and prove they belong to it.
 
-The store (the driver's ``TCPStore``, or one rank 0 opens when executors cannot reach
-the driver) has no authentication, as every torch.distributed store: anyone who reaches
-its port can read its keys and join the process group in a rank's place. So once the
-group is formed, every rank proves it holds the job's secret (an HMAC over nonces all
-ranks contributed) before any other collective; a member that cannot fails the job at
-once. Only tensors cross the group, never pickles.
+The store is the driver's ``TCPStore``, which a rank reaches through a relay that proves
+the job's secret to the driver's gate (:mod:`spark_torch_est.store_gate`), or, when
+executors cannot reach the driver, one rank 0 opens. That one has no authentication, as
+every torch.distributed store: anyone who reaches its port can read its keys and join the
+process group in a rank's place. So once the group is formed, every rank proves it holds
+the job's secret (an HMAC over nonces all ranks contributed) before any other collective;
+a member that cannot fails the job at once. Only tensors cross the group, never pickles.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hmac
 import secrets
 import socket
 from datetime import timedelta
+from multiprocessing import AuthenticationError
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,7 @@ import torch.distributed as dist
 from spark_torch_est.barrier import Barrier
 from spark_torch_est.failure import PeerAuthenticationError, StoreUnreachableError
 from spark_torch_est.spec import Launch
+from spark_torch_est.store_gate import open_relay
 
 __all__ = ["connect_store", "authenticate_peers", "parse_address"]
 
@@ -29,8 +32,8 @@ _NONCE_BYTES = 32
 
 
 def connect_store(launch: Launch, barrier: Barrier, timeout_s: float) -> dist.Store:
-    """Joins the driver's TCPStore, or, without one, a store rank 0 opens and announces
-    with one ``allGather``; returns it under the job's prefix.
+    """Joins the driver's TCPStore through its gate, or, without one, a store rank 0 opens
+    and announces with one ``allGather``; returns it under the job's prefix.
 
     Raises:
         StoreUnreachableError: The driver's store did not answer.
@@ -38,9 +41,11 @@ def connect_store(launch: Launch, barrier: Barrier, timeout_s: float) -> dist.St
     timeout = timedelta(seconds=timeout_s)
     if launch.store_address is not None:
         host, port = launch.store_address
+        connect_s = min(timeout_s, 30.0)
         try:
-            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=min(timeout_s, 30.0)))
-        except (RuntimeError, dist.DistError) as error:
+            relay = open_relay((host, port), launch.secret, connect_s)
+            store = dist.TCPStore(relay[0], relay[1], is_master=False, timeout=timedelta(seconds=connect_s))
+        except (RuntimeError, dist.DistError, OSError, EOFError, AuthenticationError) as error:
             raise StoreUnreachableError(f"cannot reach the driver's rendezvous store at {host}:{port}: {error}",
                                         retryable=True) from None
         store.set_timeout(timeout)

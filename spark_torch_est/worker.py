@@ -34,7 +34,7 @@ from spark_torch_est.data import Shard, read_shard
 from spark_torch_est.devices import cpu_despite_gpus, task_device
 from spark_torch_est.failure import Failure, RankFailure, describe
 from spark_torch_est.files import read_part
-from spark_torch_est.protocol import DELIVERED, failure_key
+from spark_torch_est.protocol import DELIVERED
 from spark_torch_est.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.spec import Launch, TaskSpec
 
@@ -83,7 +83,6 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         RankFailure: Anything failed; carries a sealed :class:`Failure` for the driver.
     """
     rank = barrier.rank
-    store = None
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     try:
@@ -100,7 +99,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         failure = describe(error, rank, stage, None)
         del error
         _teardown(clean=False)
-        _report(store, failure, launch.secret)
+        _report(launch, failure)
         raise RankFailure(failure, launch.secret) from None
     if importing is not None:
         importing.join()  # before the creators are unpickled: one importer at a time from here
@@ -115,6 +114,8 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         gc.freeze()  # everything older than the trainer: the teardown's collection skips it
         failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
         _teardown(clean=failure is None, ddp=ddp)
+        if failure is not None:
+            _report(launch, failure, channel)
         delivered = channel.send_blob(launch.job_id, blob) if blob is not None and channel is not None else None
         if delivered is not None:
             return delivered
@@ -125,7 +126,6 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         if channel is not None:
             channel.close()
     if failure is not None:
-        _report(store, failure, launch.secret)
         raise RankFailure(failure, launch.secret)
     return blob
 
@@ -248,14 +248,20 @@ def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:
     return device
 
 
-def _report(store: dist.Store | None, failure: Failure, secret: bytes) -> None:
-    """Leaves the sealed failure in the driver's store, where the driver looks for the root cause."""
-    if store is None:
+def _report(launch: Launch, failure: Failure, channel: ChannelClient | None = None) -> None:
+    """Sends the failure to the driver over the channel (a connection of its own when
+    the rank has none yet) and waits until the driver holds it: the driver looks there
+    for the root cause once Spark tells it the job failed. Only the job's ranks and the
+    driver can read it (not the rendezvous store, which more can reach)."""
+    client = channel if channel is not None else _open_channel(launch, failure.rank)
+    if client is None:
         return
     try:
-        store.set(failure_key(failure.rank), failure.seal(secret))
-    except (RuntimeError, dist.DistError):
-        logger.warning("rank %d: could not report the failure to the driver's store", failure.rank)
+        if not client.report(failure):
+            logger.warning("rank %d: the driver did not acknowledge the failure report", failure.rank)
+    finally:
+        if client is not channel:
+            client.close()
 
 
 def _teardown(clean: bool, ddp: Sequence[weakref.ref] = ()) -> None:

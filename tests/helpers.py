@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 import cloudpickle
 import numpy as np
@@ -194,6 +195,42 @@ def listening_ports(pid: int) -> set[int]:
                 if fields[3] == "0A" and fields[9] in inodes:  # 0A = LISTEN
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+#: An outsider's attack on a rendezvous store's port (argv[1]): 60 values of 7 MB as a
+#: TCPStore client, 420 MB of raw bytes on one connection, then 3,000 idle connections;
+#: prints what got through ("<values written> <MB sent> <connections opened>") and keeps
+#: the connections open until its stdin closes.
+STORE_FLOOD = textwrap.dedent("""
+    import socket, sys, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    port = int(sys.argv[1])
+    written = 0
+    try:  # 60 values of 7 MB, as a TCPStore client
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
+        for i in range(60):
+            store.set(f"junk/{i}", b"x" * (7 << 20))
+            written += 1
+    except Exception:
+        pass
+    sent = 0
+    try:  # 420 MB of raw bytes on one connection
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            for _ in range(60):
+                sock.sendall(b"x" * (7 << 20))
+                sent += 7
+    except OSError:
+        pass
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3000)]
+    print(written, sent, len(idle), flush=True)
+    sys.stdin.readline()  # the connections stay open until the test has measured
+""")
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident memory of process ``pid`` in MB (from /proc, Linux only)."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
 
 
 def descendants(pid: int) -> set[int]:

@@ -1,5 +1,8 @@
-"""Real attacks on real fits: an outsider who reaches the driver's rendezvous store can
-impersonate a rank or forge failure reports, and can at worst cost a relaunch."""
+"""Real attacks on real fits. An outsider on the network meets the store's gate, which
+lets nobody in without the job's secret: it can neither fill the driver's memory nor hold
+its descriptors, nor read a failure report. An outsider on the driver's own host, who
+reaches the store on loopback, can impersonate a rank or forge failure reports, and can
+at worst cost a relaunch."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -19,14 +23,16 @@ from pyspark.sql import types as T
 
 from spark_torch_est import Hook
 from spark_torch_est.errors import TrainingFailedError
-from tests.helpers import estimator, listening_ports
+from tests.helpers import STORE_FLOOD, estimator, listening_ports, rss_mb
+from spark_torch_est import launcher as launcher_module
 
 pytestmark = pytest.mark.spark
 
 
 class StoreSpy(threading.Thread):
     """An outsider on the driver's host: finds the fit's rendezvous store among the ports
-    the driver opens, and the job's key prefix in it (``TCPStore.list_keys``)."""
+    the driver opens (the store itself, on loopback, behind the gate), and the job's key
+    prefix in it (``TCPStore.list_keys``)."""
 
     def __init__(self, on_job) -> None:
         super().__init__(name="attacker", daemon=True)
@@ -226,3 +232,122 @@ def test_no_job_secret_stays_in_files_after_the_fits(spark, linear_df):
         est.fit(linear_df, duration="1ep")  # the second and third resume from a 1.2 MB checkpoint
     left = sorted(set(os.listdir(temp_dir)) - before)
     assert est.progress.epoch == 3 and left == []
+
+
+@pytest.fixture
+def announced(monkeypatch):
+    """The rendezvous store addresses the launcher gives the ranks, as jobs start: what an
+    outsider on the network reaches."""
+    addresses: list[tuple[str, int]] = []
+    original = launcher_module.Launcher._driver_services
+
+    @contextmanager
+    def services(self, *args):
+        with original(self, *args) as opened:
+            addresses.append(opened[0].store_address)
+            yield opened
+
+    monkeypatch.setattr(launcher_module.Launcher, "_driver_services", services)
+    return addresses
+
+
+
+
+class WaitFor(Hook):
+    """Rank 0 waits (at most 120 s) at its 2nd step until ``<marker>`` exists."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def after_train_iter(self, rank, global_step):
+        deadline = time.monotonic() + 120
+        while rank == 0 and global_step == 2 and not os.path.exists(self.marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def test_an_outsider_on_the_network_can_neither_fill_the_drivers_memory_nor_hold_its_descriptors(
+        spark, linear_df, tmp_path, announced):
+    """The attack of issue 22: 60 values of 7 MB and 3,000 idle connections against the
+    store address the ranks are given, while the job runs. Before the gate the store kept
+    every value (the driver grew by ~430 MB) and every connection (+3,003 descriptors)."""
+    marker = tmp_path / "attacked"
+    estimator(maxEpochs=1).fit(linear_df)  # warm Python workers: the measured job is the attacked one
+    rss, descriptors = rss_mb(), len(os.listdir("/proc/self/fd"))
+    outcome: dict = {}
+
+    def attack() -> None:
+        deadline = time.monotonic() + 120
+        while not announced and time.monotonic() < deadline:
+            time.sleep(0.01)
+        attacker = subprocess.Popen([sys.executable, "-c", STORE_FLOOD, str(announced[0][1])], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+        try:
+            written, sent_mb, connections = map(int, attacker.stdout.readline().split())
+            outcome.update(written=written, sent_mb=sent_mb, connections=connections)
+            outcome["descriptors"] = len(os.listdir("/proc/self/fd")) - descriptors
+            outcome["rss"] = rss_mb() - rss
+        finally:
+            marker.touch()
+            attacker.stdin.close()
+            attacker.wait(60)
+
+    thread = threading.Thread(target=attack)
+    announced.clear()
+    est = estimator(maxEpochs=2, hooks=[WaitFor(str(marker))])
+    thread.start()
+    est.fit(linear_df)
+    thread.join(60)
+    assert est.progress.epoch == 2
+    assert outcome["written"] == 0, outcome
+    assert outcome["connections"] == 3000, outcome  # connect, then dropped: only 32 handshakes wait at once
+    assert outcome["descriptors"] < 200, outcome
+    assert outcome["rss"] < 150, outcome
+
+
+class FailWithSecretText(Hook):
+    """Rank 1 raises an error whose text is the model's business only."""
+
+    def after_train_iter(self, rank, global_step):
+        if rank == 1 and global_step == 2:
+            raise ValueError("SECRET-TEXT of the model")
+
+
+def test_a_store_client_cannot_read_a_failure_reports_text(spark, linear_df, announced):
+    """Not through the gate (no secret), nor on the driver's own host, where the store
+    itself is reachable on loopback: reports go over the authenticated channel."""
+    seen: list[bytes] = []
+    outsider: list[str] = []
+
+    def read_everything(store, port, job):
+        def poll() -> None:
+            while not spy.done.is_set():
+                try:
+                    seen.extend(store.get(key) for key in store.list_keys())
+                except Exception:
+                    return
+                time.sleep(0.01)
+
+        threading.Thread(target=poll, daemon=True).start()
+
+    def through_the_gate() -> None:
+        import torch.distributed as dist
+        from datetime import timedelta
+
+        while not announced and not spy.done.is_set():
+            time.sleep(0.01)
+        try:
+            store = dist.TCPStore("127.0.0.1", announced[0][1], is_master=False, timeout=timedelta(seconds=3))
+            outsider.extend(store.list_keys())
+        except Exception as error:
+            outsider.append(f"refused: {type(error).__name__}")
+
+    est = estimator(hooks=[FailWithSecretText()], maxEpochs=2, maxRetries=0)
+    with StoreSpy(read_everything) as spy, pytest.raises(TrainingFailedError) as error:
+        gate_client = threading.Thread(target=through_the_gate, daemon=True)
+        gate_client.start()
+        est.fit(linear_df)
+    gate_client.join(30)
+    assert "SECRET-TEXT of the model" in str(error.value) and error.value.rank == 1  # the driver got the report
+    assert spy.jobs and seen, "the spy read the store on the driver's host"
+    assert not any(b"SECRET-TEXT" in value for value in seen)
+    assert outsider and outsider[0].startswith("refused"), outsider

@@ -1,29 +1,59 @@
-"""The driver's side of a job's failures: what it reads from its rendezvous store."""
+"""The driver's side of a job's failures: the reports the ranks send it."""
+
+import json
+from multiprocessing.connection import Client
 
 import torch.distributed as dist
 
+from spark_torch_est.channel import ChannelServer
 from spark_torch_est.failure import USER, Failure
-from spark_torch_est.launcher import _DriverStore
-from spark_torch_est.protocol import failure_key
 from spark_torch_est.spec import Launch
+from spark_torch_est.store_gate import StoreGate
 from spark_torch_est.worker import _report
 
 LAUNCH = Launch(job_id="ste-abc", secret=b"j" * 32)
 
 
-def test_the_driver_reads_only_reports_sealed_with_the_jobs_secret():
-    driver = _DriverStore("127.0.0.1", timeout_s=10)
+def test_the_driver_keeps_only_reports_sealed_with_the_jobs_secret():
+    channel = ChannelServer("127.0.0.1", LAUNCH.secret, lambda message: None)
     try:
-        client = dist.TCPStore("127.0.0.1", driver.port, is_master=False)
-        rank_store = dist.PrefixStore(LAUNCH.job_id, client)
+        launch = Launch(LAUNCH.job_id, LAUNCH.secret, channel_address=channel.address)
         genuine = Failure(USER, "ValueError: x", 1, "after_train_iter", hook="h")
-        _report(rank_store, genuine, LAUNCH.secret)
+        _report(launch, genuine)  # returns once the driver holds it
         forged = Failure(USER, "attacker's text", 0, "setup")
-        rank_store.set(failure_key(0), forged.seal(b"not the secret"))          # an outsider's report
-        client.set(f"{LAUNCH.job_id}/{failure_key(2)}", '{"kind": "user", "rank": 2, "bogus": 1}')
-        assert driver.failures(LAUNCH, 3) == [genuine]
+        with Client(channel.address, authkey=LAUNCH.secret) as client:  # a peer with the secret, a bad seal
+            client.send_bytes(json.dumps({"type": "failure", "report": forged.seal(b"not the secret")}).encode())
+            assert json.loads(client.recv_bytes())["type"] == "ack"
+        assert channel.failures() == [genuine]
     finally:
-        driver.close()
+        channel.close()
+
+
+def test_a_failure_report_never_reaches_the_store_and_a_client_without_the_secret_reads_nothing(caplog):
+    """The reports' messages and tracebacks travel over the authenticated channel only: the
+    rendezvous store, which every rank's client reaches, holds none of their text."""
+    gate = StoreGate("127.0.0.1", LAUNCH.secret, max_connections=2, timeout_s=10)
+    channel = ChannelServer("127.0.0.1", LAUNCH.secret, lambda message: None)
+    try:
+        launch = Launch(LAUNCH.job_id, LAUNCH.secret, store_address=gate.address, channel_address=channel.address)
+        _report(launch, Failure(USER, "ValueError: SECRET-TEXT of the model", 1, "setup", traceback="SECRET-TB"))
+        assert [f.message for f in channel.failures()] == ["ValueError: SECRET-TEXT of the model"]
+        values = [gate.store.get(key) for key in gate.store.list_keys()]
+        assert not any(b"SECRET" in value for value in values)
+        try:  # nor can a client without the secret read the store or the channel at all
+            dist.TCPStore("127.0.0.1", gate.address[1], is_master=False, timeout=_seconds(2)).list_keys()
+            raise AssertionError("an outsider read the store")
+        except dist.DistError:
+            pass
+    finally:
+        channel.close()
+        gate.close()
+
+
+def _seconds(n: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=n)
 
 
 def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):

@@ -1,0 +1,126 @@
+"""The driver's rendezvous store behind its gate: the ranks get through, nobody else does,
+and an outsider cannot make the driver hold memory or descriptors."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from multiprocessing.connection import AuthenticationError
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from spark_torch_est.spec import Launch
+from spark_torch_est.store_gate import StoreGate, open_relay
+from tests.helpers import STORE_FLOOD, rss_mb
+
+SECRET = b"g" * 32
+
+
+@pytest.fixture
+def gate():
+    gate = StoreGate("127.0.0.1", SECRET, max_connections=2, timeout_s=10)
+    yield gate
+    gate.close()
+
+
+def _client(address: tuple[str, int], timeout_s: float = 5.0) -> dist.TCPStore:
+    host, port = address
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+def test_a_rank_reaches_the_store_through_its_relay(gate):
+    client = _client(open_relay(gate.address, SECRET, 5.0))
+    client.set("rank/0", b"address")
+    assert gate.store.get("rank/0") == b"address" and client.get("rank/0") == b"address"
+
+
+def test_the_store_itself_listens_on_loopback_only(gate):
+    assert gate.address[0] == "127.0.0.1" and gate._store_address[0] == "127.0.0.1"
+
+
+def test_a_client_without_the_secret_neither_reads_nor_writes(gate):
+    gate.store.set("ste-x/failure/1", b"anything a rank left")
+    with pytest.raises(dist.DistError):  # the gate challenges it: torch's client gives up
+        _client(gate.address, timeout_s=2).set("junk", b"x")
+    with pytest.raises((AuthenticationError, OSError, EOFError)):
+        open_relay(gate.address, b"a guess" * 5, 5.0)
+    assert gate.store.list_keys() == ["ste-x/failure/1"]
+
+
+def test_one_connection_per_rank(gate):
+    first, second = (_client(open_relay(gate.address, SECRET, 5.0)) for _ in range(2))
+    with pytest.raises(dist.DistError):  # a third, even with the secret, is closed once it authenticates
+        _client(open_relay(gate.address, SECRET, 5.0), timeout_s=2).set("third", b"x")
+    first.set("k", b"v")
+    assert second.get("k") == b"v" and "third" not in gate.store.list_keys()
+
+
+
+
+def test_an_outsider_can_hold_neither_memory_nor_descriptors_of_the_driver(gate):
+    descriptors = len(os.listdir("/proc/self/fd"))
+    rss = rss_mb()
+    attacker = subprocess.Popen([sys.executable, "-c", STORE_FLOOD, str(gate.address[1])], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        written, sent_mb, idle = map(int, attacker.stdout.readline().split())
+        held = len(os.listdir("/proc/self/fd")) - descriptors
+        grown = rss_mb() - rss
+        client = _client(open_relay(gate.address, SECRET, 5.0))  # a rank still gets in
+        client.set("k", b"v")
+    finally:
+        attacker.stdin.close()
+        attacker.wait(30)
+    assert written == 0 and sent_mb < 420 and idle == 3000
+    assert held <= 2 * 32 + 8, held  # the handshakes still running (32 at most), not 3,000 connections
+    assert grown < 50, grown
+    assert gate.store.list_keys() == ["k"]
+
+
+def _rank(rank: int, address: tuple[str, int], results) -> None:
+    from spark_torch_est.rendezvous import authenticate_peers, connect_store
+
+    class Barrier:
+        world_size = 2
+
+        def all_gather(self, message):
+            raise AssertionError("no allGather with the driver's store")
+
+    barrier = Barrier()
+    barrier.rank = rank
+    store = connect_store(Launch("ste-gate", SECRET, store_address=address), barrier, 20.0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=20))
+    authenticate_peers(SECRET, rank, 2, torch.device("cpu"))
+    value = torch.tensor([rank + 1.0])
+    dist.all_reduce(value)
+    dist.destroy_process_group()
+    results.put((rank, value.item()))
+
+
+def test_two_ranks_form_a_gloo_group_through_the_gate(gate):
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_rank, args=(r, gate.address, results)) for r in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    assert sorted(results.get(timeout=5) for _ in range(2)) == [(0, 3.0), (1, 3.0)]
+    assert all(key.startswith("ste-gate/") for key in gate.store.list_keys())
+
+
+def test_the_relay_ends_when_the_gate_closes():
+    gate = StoreGate("127.0.0.1", SECRET, max_connections=1, timeout_s=10)
+    client = _client(open_relay(gate.address, SECRET, 5.0))
+    client.set("k", b"v")
+    gate.close()
+    with pytest.raises(dist.DistError):
+        client.get("k")
+    with pytest.raises(OSError):
+        socket.create_connection(gate.address, timeout=1)
