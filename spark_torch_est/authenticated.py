@@ -1,4 +1,4 @@
-"""A TCP server that serves only connections proving they hold a job's secret: the base of
+"""[both] A TCP server that serves only connections proving they hold a job's secret: the base of
 the driver's channel (:mod:`spark_torch_est.channel`) and of the gate in front of its
 rendezvous store (:mod:`spark_torch_est.store_gate`)."""
 
