@@ -221,14 +221,21 @@ _BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|sup
 
 
 def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> SparkTorchError:
-    """Maps a failed job to the most specific error: a rank's own report (a user error
-    before the "connection closed" its peers saw), else what Spark's error text shows.
+    """Maps a failed job to the most specific error: a file Spark could not read, else a
+    rank's own report (a user error before the "connection closed" its peers saw), else
+    what Spark's error text shows.
 
     Args:
         text: The exception text of the failed job.
         reported: Verified failures the ranks reported over the driver's channel.
         secret: The job's secret, to verify a report inside ``text``.
     """
+    unreadable = _READ_FAILED.search(text)
+    if unreadable:  # the cause, whatever a rank reported of it (its rows' stream broke off)
+        cause = _READ_CAUSE.search(text)
+        return InputDataError(f"Spark cannot read the training table: {unreadable.group(0).strip()}"
+                              + (f" ({cause.group(1).strip()[:500]})" if cause else "")
+                              + "; fix or remove that file (a relaunch would read it again)")
     found = Failure.unseal(text, secret)
     candidates = reported + ([found] if found is not None else [])
     if candidates:  # a rank's own error first, then a peer that failed to prove the secret (an impostor)
@@ -247,12 +254,6 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
             "with torch and spark_torch_est, or ship the package (--py-files / --archives)",
             remote_traceback=text[-4000:],
         )
-    unreadable = _READ_FAILED.search(text)
-    if unreadable:
-        cause = _READ_CAUSE.search(text)
-        return InputDataError(f"Spark cannot read the training table: {unreadable.group(0).strip()}"
-                              + (f" ({cause.group(1).strip()[:500]})" if cause else "")
-                              + "; fix or remove that file (a relaunch would read it again)")
     unsupported = _BARRIER_UNSUPPORTED.search(text)
     if unsupported:  # e.g. dynamic allocation, or more slots than the cluster has
         return InvalidInputError(f"Spark cannot run the barrier job: {unsupported.group(0).strip()}")

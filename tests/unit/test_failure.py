@@ -150,3 +150,11 @@ def test_a_huge_forged_store_value_is_read_in_linear_time():
     started = time.monotonic()
     assert Failure.unseal(forged + _END, SECRET) is None
     assert time.monotonic() - started < 1.0
+
+
+def test_a_file_spark_cannot_read_beats_the_broken_stream_its_rank_reported():
+    text = ("org.apache.spark.SparkException: [FAILED_READ_FILE.NO_HINT] Encountered error while reading file "
+            "file:///t/part-0.parquet.  SQLSTATE: KD001\nCaused by: java.io.IOException: not a Parquet file")
+    broken = Failure(SYSTEM, "ArrowInvalid: Tried reading schema message, was null or length 0", 1, "ingest")
+    error = explain_job_failure(text, [broken], SECRET)
+    assert isinstance(error, InputDataError) and "part-0.parquet" in str(error) and "not a Parquet file" in str(error)
