@@ -22,6 +22,7 @@ from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
+from spark_torch_est.ingest_cache import KeptIngest
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.logger_dispatch import LoggerDispatch
 from spark_torch_est.loggers import Logger, normalize_loggers
@@ -104,6 +105,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             or through logging where it is set up (default True).
         memoryBudgetMB: MB of a partition's feature rows a rank keeps in RAM; the rest
             goes to local files read per batch (default 4096; 0 never spills).
+        keepIngestedMB: MB of rows each executor keeps on its local disk between fits, so
+            that a later fit on the same unchanged DataFrame skips Spark's scan and shuffle
+            (default 8192; 0 keeps nothing; see docs/ingest.md).
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
         allowNonFinite: Train on when the loss is NaN or infinite (default False: the fit
             fails at that step with ``TrainingFailedError`` and the run keeps its last state).
@@ -135,7 +139,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  numWorkers: int = 2, minWorkers: int | None = None, seed: int = 0, checkpointDir: str | None = None,
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
-                 memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
+                 memoryBudgetMB: float = 4096.0, keepIngestedMB: float = 8192.0, inferenceBatchSize: int = 4096,
                  allowNonFinite: bool = False, directRead: bool = True, precision: str = "32",
                  compileModel: bool = False, strategy: str = "ddp", shardModules: list[str] | None = None) -> None:
         super().__init__()
@@ -327,7 +331,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         if start is not None:
             check_inputs(dataset.schema, start.input_schema, schema)
         frame, source = self._checked_frame(dataset, schema, start)
-        spec = self._spec(target, schema, start, source)
+        kept = KeptIngest(dataset.sparkSession, frame, source, self.getNumWorkers(), self.getKeepIngestedMB())
+        spec = kept.spec(self._spec(target, schema, start, source))
         view = DriverView(self.getShowProgress(), progress, target, self.getNumWorkers() * self.getBatchSize())
         loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
         loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
@@ -341,7 +346,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                             min_workers=self.getMinWorkers(),
                             replan=lambda workers: self._plan_frame(dataset, schema, workers))
         try:
-            checkpoint = _train(launcher, spec, progress)
+            checkpoint = kept.train(lambda frame, spec: _train(launcher.on(frame), spec, progress), spec)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)
@@ -393,7 +398,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     def _check_params(self) -> None:
         for name, low in (("batchSize", 1), ("maxEpochs", 1), ("numWorkers", 1), ("maxRetries", 0),
-                          ("inferenceBatchSize", 1), ("memoryBudgetMB", 0)):
+                          ("inferenceBatchSize", 1), ("memoryBudgetMB", 0),
+                          ("keepIngestedMB", 0)):
             value = self.getOrDefault(name)
             if value < low:
                 raise InvalidInputError(f"{name} must be at least {low}, got {value}")

@@ -99,6 +99,7 @@ ESTIMATOR_DEFAULTS: dict[str, object] = {
     "slotWaitTimeout": 60.0,
     "showProgress": True,
     "memoryBudgetMB": 4096.0,
+    "keepIngestedMB": 8192.0,
     "allowNonFinite": False,
     "inputShapes": None,
     "paddingValue": 0.0,
@@ -263,6 +264,11 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
                                   "MB of a partition's rows a rank keeps in RAM; beyond that they spill to "
                                   "local files read per batch (0: never spill)",
                                   typeConverter=TypeConverters.toFloat)
+    keepIngestedMB: Param = Param(Params._dummy(), "keepIngestedMB",
+                                  "MB of a DataFrame's rows each executor keeps on its local disk, as the ranks "
+                                  "received them, so that later fits on the same unchanged DataFrame skip Spark's "
+                                  "scan and shuffle; the least recently used are evicted past it (0: keep nothing)",
+                                  typeConverter=TypeConverters.toFloat)
     inputShapes: Param = Param(Params._dummy(), "inputShapes",
                                "{column: [sizes]}: reshape each row of an inputCols column, e.g. {'image': [1, 8, 8]} "
                                "for 64 bytes; None = rows as they are",
@@ -397,6 +403,14 @@ class EstimatorParams(ModelParams, HasSeed, HasValidationIndicatorCol):
     def setMemoryBudgetMB(self: _P, value: float) -> _P:
         """Sets memoryBudgetMB."""
         return self._set(memoryBudgetMB=value)
+
+    def getKeepIngestedMB(self) -> float:
+        """Gets the value of keepIngestedMB or its default."""
+        return self.getOrDefault(self.keepIngestedMB)
+
+    def setKeepIngestedMB(self: _P, value: float) -> _P:
+        """Sets keepIngestedMB."""
+        return self._set(keepIngestedMB=value)
 
     def getAllowNonFinite(self) -> bool:
         """Gets the value of allowNonFinite or its default."""
