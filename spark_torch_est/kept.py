@@ -16,6 +16,8 @@ used keys are removed.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import logging
 import os
@@ -79,12 +81,14 @@ def _memory_key(spec: TaskSpec, plan: KeptPlan, part: int) -> str:
 
 def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: int) -> Shard:
     """This rank's rows from the job's input, written to the executor's local disk as they
-    come (a write that fails only costs the next fit its reuse) and held in memory."""
+    come (a write that fails only costs the next fit its reuse) and, once kept there
+    within the bound, held in this worker's memory too."""
     plan = spec.kept
     forget_held()
     _drop_requested(plan)
     shard = read_shard(_tee(batches, plan, part, spec.world_size), spec.schema, spec.columns, spec.memory_budget)
-    _HELD[_memory_key(spec, plan, part)] = shard
+    if os.path.exists(part_path(plan.key, part, spec.world_size)):  # kept within the bound: held as well
+        _HELD[_memory_key(spec, plan, part)] = shard
     return shard
 
 
@@ -119,19 +123,24 @@ def _tee(batches: Iterator[pa.RecordBatch], plan: KeptPlan, part: int, parts: in
                     sink = None
             yield batch
         if sink is not None:
-            if writer is None:  # an empty partition
-                writer = pa.ipc.new_file(sink, pa.schema([]))
-            writer.close()
-            sink.close()
-            sink = None
-            os.replace(temporary, path)
-            complete = True
-            _evict(plan.limit, keep=plan.key)
+            try:
+                if writer is None:  # an empty partition
+                    writer = pa.ipc.new_file(sink, pa.schema([]))
+                writer.close()
+                sink.close()
+                sink = None
+                os.replace(temporary, path)
+                complete = True
+            except (OSError, pa.ArrowException) as error:
+                logger.warning("cannot keep this part's rows for later fits (%s)", error)
+            if complete:
+                _evict(plan.limit, keep=plan.key)
     finally:
         if sink is not None:
             sink.close()
-        if not complete and os.path.exists(temporary):
-            os.remove(temporary)
+        if not complete:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
 
 
 def _read(path: str) -> Iterator[pa.RecordBatch]:
@@ -143,55 +152,76 @@ def _read(path: str) -> Iterator[pa.RecordBatch]:
 
 
 def _evict(limit: int, keep: str) -> None:
-    """Removes the least recently used keys (the folders' modification times) until the
-    executor keeps at most ``limit`` bytes; ``keep`` goes last, when it alone is past it."""
+    """Removes the complete parts of the least recently used keys (their folders'
+    modification times) until the executor keeps at most ``limit`` bytes; ``keep`` goes
+    last, when it alone is past it. Parts being written (another rank's, beside this one)
+    are left alone."""
     root = kept_root()
-    sizes: dict[str, int] = {}
+    parts: dict[str, list[tuple[str, int]]] = {}
     used: dict[str, float] = {}
-    try:
-        for key in os.listdir(root):
-            folder = os.path.join(root, key)
-            sizes[key] = sum(entry.stat().st_size for entry in os.scandir(folder) if entry.is_file())
-            used[key] = os.stat(folder).st_mtime
-    except OSError:  # another rank on this executor evicted meanwhile: its sweep suffices
-        return
-    total = sum(sizes.values())
-    for key in sorted(sizes, key=lambda k: (k == keep, used[k])):
+    for path in glob.glob(os.path.join(root, "*", "part-*.arrow")):
+        try:
+            size = os.path.getsize(path)
+            key = os.path.basename(os.path.dirname(path))
+            used.setdefault(key, os.path.getmtime(os.path.dirname(path)))
+        except OSError:  # removed meanwhile by another rank of this executor
+            continue
+        parts.setdefault(key, []).append((path, size))
+    total = sum(size for files in parts.values() for _, size in files)
+    for key in sorted(parts, key=lambda k: (k == keep, used[k])):
         if total <= limit:
             break
-        shutil.rmtree(os.path.join(root, key), ignore_errors=True)
-        total -= sizes[key]
-        logger.info("removed the kept rows %s (keepIngestedMB: %d MB kept on this executor)", key[:12],
-                    limit >> 20)
+        for path, size in parts[key]:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            total -= size
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(root, key))  # unless a part is being written there
+        logger.info("removed the kept rows %s (keepIngestedMB: %d MB per executor)", key[:12], limit >> 20)
 
 
 def assign(offers: list[dict[str, list[int]]], parts: int) -> list[int] | None:
     """Which part each task trains on (its rank): a perfect matching of tasks to parts that
-    they hold, preferring parts held in memory over parts on disk; None when the parts the
-    tasks hold cannot cover every part.
+    they hold, with as many parts held in memory as can be kept so; None when the parts
+    the tasks hold cannot cover every part.
 
     >>> assign([{"memory": [], "disk": [0, 1]}, {"memory": [0], "disk": [0, 1]}], 2)
     [1, 0]
     """
-    edges = [[p for tier in ("memory", "disk") for p in offer.get(tier, ()) if 0 <= p < parts] for offer in offers]
-    owner: dict[int, int] = {}
+    if len(offers) != parts:
+        return None
+    memory = [[p for p in offer.get("memory", ()) if 0 <= p < parts] for offer in offers]
+    held = [[p for tier in ("memory", "disk") for p in offer.get(tier, ()) if 0 <= p < parts] for offer in offers]
+    owner = _match(held, _match(memory, {}))  # memory holders keep their parts, the rest match around them
+    if len(owner) < parts:
+        owner = _match(held, {})
+    if len(owner) < parts:
+        return None
+    ranks = [0] * parts
+    for part, task in owner.items():
+        ranks[task] = part
+    return ranks
+
+
+def _match(edges: list[list[int]], fixed: dict[int, int]) -> dict[int, int]:
+    """A maximum matching ``{part: task}`` of ``edges`` (each task's parts) that keeps the
+    pairs of ``fixed`` (augmenting paths; a handful of tasks)."""
+    owner = dict(fixed)
 
     def place(task: int, seen: set[int]) -> bool:
         for part in edges[task]:
-            if part not in seen:
+            if part not in seen and part not in fixed:
                 seen.add(part)
                 if part not in owner or place(owner[part], seen):
                     owner[part] = task
                     return True
         return False
 
-    by_memory = sorted(range(len(offers)), key=lambda t: not offers[t].get("memory"))
-    if len(offers) != parts or not all(place(task, set()) for task in by_memory):
-        return None
-    ranks = [0] * parts
-    for part, task in owner.items():
-        ranks[task] = part
-    return ranks
+    placed = set(fixed.values())
+    for task in range(len(edges)):
+        if task not in placed:
+            place(task, set())
+    return owner
 
 
 def _offer(spec: TaskSpec, plan: KeptPlan) -> dict[str, list[int]]:
