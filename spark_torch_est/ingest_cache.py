@@ -26,7 +26,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field, replace
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import fsspec
 from pyspark.sql import DataFrame, SparkSession
@@ -135,7 +135,8 @@ def _stamp(url: str, spark: SparkSession) -> list:
     fs, path = fsspec.core.url_to_fs(url)
     if "file" in fs.protocol:
         return [url, *file_stamp(fs, path)]
-    hadoop_path = spark._jvm.org.apache.hadoop.fs.Path(url)
+    jvm: Any = spark._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(url)
     status = hadoop_path.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf()).getFileStatus(hadoop_path)
     return [url, int(status.getLen()), int(status.getModificationTime())]
 
@@ -161,13 +162,13 @@ class KeptIngest:
         self._caches: tuple[int, ...] = ()
         if source is not None or limit_mb <= 0:
             return
-        drop = _released(spark)
-        described = frame_key(frame)
+        described = frame_key(frame)  # None under Spark Connect, whose client has no JVM
         if described is None:
             logger.info("the rows of this DataFrame are not kept between fits: its plan holds something the key "
                         "cannot describe (a user-defined function, local or RDD data, another data source)")
             return
         key, self._caches = described
+        drop = _released(spark)
         mode = "read" if key in _KEPT.keys else "write"
         self.plan = KeptPlan(key=key, mode=mode, limit=int(limit_mb * (1 << 20)), drop=drop)
         if mode == "read":

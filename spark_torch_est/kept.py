@@ -83,13 +83,19 @@ def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: 
     """This rank's rows from the job's input, written to the executor's local disk as they
     come (a write that fails only costs the next fit its reuse) and, once kept there
     within the bound, held in this worker's memory too."""
-    plan = spec.kept
+    plan = _plan(spec)
     forget_held()
     _drop_requested(plan)
     shard = read_shard(_tee(batches, plan, part, spec.world_size), spec.schema, spec.columns, spec.memory_budget)
     if os.path.exists(part_path(plan.key, part, spec.world_size)):  # kept within the bound: held as well
         _HELD[_memory_key(spec, plan, part)] = shard
     return shard
+
+
+def _plan(spec: TaskSpec) -> KeptPlan:
+    if spec.kept is None:
+        raise ValueError("this fit keeps no rows (TaskSpec.kept is None)")
+    return spec.kept
 
 
 def _drop_requested(plan: KeptPlan) -> None:
@@ -252,7 +258,7 @@ def take_kept(spec: TaskSpec, batches: Iterator[pa.RecordBatch], store: Any, tas
     """
     for _ in batches:  # the job's input: one row per task, nothing to train on
         pass
-    plan = spec.kept
+    plan = _plan(spec)
     _drop_requested(plan)
     store.set(f"kept-offer/{task}", json.dumps(_offer(spec, plan)))
     offers = [_parse_offer(store.get(f"kept-offer/{other}")) for other in range(spec.world_size)]
