@@ -17,6 +17,7 @@ from spark_torch_est.creators import Creators
 from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
+from spark_torch_est.ingest_cache import KeptIngest
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.loggers import Logger
 from spark_torch_est.loggers.base import normalize_loggers
@@ -96,6 +97,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             or through logging where it is set up (default True).
         memoryBudgetMB: MB of a partition's feature rows a rank keeps in RAM; the rest
             goes to local files read per batch (default 4096; 0 never spills).
+        keepIngestedMB: MB of rows each executor keeps on its local disk between fits, so
+            that a later fit on the same unchanged DataFrame skips Spark's scan and shuffle
+            (default 8192; 0 keeps nothing; see docs/ingest.md).
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
         allowNonFinite: Train on when the loss is NaN or infinite (default False: the fit
             fails at that step with ``TrainingFailedError`` and the run keeps its last state).
@@ -128,7 +132,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  numWorkers: int = 2, minWorkers: int | None = None, seed: int = 0, checkpointDir: str | None = None,
                  checkpointInterval: str = "1ep", maxRetries: int = 1, useGpu: bool | None = None,
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
-                 memoryBudgetMB: float = 4096.0, inferenceBatchSize: int = 4096,
+                 memoryBudgetMB: float = 4096.0, keepIngestedMB: float = 8192.0, inferenceBatchSize: int = 4096,
                  allowNonFinite: bool = False, directRead: bool = True, precision: str = "32",
                  compileModel: bool = False, strategy: str = "ddp", shardModules: list[str] | None = None) -> None:
         super().__init__()  # the Params' defaults: see param_table.py
@@ -312,8 +316,10 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         start = resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
         plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks)
         progress = plan.progress
+        kept = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
+        spec = kept.spec(plan.spec)
         view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize())
-        loggers = LoggerDispatch(self._loggers, plan.spec.run_id, progress)
+        loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
         loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
                       progress, name)
 
@@ -325,7 +331,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                             on_message, min_workers=self.getMinWorkers(),
                             replan=lambda workers: plan_frame(self, dataset, plan.schema, workers))
         try:
-            checkpoint = _train(launcher, plan.spec, progress)
+            checkpoint = kept.train(lambda frame, spec: _train(launcher.on(frame), spec, progress), spec)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)

@@ -138,6 +138,11 @@ class Launcher:
         self.replan = replan
         self._frames: dict[int, tuple[DataFrame, FileSource | None]] = {}
 
+    def on(self, frame: DataFrame) -> Launcher:
+        """This launcher, its jobs now reading ``frame``."""
+        self.frame = frame
+        return self
+
     def run(self, spec: TaskSpec, start: Progress) -> bytes:
         """Trains; returns rank 0's checkpoint bytes.
 

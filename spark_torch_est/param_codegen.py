@@ -6,8 +6,9 @@ table says everything about a Param. Run ``python -m spark_torch_est.param_codeg
 ``make params``) after changing the table; ``--check`` only says whether the modules are up
 to date (tests/unit/test_params.py checks it too).
 
->>> render("runtime").count("    def get"), render("runtime").count("    def set")
-(10, 10)
+>>> runtime = sum(p.family == "runtime" for p in PARAMS)  # one getX and one setX each
+>>> render("runtime").count("    def get") == render("runtime").count("    def set") == runtime
+True
 """
 
 from __future__ import annotations

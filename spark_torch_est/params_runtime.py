@@ -68,6 +68,13 @@ class RuntimeParams(Params):
         "spill)",
         typeConverter=TypeConverters.toFloat,
     )
+    keepIngestedMB: Param = Param(
+        Params._dummy(), "keepIngestedMB",
+        "MB of a DataFrame's rows each executor keeps on its local disk, as the ranks received them, so that later "
+        "fits on the same unchanged DataFrame skip Spark's scan and shuffle; the least recently used are evicted past "
+        "it (0: keep nothing)",
+        typeConverter=TypeConverters.toFloat,
+    )
     showProgress: Param = Param(
         Params._dummy(), "showProgress",
         "show a progress bar (a terminal or notebook), else progress and epoch lines on stderr (through logging where "
@@ -87,6 +94,7 @@ class RuntimeParams(Params):
             checkpointDir=None,
             checkpointInterval="1ep",
             memoryBudgetMB=4096.0,
+            keepIngestedMB=8192.0,
             showProgress=True,
         )
 
@@ -161,6 +169,14 @@ class RuntimeParams(Params):
     def setMemoryBudgetMB(self: _P, value: float) -> _P:
         """Sets the value of memoryBudgetMB."""
         return self._set(memoryBudgetMB=value)
+
+    def getKeepIngestedMB(self) -> float:
+        """Gets the value of keepIngestedMB or its default, ``8192.0``."""
+        return self.getOrDefault(self.keepIngestedMB)
+
+    def setKeepIngestedMB(self: _P, value: float) -> _P:
+        """Sets the value of keepIngestedMB."""
+        return self._set(keepIngestedMB=value)
 
     def getShowProgress(self) -> bool:
         """Gets the value of showProgress or its default, ``True``."""

@@ -88,7 +88,7 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
 def check_params(params: EstimatorParams) -> None:
     """Refuses values no fit can run with (ranges, choices, a checkpointDir the driver cannot write)."""
     for name, low in (("batchSize", 1), ("maxEpochs", 1), ("numWorkers", 1), ("maxRetries", 0),
-                      ("inferenceBatchSize", 1), ("memoryBudgetMB", 0)):
+                      ("inferenceBatchSize", 1), ("memoryBudgetMB", 0), ("keepIngestedMB", 0)):
         value = params.getOrDefault(name)
         if value < low:
             raise InvalidInputError(f"{name} must be at least {low}, got {value}")

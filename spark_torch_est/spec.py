@@ -10,7 +10,7 @@ from enum import Enum
 from spark_torch_est.progress import Interval, Target
 from spark_torch_est.schema import InputSchema
 
-__all__ = ["TaskSpec", "Launch", "Columns", "FilePart", "FileSource", "How"]
+__all__ = ["TaskSpec", "Launch", "Columns", "FilePart", "FileSource", "How", "KeptPlan"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,25 @@ class FileSource:
 
 
 @dataclass(frozen=True)
+class KeptPlan:
+    """Rows the executors keep between fits (see :mod:`spark_torch_est.kept`).
+
+    Attributes:
+        key: What the rows were made from (the DataFrame's plan and data, see
+            :mod:`spark_torch_est.ingest_cache`).
+        mode: ``"write"``: keep the rows the job brings; ``"read"``: the job brings none,
+            the ranks take the parts they kept.
+        limit: Bytes of kept rows per executor (``keepIngestedMB``).
+        drop: Keys whose rows to remove (their DataFrames were unpersisted).
+    """
+
+    key: str
+    mode: str
+    limit: int
+    drop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """What one fit trains; picklable, holds no Spark or torch objects.
 
@@ -116,6 +135,7 @@ class TaskSpec:
         strategy: ``"ddp"`` or ``"fsdp"`` (the ``strategy`` Param, see :mod:`spark_torch_est.sharding`).
         shard_modules: Class names of the submodules sharded before the root (``shardModules``),
             or None for every direct child holding parameters.
+        kept: The rows kept between fits, or None (``keepIngestedMB``, see :mod:`spark_torch_est.kept`).
     """
 
     run_id: str
@@ -140,6 +160,7 @@ class TaskSpec:
     compile_model: bool = False
     strategy: str = "ddp"
     shard_modules: tuple[str, ...] | None = None
+    kept: KeptPlan | None = None
 
     @property
     def data_source(self) -> str:
@@ -157,7 +178,7 @@ class TaskSpec:
             source: The Parquet parts of those ranks, or None when the rows come through Spark.
         """
         batch_size = -(-self.batch_size * self.world_size // world_size)
-        return replace(self, world_size=world_size, batch_size=batch_size, source=source)
+        return replace(self, world_size=world_size, batch_size=batch_size, source=source, kept=None)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from spark_torch_est.data import Shard, read_shard
 from spark_torch_est.devices import cpu_despite_gpus, task_device
 from spark_torch_est.failure import Failure, RankFailure, describe
 from spark_torch_est.files import read_part
+from spark_torch_est.kept import forget_held, keep_while_reading, take_kept
 from spark_torch_est.protocol import DELIVERED
 from spark_torch_est.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.spec import Launch, TaskSpec
@@ -86,10 +87,15 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     try:
-        shard = _ingest(spec, batches, rank)
+        if spec.kept is not None and spec.kept.mode == "read":  # the ranks tell which parts they kept
+            store = connect_store(launch, barrier, spec.timeout_s)
+            _INGESTED.clear()
+            rank, shard = take_kept(spec, batches, store, rank)
+        else:
+            shard = _ingest(spec, batches, rank)
         stage = "rendezvous"
         device = _device(spec, barrier)
-        store = connect_store(launch, barrier, spec.timeout_s)
+        store = store if store is not None else connect_store(launch, barrier, spec.timeout_s)
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
             world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s),
@@ -137,6 +143,9 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
     modification time and footer), columns and budget trains on it again without reading."""
     if spec.source is None:
         _INGESTED.clear()  # a worker holds one fit's rows at a time
+        if spec.kept is not None:
+            return keep_while_reading(spec, batches, rank)
+        forget_held()
         shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
         pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system
         return shard
@@ -148,6 +157,7 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
         logger.info("rank %d: training on the rows this worker read in an earlier fit (the files are unchanged)", rank)
         return shard
     _INGESTED.clear()  # at most one part per worker
+    forget_held()
     rows = sum(part.stop - part.start for part in spec.source.parts[rank])
     shard = read_shard(read_part(spec.source, rank), spec.schema, spec.columns, spec.memory_budget, rows)
     pa.default_memory_pool().release_unused()

@@ -1,0 +1,144 @@
+"""Fit many, ingest once: a later fit on the same unchanged DataFrame trains on the rows the
+executors kept, bitwise as if read again; any change to the rows or the plan reads them
+again; what is kept is bounded and released."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from spark_torch_est import TorchEstimator
+from spark_torch_est.ingest_cache import frame_key
+
+REUSED = "kept this DataFrame's rows"
+
+
+def _write(path, rows: int, seed: int, name: str = "part-0.parquet") -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 4), dtype=np.float32)
+    os.makedirs(path, exist_ok=True)
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())),
+                             "label": x.sum(1).astype(np.float64), "w": np.ones(rows)}), os.path.join(path, name))
+
+
+def _estimator(**params) -> TorchEstimator:
+    settings = dict(model=lambda config: torch.nn.Linear(4, 1),
+                    optimizer=lambda model, config: torch.optim.SGD(model.parameters(), lr=0.05),
+                    loss=torch.nn.MSELoss(), numWorkers=2, batchSize=32, maxEpochs=100, seed=1, showProgress=False)
+    return TorchEstimator(**{**settings, **params})
+
+
+def _key(estimator: TorchEstimator, df, workers: int | None = None) -> str | None:
+    schema = estimator._input_schema(df)
+    frame, _ = estimator._plan_frame(df, schema, workers or estimator.getNumWorkers())
+    described = frame_key(frame)
+    return described[0] if described is not None else None
+
+
+def _local_dir(spark) -> str:
+    return spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ["SPARK_LOCAL_DIRS"]).first().split(",")[0]
+
+
+def _kept(spark) -> list[str]:
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(_local_dir(spark), "spark_torch_est-kept", "*")))
+
+
+def test_the_key_changes_with_anything_that_changes_the_rows(spark, tmp_path):
+    path = str(tmp_path / "t")
+    _write(path, 200, seed=0)
+    est = _estimator()
+    df = spark.read.parquet(path)
+    filtered = df.filter("label > 0")
+    key = _key(est, filtered)
+    assert key is not None and key == _key(est, spark.read.parquet(path).filter("label > 0")), \
+        "the same plan over the same files"
+    assert _key(est, df.filter("label > 1")) != key, "another filter"
+    assert _key(est, filtered, workers=3) != key, "another numWorkers"
+    assert _key(_estimator(weightCol="w"), filtered) != key, "another column set"
+    assert _key(_estimator(labelCol="w"), filtered) != key, "another label"
+    _write(path, 50, seed=1, name="part-1.parquet")
+    assert _key(est, spark.read.parquet(path).filter("label > 0")) != key, "new files"
+    rewritten = _key(est, spark.read.parquet(path).filter("label > 0"))
+    _write(path, 50, seed=2, name="part-1.parquet")
+    assert _key(est, spark.read.parquet(path).filter("label > 0")) != rewritten, "a file rewritten"
+
+    cached = spark.read.parquet(path).cache()
+    try:
+        cached_key = _key(est, cached)
+        assert cached_key is not None and cached_key == _key(est, spark.read.parquet(path)), \
+            "a DataFrame of the cached plan reads the cache"
+        cached.unpersist()
+        _write(path, 50, seed=3, name="part-1.parquet")
+        cached = spark.read.parquet(path).cache()
+        assert _key(est, cached) != cached_key, "a cache unpersisted and made again from changed files"
+    finally:
+        cached.unpersist()
+
+    local = spark.createDataFrame([([1.0, 2.0, 3.0, 4.0], 1.0)], ["features", "label"])
+    assert _key(est, local) is None, "local rows: not in the plan's text"
+    from pyspark.sql import functions as F
+
+    udf = F.udf(lambda v: v * 2, "double")
+    assert _key(est, df.withColumn("label", udf("label"))) is None, "a Python UDF's code is not in the plan"
+
+
+def test_later_fits_train_on_kept_rows_bitwise_as_if_read_again(spark, tmp_path, caplog):
+    path = str(tmp_path / "t")
+    _write(path, 600, seed=0)
+    df = spark.read.parquet(path).filter("label > -100").cache()
+    try:
+        kept = _estimator()
+        with caplog.at_level(logging.INFO, logger="spark_torch_est.ingest_cache"):
+            kept.fit(df, duration="1ep")
+            assert REUSED not in caplog.text and _kept(spark), "the first fit reads through Spark and keeps"
+            kept.fit(df, duration="1ep")
+            assert REUSED in caplog.text, "the second reads what was kept"
+        fresh = _estimator(keepIngestedMB=0)
+        fresh.fit(df, duration="2ep")
+        for a, b in zip(kept.checkpoint.model_state.values(), fresh.checkpoint.model_state.values()):
+            assert torch.equal(a, b)
+        assert kept.progress == fresh.progress
+    finally:
+        df.unpersist()
+
+
+def test_a_recomputed_cache_is_read_again_and_the_old_rows_released(spark, tmp_path, caplog):
+    path = str(tmp_path / "t")
+    _write(path, 300, seed=0)
+    df = spark.read.parquet(path).cache()
+    est = _estimator()
+    est.fit(df, duration="1ep")
+    before = _kept(spark)
+    assert before
+    df.unpersist()
+    _write(path, 500, seed=1)  # the same file, more rows
+    df = spark.read.parquet(path).filter("label > -100").cache()
+    try:
+        samples = est.progress.samples
+        with caplog.at_level(logging.INFO, logger="spark_torch_est.ingest_cache"):
+            est.fit(df, duration="1ep")
+        assert REUSED not in caplog.text
+        assert est.progress.samples - samples >= 500, "the new rows"
+        after = _kept(spark)
+        assert not set(before) & set(after), "the unpersisted cache's rows were removed"
+    finally:
+        df.unpersist()
+
+
+def test_rows_past_the_bound_are_not_kept_and_the_next_fit_reads_through_spark(spark, tmp_path, caplog):
+    path = str(tmp_path / "t")
+    _write(path, 300, seed=0)
+    df = spark.read.parquet(path).filter("label > -50")
+    est = _estimator(keepIngestedMB=1e-6)  # about one byte
+    est.fit(df, duration="1ep")
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.ingest_cache"):
+        est.fit(df, duration="1ep")
+    assert "reading it through Spark again" in caplog.text
+    assert est.progress.epoch == 2

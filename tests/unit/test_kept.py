@@ -1,0 +1,105 @@
+"""Rows kept between fits on a rank's executor: written beside the ingest, read back the
+same, bounded, dropped, and matched to ranks by what each task holds."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from spark_torch_est import kept
+from spark_torch_est.spec import KeptPlan
+from tests.helpers import features_batches, features_schema, task_spec
+
+
+@pytest.fixture(autouse=True)
+def local_dir(tmp_path, monkeypatch):
+    """Spark's local directory of this "executor": a fresh one per test; nothing held after."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "blockmgr"))
+    yield tmp_path / "blockmgr"
+    kept.forget_held()
+
+
+class _Store:
+    """The job's rendezvous store, as a dict (every task's offer is set before it is read)."""
+
+    def __init__(self, offers: dict[int, bytes] | None = None) -> None:
+        self.values = dict(offers or {})
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
+
+
+def _spec(mode: str, key: str = "k" * 32, limit: int = 1 << 30, world_size: int = 1, **fields):
+    return task_spec(schema=features_schema(16), world_size=world_size,
+                     kept=KeptPlan(key=key, mode=mode, limit=limit), **fields)
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x.tensor, y.tensor) for x, y in zip(a.train.columns(), b.train.columns())) \
+        and all(torch.equal(x.tensor, y.tensor) for x, y in zip(a.validation.columns(), b.validation.columns()))
+
+
+def test_a_part_read_through_spark_is_kept_and_comes_back_the_same():
+    written = kept.keep_while_reading(_spec("write"), features_batches(3000, validation_every=5), 0)
+    assert os.path.getsize(kept.part_path("k" * 32, 0, 1)) > 3000 * 16 * 4
+    kept.forget_held()  # another fit in another worker: from the disk
+    rank, read = kept.take_kept(_spec("read"), iter([]), _Store(), 0)
+    assert rank == 0 and read is not written and _same(read, written)
+    again = kept.take_kept(_spec("read"), iter([]), _Store(), 0)[1]
+    assert again is read, "the same worker: from its memory"
+    other = kept.take_kept(_spec("read", memory_budget=1), iter([]), _Store(), 0)[1]
+    assert other is not read, "another memory budget: converted anew"
+
+
+def test_an_abandoned_ingest_keeps_nothing():
+    batches = kept._tee(features_batches(3000), KeptPlan("a" * 32, "write", 1 << 30), 0, 1)
+    next(batches)
+    batches.close()  # the rank failed while reading
+    assert not os.path.exists(kept.part_path("a" * 32, 0, 1))
+    assert os.listdir(os.path.dirname(kept.part_path("a" * 32, 0, 1))) == []
+
+
+def test_past_the_bound_the_least_recently_used_rows_go_first():
+    one_part = None
+    for key in ("a" * 32, "b" * 32):
+        kept.keep_while_reading(_spec("write", key=key), features_batches(2000), 0)
+        one_part = os.path.getsize(kept.part_path(key, 0, 1))
+        os.utime(os.path.dirname(kept.part_path(key, 0, 1)), (1, 1) if key[0] == "a" else None)
+    kept.keep_while_reading(_spec("write", key="c" * 32, limit=2 * one_part + 1), features_batches(2000), 0)
+    assert sorted(os.listdir(kept.kept_root())) == ["b" * 32, "c" * 32], "a, used longest ago, was evicted"
+    kept.keep_while_reading(_spec("write", key="d" * 32, limit=one_part // 2), features_batches(2000), 0)
+    assert os.listdir(kept.kept_root()) == [], "a part past the bound on its own is not kept either"
+
+
+def test_dropped_keys_leave_disk_and_memory():
+    kept.keep_while_reading(_spec("write"), features_batches(500), 0)
+    kept.drop(("k" * 32,))
+    assert not os.path.exists(os.path.join(kept.kept_root(), "k" * 32)) and not kept._HELD
+
+
+def test_tasks_take_the_ranks_of_the_parts_they_hold_memory_first():
+    assert kept.assign([{"memory": [1], "disk": [0, 1]}, {"memory": [0], "disk": [0, 1]}], 2) == [1, 0]
+    assert kept.assign([{"memory": [], "disk": [0, 1]}, {"memory": [], "disk": [0]}], 2) == [1, 0], \
+        "a matching, not first come first served"
+    assert kept.assign([{"memory": [], "disk": [0]}, {"memory": [], "disk": [0]}], 2) is None, "part 1 is gone"
+    assert kept.assign([{"memory": [5, -1], "disk": [0]}], 1) == [0], "parts out of range are ignored"
+
+
+def test_a_task_without_its_part_fails_the_job_for_the_driver_to_read_again():
+    kept.keep_while_reading(_spec("write", world_size=2), features_batches(500), 0)
+    store = _Store({"kept-offer/1": b"not json"})
+    with pytest.raises(kept.KeptPartMissing, match=kept.MISSING):
+        kept.take_kept(_spec("read", world_size=2), iter([]), store, 0)
+
+
+def test_a_task_takes_the_rank_of_the_part_its_worker_holds():
+    kept.keep_while_reading(_spec("write", world_size=2), features_batches(500, seed=1), 1)
+    kept.keep_while_reading(_spec("write", world_size=2), features_batches(500, seed=0), 0)  # this worker holds 0
+    store = _Store({"kept-offer/0": b'{"memory": [], "disk": [0, 1]}'})
+    rank, shard = kept.take_kept(_spec("read", world_size=2), iter([]), store, 1)
+    assert rank == 0 and shard is not None
