@@ -86,6 +86,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     rank = barrier.rank
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
+    store: dist.Store | None = None
     try:
         if spec.kept is not None and spec.kept.mode == "read":  # the ranks tell which parts they kept
             store = connect_store(launch, barrier, spec.timeout_s)
@@ -95,7 +96,8 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
             shard = _ingest(spec, batches, rank)
         stage = "rendezvous"
         device = _device(spec, barrier)
-        store = store if store is not None else connect_store(launch, barrier, spec.timeout_s)
+        if store is None:
+            store = connect_store(launch, barrier, spec.timeout_s)
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
             world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s),

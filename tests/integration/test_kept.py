@@ -16,6 +16,7 @@ import torch
 
 from spark_torch_est import TorchEstimator
 from spark_torch_est.ingest_cache import frame_key
+from spark_torch_est.planning import input_schema_of, plan_frame
 
 REUSED = "kept this DataFrame's rows"
 
@@ -36,8 +37,8 @@ def _estimator(**params) -> TorchEstimator:
 
 
 def _key(estimator: TorchEstimator, df, workers: int | None = None) -> str | None:
-    schema = estimator._input_schema(df)
-    frame, _ = estimator._plan_frame(df, schema, workers or estimator.getNumWorkers())
+    schema = input_schema_of(estimator, df)
+    frame, _ = plan_frame(estimator, df, schema, workers or estimator.getNumWorkers())
     described = frame_key(frame)
     return described[0] if described is not None else None
 
