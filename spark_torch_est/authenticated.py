@@ -4,6 +4,7 @@ rendezvous store (:mod:`spark_torch_est.store_gate`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -54,6 +55,7 @@ class AuthenticatingServer:
         self.address: tuple[str, int] = self._socket.getsockname()[:2]
         self._connections: list[Connection] = []
         self._pending: dict[socket.socket, float] = {}  # authenticating connections, by when they came
+        self._served: list[threading.Thread] = []  # one per connection: joined by close()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept, name="spark_torch_est-channel", daemon=True)
         self._thread.start()
@@ -74,10 +76,12 @@ class AuthenticatingServer:
                 # One deadline for the whole handshake, however slowly the peer drips bytes:
                 deadline = threading.Timer(self.handshake_timeout, self._expire, args=(sock,))
                 self._pending[sock] = time.monotonic()
+                served = threading.Thread(target=self._serve, args=(sock, deadline),
+                                          name="spark_torch_est-channel-reader", daemon=True)
+                self._served = [thread for thread in self._served if thread.is_alive()] + [served]
             deadline.daemon = True
             deadline.start()
-            threading.Thread(target=self._serve, args=(sock, deadline), name="spark_torch_est-channel-reader",
-                             daemon=True).start()
+            served.start()
 
     def _expire(self, sock: socket.socket) -> None:
         with self._lock:
@@ -129,8 +133,13 @@ class AuthenticatingServer:
         """Serves one authenticated connection until it ends (in its own thread)."""
         raise NotImplementedError
 
+    def _end_served(self) -> None:
+        """Ends what the connections' threads serve, for :meth:`close` to join them (callers
+        hold the lock)."""
+
     def close(self) -> None:
-        """Stops accepting, closes every connection and joins the accept thread."""
+        """Stops accepting, ends every connection and joins the server's threads (a fit
+        leaves none behind)."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -143,6 +152,14 @@ class AuthenticatingServer:
         with self._lock:
             for connection in self._connections:
                 connection.close()
+            for sock in self._pending:  # a handshake in progress: its reads return at once
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            self._end_served()
+            served = list(self._served)
+        deadline = time.monotonic() + 5
+        for thread in served:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def limit_waits(sock: socket.socket, seconds: float) -> None:

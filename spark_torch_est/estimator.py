@@ -316,10 +316,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         start = resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
         plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks)
         progress = plan.progress
-        kept = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
-        spec = kept.spec(plan.spec)
+        rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
         view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize())
-        loggers = LoggerDispatch(self._loggers, spec.run_id, progress)
+        loggers = LoggerDispatch(self._loggers, plan.spec.run_id, progress)
         loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
                       progress, name)
 
@@ -327,11 +326,11 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             view.handle(message)
             loggers.handle(message)
 
-        launcher = Launcher(dataset.sparkSession, plan.frame, self.getMaxRetries(), self.getSlotWaitTimeout(),
+        launcher = Launcher(dataset.sparkSession, rows, self.getMaxRetries(), self.getSlotWaitTimeout(),
                             on_message, min_workers=self.getMinWorkers(),
                             replan=lambda workers: plan_frame(self, dataset, plan.schema, workers))
         try:
-            checkpoint = kept.train(lambda frame, spec: _train(launcher.on(frame), spec, progress), spec)
+            checkpoint = _train(launcher, plan.spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)

@@ -18,6 +18,7 @@ from spark_torch_est.channel import ChannelServer
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.failure import Decision, FailurePolicy, explain_job_failure
+from spark_torch_est.ingest_cache import KeptIngest
 from spark_torch_est.messages import RankMessage
 from spark_torch_est.progress import Progress
 from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA
@@ -115,7 +116,8 @@ class Launcher:
 
     Args:
         spark: The session of the training DataFrame.
-        frame: The prepared training DataFrame (see :func:`frames.training_frame`).
+        rows: What the jobs read: the prepared training DataFrame (see
+            :func:`frames.training_frame`) or the rows the executors kept of it.
         max_retries: Relaunches allowed after retryable failures.
         slot_wait_s: Longest wait for free task slots before each launch.
         on_message: Receives the ranks' progress and log messages (driver threads).
@@ -125,23 +127,18 @@ class Launcher:
             of fewer ranks (needed with ``min_workers``).
     """
 
-    def __init__(self, spark: SparkSession, frame: DataFrame, max_retries: int, slot_wait_s: float,
+    def __init__(self, spark: SparkSession, rows: KeptIngest, max_retries: int, slot_wait_s: float,
                  on_message: Callable[[RankMessage], None] | None = None, min_workers: int | None = None,
                  replan: Callable[[int], tuple[DataFrame, FileSource | None]] | None = None) -> None:
         self._store_unreachable: set[str] = set()  # driver hosts executors could not reach in this fit
         self.spark = spark
-        self.frame = frame
+        self.rows = rows
         self.max_retries = max_retries
         self.slot_wait_s = slot_wait_s
         self.on_message = on_message or (lambda message: None)
         self.min_workers = min_workers
         self.replan = replan
         self._frames: dict[int, tuple[DataFrame, FileSource | None]] = {}
-
-    def on(self, frame: DataFrame) -> Launcher:
-        """This launcher, its jobs now reading ``frame``."""
-        self.frame = frame
-        return self
 
     def run(self, spec: TaskSpec, start: Progress) -> bytes:
         """Trains; returns rank 0's checkpoint bytes.
@@ -164,11 +161,14 @@ class Launcher:
             logger.info("launching training job %s on %d of numWorkers=%d ranks (%d rows per rank per step), "
                         "from %s", launch.job_id, ranks, spec.world_size, job.batch_size, start)
             try:
-                return self._launch(job, launch, frame)
+                checkpoint = self._launch(job, launch, frame)
+                self.rows.succeeded(job)
+                return checkpoint
             except _SlotsLost as lost:
                 logger.warning("%s: cancelled the job, launching again (not counted in maxRetries)", lost)
-                spec, start = self._relaunch_spec(spec, start)
             except SparkTorchError as error:
+                if self.rows.missing(error):  # read through Spark instead: not counted in maxRetries
+                    continue
                 decision = policy.decide(error)
                 if decision is Decision.RAISE:
                     _point_to_checkpoint(error, spec, fit_start)
@@ -176,13 +176,14 @@ class Launcher:
                 if decision is Decision.REROUTE:
                     self._store_unreachable.add(_driver_host(self.spark) or "")
                     continue
-                spec, start = self._relaunch_spec(spec, start)
+            spec, start = self._relaunch_spec(spec, start)
+            self.rows.relaunching()
 
     def _sized(self, spec: TaskSpec, ranks: int) -> tuple[TaskSpec, DataFrame]:
         """The fit as a job of ``ranks`` ranks, and its frame: the spec's own, or one shrunk
         to fewer ranks with the same global batch (see :meth:`TaskSpec.shrunk`)."""
         if ranks == spec.world_size:
-            return spec, self.frame
+            return self.rows.spec(spec), self.rows.frame
         if ranks not in self._frames:
             self._frames[ranks] = self.replan(ranks)
         frame, source = self._frames[ranks]

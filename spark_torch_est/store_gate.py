@@ -90,12 +90,13 @@ class StoreGate(AuthenticatingServer):
                 self._relays.discard(rank_side)
             rank_side.close()
 
+    def _end_served(self) -> None:
+        for sock in self._relays:
+            _shut(sock)
+
     def close(self) -> None:
         """Closes the gate, every relayed connection and the store."""
         super().close()
-        with self._lock:
-            for sock in self._relays:
-                _shut(sock)
         del self.store
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +19,7 @@ import torch
 from spark_torch_est import TorchEstimator
 from spark_torch_est.ingest_cache import frame_key
 from spark_torch_est.planning import input_schema_of, plan_frame
+from tests.helpers import CrashOnce
 
 REUSED = "kept this DataFrame's rows"
 
@@ -143,3 +146,43 @@ def test_rows_past_the_bound_are_not_kept_and_the_next_fit_reads_through_spark(s
         est.fit(df, duration="1ep")
     assert "reading it through Spark again" in caplog.text
     assert est.progress.epoch == 2
+
+
+def test_an_unpersisted_dataframes_rows_are_released_without_another_fit(spark, tmp_path):
+    path = str(tmp_path / "t")
+    _write(path, 300, seed=0)
+    df = spark.read.parquet(path).filter("label > -100").cache()
+    est = _estimator()
+    est.fit(df, duration="1ep")
+    folder = os.path.join(_local_dir(spark), "spark_torch_est-kept", _key(est, df))
+    assert os.path.isdir(folder) and os.listdir(folder)
+    df.unpersist()
+    deadline = time.monotonic() + 15
+    while os.path.exists(folder) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not os.path.exists(folder), "released when its DataFrame was unpersisted, before any other fit"
+    while any(t.name == "spark_torch_est-kept-watch" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(t.name == "spark_torch_est-kept-watch" for t in threading.enumerate()), \
+        "nothing of a cache is kept any more: nothing watches"
+
+
+def test_a_relaunch_trains_on_the_rows_the_failed_job_kept_bitwise(spark, tmp_path, caplog):
+    path = str(tmp_path / "t")
+    _write(path, 600, seed=0)
+    df = spark.read.parquet(path).filter("label > -100").cache()
+    try:
+        clean = _estimator(keepIngestedMB=0, maxEpochs=3)
+        clean.fit(df)
+        crashing = _estimator(maxEpochs=3, hooks=[CrashOnce(str(tmp_path / "crashed"), epoch=1, batch=2)],
+                              checkpointDir=str(tmp_path / "ckpt"), maxRetries=1)
+        with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+            crashing.fit(df)
+        assert (tmp_path / "crashed").exists()
+        assert "the relaunch takes the rows the failed job's ranks kept" in caplog.text
+        assert "reading it through Spark again" not in caplog.text, "every part survived the crash"
+        for a, b in zip(clean.checkpoint.model_state.values(), crashing.checkpoint.model_state.values()):
+            assert torch.equal(a, b)
+        assert crashing.progress == clean.progress
+    finally:
+        df.unpersist()

@@ -22,7 +22,8 @@ def _rss_mb() -> float:
 
 def _measure() -> dict[str, float]:
     return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd")),
-            "processes": len(descendants(os.getpid())), "rss_mb": _rss_mb()}
+            "processes": len(descendants(os.getpid())), "rss_mb": _rss_mb(),
+            "ours": len([t for t in threading.enumerate() if t.name.startswith("spark_torch_est")])}
 
 
 def test_twenty_fits_in_a_row_leak_nothing(spark, linear_df):
@@ -35,6 +36,7 @@ def test_twenty_fits_in_a_row_leak_nothing(spark, linear_df):
     print("soak:", samples[1], "->", samples[-1])
     first, last = samples[1], samples[-1]
     assert est.progress.epoch == 20
+    assert all(sample["ours"] == 0 for sample in samples), "a fit returns once its channel and store threads ended"
     assert last["threads"] <= first["threads"] + 2
     assert last["fds"] <= first["fds"] + 8
     assert last["processes"] <= first["processes"]

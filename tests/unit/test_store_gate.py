@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from multiprocessing.connection import AuthenticationError
 
@@ -115,11 +116,21 @@ def test_two_ranks_form_a_gloo_group_through_the_gate(gate):
     assert all(key.startswith("ste-gate/") for key in gate.store.list_keys())
 
 
+def _gate_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("spark_torch_est")]
+
+
 def test_the_relay_ends_when_the_gate_closes():
     gate = StoreGate("127.0.0.1", SECRET, max_connections=1, timeout_s=10)
     client = _client(open_relay(gate.address, SECRET, 5.0))
     client.set("k", b"v")
+    stalled = socket.create_connection(gate.address)  # never authenticates
+    before = _gate_threads()
     gate.close()
+    after = _gate_threads()
+    stalled.close()
+    assert "spark_torch_est-channel-reader" in before and "spark_torch_est-channel-reader" not in after, \
+        "close() returns once the gate's threads ended: a fit leaves none behind"
     with pytest.raises(dist.DistError):
         client.get("k")
     with pytest.raises(OSError):
