@@ -105,7 +105,8 @@ def _drop_requested(plan: KeptPlan) -> None:
 
 def _tee(batches: Iterator[pa.RecordBatch], plan: KeptPlan, part: int, parts: int) -> Iterator[pa.RecordBatch]:
     """``batches``, each also appended to the part's file; the file is renamed into place
-    only once every batch is in it (a failed or abandoned ingest leaves none)."""
+    only once every batch is in it (a failed or abandoned ingest leaves none; what a rank
+    that died meanwhile left goes when the part is written again)."""
     path = part_path(plan.key, part, parts)
     temporary = f"{path}.tmp-{uuid.uuid4().hex}"
     writer: Any = None
@@ -113,6 +114,8 @@ def _tee(batches: Iterator[pa.RecordBatch], plan: KeptPlan, part: int, parts: in
     complete = False
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        for stale in glob.glob(f"{glob.escape(path)}.tmp-*"):  # a rank that died writing this part
+            os.remove(stale)
         sink = open(temporary, "wb")
     except OSError as error:
         logger.warning("cannot keep this part's rows for later fits (%s)", error)

@@ -34,3 +34,12 @@ def test_quick_suite_and_growth_table_run():
     assert "n/a" not in out.split("Every figure")[0]
     out = _run("benchmarks.scale", "--quick", timeout=600)
     assert "| 200,000 |" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quick_ingest_once_runs_and_its_later_fits_take_kept_rows():
+    out = _run("benchmarks.ingest_once", "--quick", "--only", "computed,cv", timeout=800)
+    assert "| computed | on |" in out and "| computed | off |" in out
+    kept_cv = next(line for line in out.splitlines() if "keeping on:" in line)
+    assert "2 of 5 fits on kept rows" in kept_cv, kept_cv

@@ -5,10 +5,14 @@ again; what is kept is bounded and released."""
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -186,3 +190,12 @@ def test_a_relaunch_trains_on_the_rows_the_failed_job_kept_bitwise(spark, tmp_pa
         assert crashing.progress == clean.progress
     finally:
         df.unpersist()
+
+
+def test_the_kept_rows_go_when_the_session_stops(tmp_path):
+    script = Path(__file__).parent / "scripts" / "kept_until_stop.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "local")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = json.loads(done.stdout.strip().splitlines()[-1])
+    assert files == {"before": 2, "after": 0}, "one part per rank while the session runs, none after it stopped"

@@ -64,6 +64,15 @@ def test_an_abandoned_ingest_keeps_nothing():
     assert os.listdir(os.path.dirname(kept.part_path("a" * 32, 0, 1))) == []
 
 
+def test_what_a_rank_that_died_writing_a_part_left_goes_when_the_part_is_written_again():
+    path = kept.part_path("a" * 32, 0, 1)
+    os.makedirs(os.path.dirname(path))
+    with open(f"{path}.tmp-0123", "wb") as left:  # the process ended before its finally ran
+        left.write(b"x" * 1000)
+    kept.keep_while_reading(_spec("write", key="a" * 32), features_batches(300), 0)
+    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+
+
 def test_past_the_bound_the_least_recently_used_rows_go_first():
     one_part = None
     for key in ("a" * 32, "b" * 32):
