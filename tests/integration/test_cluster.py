@@ -52,6 +52,8 @@ def test_local_cluster_two_executors_fake_gpus_and_a_killed_executor(tmp_path):
     assert found["recovered_sizes"] == [2, 2, 2, 2]
     # a rank killed in two launches in a row: two relaunches on both ranks, same weights
     assert found["crashes"] == 2 and found["twice_equal"] and found["twice_sizes"] == [2, 2, 2, 2]
+    # kept rows across two executor JVMs: the 2nd and 3rd fits take them, bitwise as read again
+    assert found["kept_reused"] == 2 and found["kept_missing"] == 0 and found["kept_equal"], found
 
 
 def _free_port() -> int:
