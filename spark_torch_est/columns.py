@@ -23,12 +23,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-__all__ = ["DenseRows", "SpilledRows", "RaggedRows", "Rows", "Budget", "RowsBuilder"]
+__all__ = ["DenseRows", "SpilledRows", "RaggedRows", "Rows", "Budget", "RowsBuilder", "spark_local_dir"]
 
 _RELEASE_EVERY = 32 << 20  # bytes of copied batches after which Arrow returns freed memory
 
 
-def _local_dir() -> str:
+def spark_local_dir() -> str:
     """Spark's first local directory in this Python worker, else the temp directory."""
     return os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
 
@@ -312,7 +312,7 @@ class RowsBuilder:
         """Moves the rows collected so far to a file; later rows go there directly."""
         if self.budget is None or self.file is not None:
             return
-        self.file = tempfile.TemporaryFile(dir=_local_dir(), prefix="spark_torch_est-")
+        self.file = tempfile.TemporaryFile(dir=spark_local_dir(), prefix="spark_torch_est-")
         self._written = 0
         if self._buffer is not None:
             self.parts.insert(0, self._buffer[:self._filled])

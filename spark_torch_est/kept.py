@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from spark_torch_est.columns import _local_dir
+from spark_torch_est.columns import spark_local_dir
 from spark_torch_est.data import Shard, read_shard
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.spec import KeptPlan, TaskSpec
@@ -51,7 +51,7 @@ class KeptPartMissing(InputDataError):
 
 def kept_root() -> str:
     """Where this executor keeps parts."""
-    return os.path.join(_local_dir(), KEPT_FOLDER)
+    return os.path.join(spark_local_dir(), KEPT_FOLDER)
 
 
 def part_path(key: str, part: int, parts: int) -> str:
