@@ -134,7 +134,8 @@ def three_fits(df, keep_mb: float, local_dir: str) -> list[dict]:
         estimator.fit(df, duration="1ba")
         state = estimator.hooks["probe"]
         fits.append({"first_step_s": round(state.at - called, 2), "done_s": round(time.time() - called, 2),
-                     "rss_mb": state.rss_mb, "peak_mb": state.peak_mb, "kept_mb": round(kept_on_disk(local_dir) / 2 ** 20)})
+                     "rss_mb": state.rss_mb, "peak_mb": state.peak_mb,
+                     "kept_mb": round(kept_on_disk(local_dir) / 2 ** 20)})
     return fits
 
 
@@ -245,7 +246,8 @@ def _table(results: dict) -> None:
     pyarrow = min(results["pyarrow_s"])
     print(f"\n{results['rows']:,} rows x {FEATURES} float32, local[2], load average {results['load_average']:.1f}; "
           f"pyarrow reads the table in {pyarrow:.2f} s (best of {len(results['pyarrow_s'])})")
-    print("| DataFrame | keeping | fit 1 | fit 2 | fit 3 | fit 2 / pyarrow | RSS at step 1 (ranks, MB) | kept on disk |")
+    print("| DataFrame | keeping | fit 1 | fit 2 | fit 3 | fit 2 / pyarrow | RSS at step 1 (ranks, MB) "
+          "| kept on disk |")
     print("|---|---|---|---|---|---|---|---|")
     for key, fits in results.items():
         if "/" not in key or key.startswith("cv/"):

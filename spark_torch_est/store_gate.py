@@ -10,15 +10,18 @@ and only then are its bytes relayed to the store, one connection per rank at mos
 
 A rank's ``TCPStore`` client cannot do that handshake, so each rank opens a relay of its
 own (:func:`open_relay`): it authenticates to the gate, then listens on the executor's
-loopback for the client's one connection and copies bytes both ways.
+loopback for the client's one connection, from its own process (Linux), and copies bytes
+both ways.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
+import time
 from datetime import timedelta
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
@@ -126,20 +129,19 @@ def open_relay(address: tuple[str, int], secret: bytes, timeout_s: float) -> tup
         limit_waits(gate, 0)
         listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listening.bind(("127.0.0.1", 0))
-        listening.listen(1)
-        listening.settimeout(timeout_s)
+        listening.listen(8)
     except BaseException:
         gate.close()
         raise
 
     def serve() -> None:
         try:
-            client, _ = listening.accept()
+            client = _accept_own(listening, timeout_s)
         except OSError:
             gate.close()
             return
         finally:
-            listening.close()  # one client: nobody else on this host gets in through it
+            listening.close()  # one client: nobody else gets in through it
         client.settimeout(None)
         try:
             _relay(client, gate)
@@ -149,6 +151,49 @@ def open_relay(address: tuple[str, int], secret: bytes, timeout_s: float) -> tup
 
     threading.Thread(target=serve, name="spark_torch_est-store-relay", daemon=True).start()
     return listening.getsockname()[:2]
+
+
+def _accept_own(listening: socket.socket, timeout_s: float) -> socket.socket:
+    """The first connection to ``listening`` made from this process (the rank's own
+    ``TCPStore`` client) within ``timeout_s``; connections from other processes on the
+    host are closed (another local user would otherwise get the rank's authenticated path
+    to the store).
+
+    Raises:
+        OSError: None came in time (``socket.timeout``).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listening.settimeout(max(0.001, deadline - time.monotonic()))
+        client, _ = listening.accept()
+        if _from_this_process(client):
+            return client
+        logger.warning("refused a connection to this rank's store relay: it came from another process")
+        client.close()
+
+
+def _from_this_process(client: socket.socket) -> bool:
+    """Whether the peer of the loopback connection ``client`` is a socket this process
+    holds: the kernel's socket table (``/proc/net/tcp``) gives the peer's inode, this
+    process's descriptors (``/proc/self/fd``) the inodes it holds. Without ``/proc`` (not
+    Linux) every connection is taken, as before."""
+    peer_port, own_port = client.getpeername()[1], client.getsockname()[1]
+    inodes = set()
+    try:
+        for name in ("/proc/net/tcp", "/proc/net/tcp6"):  # a client may connect from an IPv6 socket
+            with contextlib.suppress(FileNotFoundError), open(name) as table:
+                for line in table.readlines()[1:]:
+                    fields = line.split()
+                    local, remote, inode = fields[1], fields[2], fields[9]
+                    if int(local.rsplit(":", 1)[1], 16) == peer_port and int(remote.rsplit(":", 1)[1], 16) == own_port:
+                        inodes.add(f"socket:[{inode}]")
+        held = set()
+        for descriptor in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # closed meanwhile
+                held.add(os.readlink(f"/proc/self/fd/{descriptor}"))
+    except OSError:
+        return True
+    return bool(inodes & held)
 
 
 def _relay(one: socket.socket, other: socket.socket) -> None:

@@ -54,6 +54,18 @@ def test_a_client_without_the_secret_neither_reads_nor_writes(gate):
     assert gate.store.list_keys() == ["ste-x/failure/1"]
 
 
+def test_a_ranks_relay_takes_only_a_client_of_its_own_process(gate):
+    host, port = open_relay(gate.address, SECRET, 5.0)
+    outsider = ("import socket, sys; s = socket.create_connection((sys.argv[1], int(sys.argv[2]))); "
+                "s.settimeout(5); print('closed' if s.recv(1) == b'' else 'relayed')")
+    other = subprocess.run([sys.executable, "-c", outsider, host, str(port)], capture_output=True, text=True,
+                           timeout=60)
+    assert other.stdout.strip() == "closed", other.stdout + other.stderr[-2000:]
+    client = _client((host, port))  # the rank's own client still gets through
+    client.set("k", b"v")
+    assert client.get("k") == b"v"
+
+
 def test_one_connection_per_rank(gate):
     first, second = (_client(open_relay(gate.address, SECRET, 5.0)) for _ in range(2))
     with pytest.raises(dist.DistError):  # a third, even with the secret, is closed once it authenticates
