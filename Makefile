@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.' '_
 RUN := PYSPARK_PYTHON=$(abspath $(BIN))/python PYSPARK_DRIVER_PYTHON=$(abspath $(BIN))/python \
        SPARK_LOCAL_IP=127.0.0.1 SPARK_CONF_DIR=$(abspath conf)
 
-.PHONY: test test-slow test-all example examples example-submit bench bench-scale bench-precision bench-ingest params clean
+.PHONY: test test-slow test-compat test-all example examples example-submit bench bench-scale bench-precision bench-ingest params clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ test: $(STAMP)  ## type-checks the examples as a user's code (mypy), then the su
 
 test-slow: $(STAMP)  ## only the slow tests: local-cluster, standalone + spark-submit, Connect, examples
 	$(RUN) $(BIN)/python -m pytest -m slow tests
+
+test-compat:  ## the support matrix: a virtualenv per Databricks ML runtime (cached in ~/.cache/spark-torch-est/compat, about 5 GB each), the package installed as a user would, and the compat tests in each; ROWS="15.4 newest" for some rows
+	$(PYTHON) scripts/compat.py $(ROWS)
 
 test-all: $(STAMP)
 	$(RUN) $(BIN)/python -m pytest tests

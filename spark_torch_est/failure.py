@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 import traceback
 from dataclasses import asdict, dataclass
@@ -36,7 +37,8 @@ from spark_torch_est.errors import (
 
 __all__ = [
     "USER", "INPUT", "CHECKPOINT", "SYSTEM", "UNREACHABLE", "Failure", "RankFailure", "StoreUnreachableError",
-    "PeerAuthenticationError", "describe", "is_communication_error", "explain_job_failure", "Decision",
+    "PeerAuthenticationError", "describe", "is_communication_error", "explain_job_failure", "is_spark_error",
+    "package_bug", "Decision",
     "FailurePolicy",
 ]
 
@@ -206,11 +208,48 @@ def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> F
                     f"cloudpickle.register_pickle_by_value on it")
     elif isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
         message += "; lower batchSize, memoryBudgetMB or the model's size, or give the tasks more memory"
+    elif (where := _raised_in_package(error)) is not None:
+        message += f"; {_BUG} (raised at {where})"
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     return Failure(kind=kind, message=message, rank=rank, stage=stage, hook=hook, traceback=text)
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_BUG = ("a bug in spark_torch_est, or a release of torch, pyspark or pyarrow it does not support "
+        "(docs/cluster.md, support matrix): please report it with this traceback")
+
+
+def _raised_in_package(error: BaseException) -> str | None:
+    """``file:line`` of the package's own code where an AttributeError, TypeError or
+    NameError was raised (its innermost frame is this package's), else None."""
+    if not isinstance(error, (AttributeError, TypeError, NameError)) or error.__traceback__ is None:
+        return None
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    if not os.path.abspath(frame.filename).startswith(_PACKAGE + os.sep):
+        return None
+    return f"{os.path.relpath(frame.filename, os.path.dirname(_PACKAGE))}:{frame.lineno}"
+
+
 # ---------------------------------------------------------------------- on the driver
+
+
+def is_spark_error(error: BaseException) -> bool:
+    """Whether ``error`` is Spark's (a failed job, a lost connection to Spark's JVM or
+    Connect server), whose text :func:`explain_job_failure` reads; anything else raised
+    while a job runs on the driver, and pyspark's ``PySparkAttributeError`` and
+    ``PySparkTypeError`` (an API called wrongly), is this package's own bug (:func:`package_bug`)."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    misuse = isinstance(error, (AttributeError, TypeError, NameError))
+    return isinstance(error, (PySparkException, Py4JError)) and not misuse
+
+
+def package_bug(error: BaseException) -> TrainingFailedError:
+    """The fit's error for a bug of this package met on the driver: never retried."""
+    where = _raised_in_package(error)
+    return TrainingFailedError(f"the driver failed while the training job ran: {type(error).__name__}: {error}; "
+                               f"{_BUG}" + (f" (raised at {where})" if where else ""))
 
 _RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")

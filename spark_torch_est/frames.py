@@ -8,12 +8,12 @@ expressions touches Spark.
 from __future__ import annotations
 
 import math
-import re
 
 from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
 
+from spark_torch_est import jvm
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema
@@ -23,7 +23,6 @@ __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_colum
            "input_schema", "check_inputs", "weight_column", "training_frame", "frame_outputs"]
 
 ROW_ORDER = "__ste_row_order"
-_RUNS_JOBS = re.compile(r"Broadcast|Subquery")  # plan nodes whose preparation starts Spark jobs
 _INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
 
@@ -291,7 +290,7 @@ def training_frame(df: DataFrame, *, schema: InputSchema, features_col: str | No
     if validation_col is not None:
         check_validation_col(df.schema, validation_col)
         columns.append(F.col(validation_col).alias(IS_VALIDATION))
-    if _partitions(df) == num_workers:
+    if jvm.barrier_partitions(df) == num_workers:
         return df.select(*columns)
     # A shuffle's output order depends on fetch timing; sorting each partition by the rows'
     # position in the input makes every job (every fit, every relaunch) see the same order.
@@ -317,41 +316,3 @@ def frame_outputs(df: DataFrame, *, schema: InputSchema, features_col: str | Non
     if validation_col is not None:
         outputs.append((IS_VALIDATION, (validation_col,), How.AS_IS))
     return outputs
-
-
-def _partitions(df: DataFrame) -> int | None:
-    """The DataFrame's partition count when a barrier stage can read it as it is and
-    Spark knows the count without running a job; else None (then it is repartitioned).
-
-    A plan with a shuffle is adaptive, and asking for its partitions would run the
-    shuffle; preparing a plan with a broadcast or a subquery (adaptive execution off) runs
-    them. A barrier stage refuses RDD chains whose RDDs differ in partition count
-    (``coalesce``, ``union``, partition pruning). Spark Connect DataFrames have no JVM
-    handles here and are always repartitioned.
-    """
-    try:
-        execution = df._jdf.queryExecution()
-        plan = execution.executedPlan()
-        if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec" or _RUNS_JOBS.search(plan.toString()):
-            return None
-        rdd = execution.toRdd()
-        return rdd.getNumPartitions() if _barrier_safe(rdd) else None
-    except Exception:  # Spark Connect: no JVM handles
-        return None
-
-
-def _barrier_safe(rdd, limit: int = 500) -> bool:
-    """Whether every RDD a barrier stage would run on top of ``rdd`` (its ancestors up to
-    the shuffles) has the same number of partitions, as Spark's barrier check demands."""
-    count, stack, seen = rdd.getNumPartitions(), [rdd], 0
-    while stack:
-        current = stack.pop()
-        seen += 1
-        if seen > limit or current.getNumPartitions() != count:
-            return False
-        dependencies = current.dependencies()
-        for i in range(dependencies.size()):
-            dependency = dependencies.apply(i)
-            if dependency.getClass().getName() != "org.apache.spark.ShuffleDependency":
-                stack.append(dependency.rdd())
-    return True

@@ -169,9 +169,9 @@ def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iter
         for batch in batches:
             inputs = read_inputs([batch.column(name) for name in spec.columns], spec)
             outputs = predict_outputs(model, inputs, spec)
-            for name, column in output_columns(spec, outputs):
-                batch = batch.append_column(name, column)
-            yield batch
+            added = list(output_columns(spec, outputs))  # RecordBatch.append_column is pyarrow 15's
+            yield pa.RecordBatch.from_arrays([*batch.columns, *(column for _, column in added)],
+                                             names=[*batch.schema.names, *(name for name, _ in added)])
 
     return task
 

@@ -32,29 +32,18 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-import fsspec
 from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
+from spark_torch_est import jvm
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.files import file_stamp
 from spark_torch_est.kept import KEPT_FOLDER, MISSING
 from spark_torch_est.spec import FileSource, KeptPlan, TaskSpec
 
 __all__ = ["KeptIngest", "frame_key"]
 
 logger = logging.getLogger(__name__)
-
-#: Plan nodes and expressions whose results the plan's text does not determine.
-_OPAQUE = re.compile(r"UDF|UDAF|UDTF|Python|Pandas|Arrow|MapPartitions|MapElements|MapGroups|CoGroup|AppendColumns"
-                     r"|SerializeFromObject|DeserializeToObject|ScriptTransformation|Invoke|NewInstance|Aggregator"
-                     r"|Uuid|Shuffle|Streaming|CollectMetrics")
-_CLASS = re.compile(r'"class":"([\w.$]+)"')
-_FILE_INDEXES = ("InMemoryFileIndex", "PrunedInMemoryFileIndex")
-#: Files a scan may list for its key to be made (each is looked at on the driver).
-_MAX_FILES = 10_000
 
 
 @dataclass
@@ -79,78 +68,14 @@ WATCH_S = 1.0
 def frame_key(frame: DataFrame) -> tuple[str, tuple[int, ...]] | None:
     """The key of the training frame's rows and the caches they come from, or None when
     the plan holds something the key cannot describe (see the module's docstring)."""
-    try:
-        spark = frame.sparkSession
-        plan = frame._jdf.queryExecution().optimizedPlan()
-        leaves, caches = _leaves(plan, spark)
-        if leaves is None:
-            return None
-        settings = sorted((k, v) for k, v in spark.conf.getAll.items() if k.startswith("spark.sql."))
-        text = plan.canonicalized().treeString(True, False, 2 ** 31 - 1, False, False)
-    except Exception as error:  # Spark Connect (no JVM), or a plan the walk does not know: never reused
-        logger.debug("no key for the training frame: %s", error)
+    described = jvm.describe_plan(frame)  # None under Spark Connect too: never reused
+    if described is None:
         return None
-    described = json.dumps([spark.sparkContext.applicationId, text, leaves, settings, frame.schema.json()], default=str)
-    return hashlib.sha256(described.encode()).hexdigest()[:32], tuple(caches)
-
-
-def _leaves(plan, spark: SparkSession) -> tuple[list | None, list[int]]:
-    """What each leaf of ``plan`` reads, and the cache ids among them; None when a node,
-    an expression or a leaf cannot be described."""
-    leaves: list = []
-    caches: list[int] = []
-    stack = [plan]
-    while stack:
-        node = stack.pop()
-        name = node.getClass().getSimpleName()
-        children = node.children()
-        if children.size() == 0:
-            leaf = _leaf(node, name, spark)
-            if leaf is None:
-                return None, []
-            if leaf[0] == "cache":
-                caches.append(leaf[1])
-            leaves.append(leaf)
-            continue
-        if _OPAQUE.search(name):
-            return None, []
-        expressions = node.expressions()
-        for i in range(expressions.size()):
-            if any(_OPAQUE.search(c.rsplit(".", 1)[-1]) for c in _CLASS.findall(expressions.apply(i).toJSON())):
-                return None, []
-        stack.extend(children.apply(i) for i in range(children.size()))
-    return leaves, caches
-
-
-def _leaf(node, name: str, spark: SparkSession) -> list | None:
-    if name == "InMemoryRelation":  # the cache's rows stay as they are until it is unpersisted
-        return ["cache", int(node.cacheBuilder().cachedColumnBuffers().id())]
-    if name in ("Range", "OneRowRelation"):  # described by the plan's text
-        return [name]
-    if name != "LogicalRelation":
-        return None
-    relation = node.relation()
-    if relation.getClass().getSimpleName() != "HadoopFsRelation" \
-            or relation.location().getClass().getSimpleName() not in _FILE_INDEXES:
-        return None
-    files = list(relation.location().inputFiles())
-    if len(files) > _MAX_FILES:
-        return None
-    return ["files", relation.fileFormat().toString(), str(relation.options()), relation.schema().json(),
-            sorted(_stamp(path, spark) for path in files)]
-
-
-def _stamp(url: str, spark: SparkSession) -> list:
-    """A file's path, size and what changes with any rewrite of it: for a local file its
-    modification and change times and inode (see :func:`files.file_stamp`), elsewhere the
-    Hadoop filesystem's modification time."""
-    fs, path = fsspec.core.url_to_fs(url)
-    if "file" in fs.protocol:
-        return [url, *file_stamp(fs, path)]
-    jvm: Any = spark._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(url)
-    status = hadoop_path.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf()).getFileStatus(hadoop_path)
-    return [url, int(status.getLen()), int(status.getModificationTime())]
+    text, leaves, caches = described
+    spark = frame.sparkSession
+    settings = sorted(jvm.sql_settings(spark).items())
+    key = json.dumps([spark.sparkContext.applicationId, text, leaves, settings, frame.schema.json()], default=str)
+    return hashlib.sha256(key.encode()).hexdigest()[:32], tuple(caches)
 
 
 class KeptIngest:
@@ -244,8 +169,8 @@ def _release_unpersisted(context: SparkContext) -> None:
     if _KEPT.app_id != context.applicationId:
         _KEPT.app_id, _KEPT.keys, _KEPT.released = context.applicationId, {}, set()
         return
-    persistent = context._jsc.sc().getPersistentRDDs()
-    gone = [key for key, caches in _KEPT.keys.items() if not all(persistent.contains(c) for c in caches)]
+    alive = jvm.cache_alive(context)
+    gone = [key for key, caches in _KEPT.keys.items() if not all(alive(c) for c in caches)]
     for key in gone:
         del _KEPT.keys[key]
         _KEPT.released.add(key)
@@ -259,12 +184,7 @@ def _remove_in_driver(context: SparkContext, key: str) -> None:
     Spark's local directories (the key names this application, not another's there)."""
     if not re.fullmatch(r"local(\[.*\])?", context.master):
         return
-    try:
-        roots = list(context._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(context._jsc.sc().getConf()))
-    except Exception as error:  # left to the next job's executors
-        logger.debug("cannot list Spark's local directories: %s", error)
-        return
-    for root in roots:
+    for root in jvm.local_dirs(context):  # none readable: left to the next job's executors
         for folder in glob.glob(os.path.join(glob.escape(root), "blockmgr-*", KEPT_FOLDER, key)):
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -15,9 +15,10 @@ from typing import Any, Callable, Iterator
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_torch_est.channel import ChannelServer
+from spark_torch_est.jvm import collect_arrow, task_slots
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.failure import Decision, FailurePolicy, explain_job_failure
+from spark_torch_est.failure import Decision, FailurePolicy, explain_job_failure, is_spark_error, package_bug
 from spark_torch_est.ingest_cache import KeptIngest
 from spark_torch_est.messages import RankMessage
 from spark_torch_est.progress import Progress
@@ -28,22 +29,11 @@ from spark_torch_est.storage import CheckpointDir
 from spark_torch_est.store_gate import StoreGate
 from spark_torch_est.worker import train_task
 
-__all__ = ["Launcher", "task_slots", "wait_for_slots"]
+__all__ = ["Launcher", "wait_for_slots"]
 
 logger = logging.getLogger(__name__)
 
 _LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
-
-
-def task_slots(spark: SparkSession) -> int | None:
-    """Tasks the cluster can run at once with the default resource profile, or None when
-    Spark cannot say (Spark Connect)."""
-    try:
-        jsc = spark.sparkContext._jsc.sc()
-        profile = jsc.resourceProfileManager().defaultResourceProfile()
-        return int(jsc.maxNumConcurrentTasks(profile))
-    except Exception:  # Connect sessions have no SparkContext; Spark's own barrier check remains
-        return None
 
 
 def wait_for_slots(spark: SparkSession, needed: int, timeout_s: float, minimum: int | None = None) -> int:
@@ -240,6 +230,8 @@ class Launcher:
             except (SparkTorchError, _SlotsLost):
                 raise
             except Exception as error:
+                if not is_spark_error(error):
+                    raise package_bug(error) from error
                 reported = [failure for failure in (channel.failures() if channel is not None else [])
                             if failure.rank < spec.world_size]
                 raise explain_job_failure(str(error), reported, launch.secret) from None
@@ -267,7 +259,7 @@ class Launcher:
         def collect() -> None:
             control.enter()
             try:
-                outcome["table"] = job.toArrow()
+                outcome["table"] = collect_arrow(job)
             except BaseException as error:  # noqa: B036 - handed to the calling thread
                 outcome["error"] = error
 

@@ -14,10 +14,12 @@ from pyspark.ml import Model
 from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
+from pyspark.sql.utils import is_remote
 
+from spark_torch_est import jvm, support
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
-from spark_torch_est.errors import InvalidInputError, SparkTorchError
+from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.files import over_parts
 from spark_torch_est.frames import check_inputs, input_schema, label_kind, weight_column
 from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
@@ -99,8 +101,11 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         checking them against the inputs the model was trained on.
 
         Raises:
-            InvalidInputError: A column is missing, or its type differs from training.
+            InvalidInputError: A column is missing, or its type differs from training, or
+                this is Spark Connect before 4.0.
         """
+        if is_remote():
+            support.require(support.CONNECT_ML)
         trained = self._checkpoint.input_schema
         derived = input_schema(dataset.schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
                                input_cols=self.getInputCols(),
@@ -175,18 +180,15 @@ class TorchModel(Model, ModelParams, TorchPersistence):
 
         Raises:
             InvalidInputError: ``output`` is not one this model has.
-            SparkTorchError: pyspark is older than 4.1 (it has no Arrow UDFs); use ``transform``.
+            InvalidInputError: pyspark is older than 4.1 (it has no Arrow UDFs); use ``transform``.
         """
         types = _output_types(self._output_kind())
         param = f"{output}Col"
         if param not in types:
             offered = ", ".join(repr(p[:-len("Col")]) for p in types)
             raise InvalidInputError(f"predict_udf(output={output!r}): this model offers {offered}")
-        try:
-            from pyspark.sql.functions import arrow_udf
-        except ImportError:
-            raise SparkTorchError("predict_udf() needs pyspark >= 4.1 (pyspark.sql.functions.arrow_udf); "
-                                  "use model.transform(df) instead") from None
+        support.require(support.PREDICT_UDF)
+        from pyspark.sql.functions import arrow_udf
         spec = self._scoring_spec({param: output}, schema=self._checkpoint.input_schema.to_dict(),
                                   columns=self._argument_names())
         return arrow_udf(arrow_predict_function(spec), types[param])
@@ -254,8 +256,7 @@ def _output_types(kind: str) -> dict[str, T.DataType]:
 def _same_broadcast(spark: SparkSession, dataset: DataFrame, estimated_bytes: int) -> bool:
     """Whether Spark would decide alike whether to broadcast ``dataset`` and a plan it takes
     for ``estimated_bytes``, under ``spark.sql.autoBroadcastJoinThreshold``."""
-    threshold = spark._jsparkSession.sessionState().conf().autoBroadcastJoinThreshold()  # parsed, in bytes
+    threshold = jvm.broadcast_threshold(spark)
     if threshold < 0:  # no broadcast joins
         return True
-    table_bytes = int(str(dataset._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))  # a BigInt
-    return (estimated_bytes <= threshold) == (table_bytes <= threshold)
+    return (estimated_bytes <= threshold) == (jvm.plan_size_bytes(dataset) <= threshold)

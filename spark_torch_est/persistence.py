@@ -10,7 +10,7 @@ that path (``hdfs://``, ``s3://``, a shared mount), which saving checks.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql.utils import is_remote
@@ -18,6 +18,7 @@ from pyspark.sql.utils import is_remote
 from spark_torch_est.errors import InvalidInputError, SparkTorchError
 from spark_torch_est.params import declare_params
 from spark_torch_est.storage import exists, read_bytes, write_atomic
+from spark_torch_est.support import installed
 
 __all__ = ["Persistable", "TorchPersistence", "TorchWriter", "TorchReader"]
 
@@ -36,6 +37,12 @@ class Persistable(Protocol):
         a file that was not saved."""
 
 
+def _session_arg(spark: Any) -> Any:
+    """What pyspark.ml's metadata reader and writer take: the session from pyspark 4.0
+    (also under Spark Connect), its SparkContext before."""
+    return spark if installed("pyspark") >= (4, 0) else spark.sparkContext
+
+
 class TorchWriter(MLWriter):
     """Writes a :class:`Persistable` stage."""
 
@@ -52,7 +59,7 @@ class TorchWriter(MLWriter):
             super()._handleOverwrite(path)
 
     def saveImpl(self, path: str) -> None:
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession)
+        DefaultParamsWriter.saveMetadata(self.instance, path, _session_arg(self.sparkSession))
         if is_remote() and not exists(f"{path}/metadata"):
             raise SparkTorchError(
                 f"cannot save to {path!r} from this Spark Connect client: the cluster wrote the Params to "
@@ -72,7 +79,7 @@ class TorchReader(MLReader):
         self.cls = cls
 
     def load(self, path: str) -> Persistable:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        metadata = DefaultParamsReader.loadMetadata(path, _session_arg(self.sparkSession))
 
         def read(name: str) -> bytes | None:
             try:

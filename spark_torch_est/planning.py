@@ -18,6 +18,7 @@ import torch
 from pyspark.sql import DataFrame
 from pyspark.sql.utils import is_remote
 
+from spark_torch_est import jvm, support
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.creators import CreatorError, Creators
 from spark_torch_est.duration import Duration
@@ -101,6 +102,10 @@ def check_params(params: EstimatorParams) -> None:
         raise InvalidInputError(f"minWorkers must be between 1 and numWorkers={high} (or None for numWorkers), "
                                 f"got {low}")
     _check_choice("strategy", params.getStrategy(), STRATEGIES)
+    if params.getStrategy() == "fsdp":
+        support.require(support.FSDP)
+    if is_remote():
+        support.require(support.CONNECT_ML)
     directory = params.getCheckpointDir()
     if params.getStrategy() == "fsdp" and not directory:
         raise InvalidInputError(
@@ -191,11 +196,10 @@ def _checked_frame(params: EstimatorParams, creators: Creators, dataset: DataFra
     if is_remote():
         check_creators(params, creators, start)
         return plan()
-    context = dataset.sparkSession.sparkContext._jsc.sc()
-    properties = context.getLocalProperties().clone()  # the caller's job group, pool, ...
+    as_caller = jvm.in_caller_properties(dataset.sparkSession.sparkContext)  # the caller's job group, pool, ...
 
     def plan_here() -> tuple[DataFrame, FileSource | None]:
-        context.setLocalProperties(properties)  # as pyspark's inheritable_thread_target does
+        as_caller()
         return plan()
 
     with ThreadPoolExecutor(1, thread_name_prefix="spark_torch_est-plan") as pool:

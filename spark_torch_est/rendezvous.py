@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import socket
 from datetime import timedelta
 from multiprocessing import AuthenticationError
 
@@ -24,7 +23,7 @@ import torch.distributed as dist
 from spark_torch_est.barrier import Barrier
 from spark_torch_est.failure import PeerAuthenticationError, StoreUnreachableError
 from spark_torch_est.spec import Launch
-from spark_torch_est.store_gate import open_relay
+from spark_torch_est.store_gate import listening_store, open_relay
 
 __all__ = ["connect_store", "authenticate_peers", "parse_address"]
 
@@ -52,11 +51,7 @@ def connect_store(launch: Launch, barrier: Barrier, timeout_s: float) -> dist.St
         return dist.PrefixStore(launch.job_id, store)
     if barrier.rank == 0:
         host = barrier.host()
-        listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        listening.bind((host, 0))  # this host only: torch's own listener would take every interface
-        listening.listen(256)
-        store = dist.TCPStore(host, listening.getsockname()[1], barrier.world_size, is_master=True, timeout=timeout,
-                              wait_for_workers=False, master_listen_fd=listening.detach())
+        store, _ = listening_store(host, barrier.world_size, timeout_s)
         barrier.all_gather(f"{host}:{store.port}")
     else:
         host, port = parse_address(barrier.all_gather("")[0])

@@ -23,12 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from typing import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from spark_torch_est import jvm
 from spark_torch_est.files import file_stamp, footer_digest
 from spark_torch_est.spec import FilePart, FileSource, How
 
@@ -36,8 +36,6 @@ __all__ = ["parquet_source", "parquet_table", "scoring_parts"]
 
 logger = logging.getLogger(__name__)
 
-_PASS_THROUGH = ("ColumnarToRowExec", "InputAdapter", "WholeStageCodegenExec")
-_PLAIN_ATTRIBUTE = re.compile(r"^[^#()]+#\d+L?$")
 #: Bytes (uncompressed) per part of :func:`parquet_table`: between these, the table over the cores, as
 #: Spark sizes its splits (``spark.sql.files.maxPartitionBytes``, ``spark.sql.files.openCostInBytes``).
 _PART_BYTES = (4 * 2 ** 20, 128 * 2 ** 20)
@@ -135,38 +133,14 @@ def _arrow_type(arrow_type) -> object:
 
 def _scanned_files(df: DataFrame, columns: list[str]) -> list[str] | None:
     """The files of a plain Parquet scan (nothing but column selection above it), sorted; else None."""
-    try:
-        node = df._jdf.queryExecution().executedPlan()
-    except Exception:  # Spark Connect: no JVM handles
+    scan = jvm.parquet_scan(df, columns)
+    if scan is None:
         return None
-    while True:
-        name = node.getClass().getSimpleName()
-        if name in _PASS_THROUGH:
-            node = node.child()
-        elif name == "ProjectExec":
-            projected = [node.projectList().apply(i).toString() for i in range(node.projectList().size())]
-            if not all(_PLAIN_ATTRIBUTE.match(p) for p in projected):
-                return None
-            node = node.child()
-        else:
-            break
-    if node.getClass().getSimpleName() != "FileSourceScanExec":
-        return None
-    relation = node.relation()
-    if (relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat"
-            or relation.location().getClass().getSimpleName() != "InMemoryFileIndex"
-            or relation.partitionSchema().size() or not relation.bucketSpec().isEmpty()
-            or node.partitionFilters().size() or node.dataFilters().size()):
-        return None
-    data_columns = set(relation.dataSchema().fieldNames())
-    if not set(columns) <= data_columns:
-        return None
-    listed = relation.location().rootPaths()
-    roots = [listed.apply(i).toString() for i in range(listed.size())]
+    roots, files = scan
     if _overlapping(roots):  # Spark reads a file once per path that lists it; inputFiles() names it once
         logger.info("reading the table through Spark: its paths overlap (%s)", roots)
         return None
-    return sorted(df.inputFiles())
+    return files
 
 
 def _overlapping(paths: list[str]) -> bool:

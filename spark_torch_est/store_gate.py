@@ -23,15 +23,44 @@ import socket
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from spark_torch_est.authenticated import AuthenticatingServer, limit_waits
 
-__all__ = ["StoreGate", "open_relay"]
+__all__ = ["StoreGate", "open_relay", "listening_store"]
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 1 << 16
+
+
+def listening_store(host: str, world_size: int | None, timeout_s: float) -> tuple[Any, tuple[str, int]]:
+    """A ``TCPStore`` server on ``host`` only, on a port it never has to pick (the socket is
+    bound first and handed over: no pick-then-bind race); returns it and its address.
+
+    torch 2.4 to 2.8's default libuv backend cannot take a bound socket
+    (``NotImplementedError``); the legacy backend can, and is what those versions then use.
+    """
+    import torch.distributed as dist
+
+    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listening.bind((host, 0))  # this host only: torch's own listener would take every interface
+    listening.listen(256)
+    address = listening.getsockname()[:2]
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        try:
+            store = dist.TCPStore(host, address[1], world_size, True, timeout, wait_for_workers=False,
+                                  master_listen_fd=listening.fileno())
+        except NotImplementedError:
+            store = dist.TCPStore(host, address[1], world_size, True, timeout, wait_for_workers=False,
+                                  master_listen_fd=listening.fileno(), use_libuv=False)
+    except BaseException:
+        listening.close()
+        raise
+    listening.detach()  # the store owns the descriptor now and closes it
+    return store, address
 
 
 class StoreGate(AuthenticatingServer):
@@ -55,13 +84,7 @@ class StoreGate(AuthenticatingServer):
         import torch.distributed as dist
 
         loopback = "::1" if ":" in host else "127.0.0.1"
-        listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        listening.bind((loopback, 0))
-        listening.listen(64)
-        self._store_address = listening.getsockname()[:2]
-        self.store = dist.TCPStore(loopback, self._store_address[1], None, True, timedelta(seconds=timeout_s),
-                                   wait_for_workers=False, master_listen_fd=listening.fileno())
-        listening.detach()  # the store owns the descriptor now and closes it
+        self.store, self._store_address = listening_store(loopback, None, timeout_s)
         self.max_connections = max_connections
         self._relays: set[socket.socket] = set()
         super().__init__(host, secret)

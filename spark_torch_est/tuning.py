@@ -31,7 +31,8 @@ from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.estimator import TorchEstimator
 from spark_torch_est.frames import label_kind
-from spark_torch_est.launcher import task_slots, wait_for_slots
+from spark_torch_est.jvm import task_slots
+from spark_torch_est.launcher import wait_for_slots
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import param_map_name
 from spark_torch_est.persistence import TorchPersistence

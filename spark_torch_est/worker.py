@@ -121,7 +121,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     try:
         gc.freeze()  # everything older than the trainer: the teardown's collection skips it
         failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
-        _teardown(clean=failure is None, ddp=ddp)
+        _teardown(clean=failure is None, ddp=ddp, store=store)
         if failure is not None:
             _report(launch, failure, channel)
         delivered = channel.send_blob(launch.job_id, blob) if blob is not None and channel is not None else None
@@ -276,7 +276,7 @@ def _report(launch: Launch, failure: Failure, channel: ChannelClient | None = No
             client.close()
 
 
-def _teardown(clean: bool, ddp: Sequence[weakref.ref] = ()) -> None:
+def _teardown(clean: bool, ddp: Sequence[weakref.ref] = (), store: dist.Store | None = None) -> None:
     """Destroys the process group in the order that cannot hang a reused Python worker.
 
     DDP holds reference cycles, so only a garbage collection frees it (and its Reducer's
@@ -287,15 +287,22 @@ def _teardown(clean: bool, ddp: Sequence[weakref.ref] = ()) -> None:
     it after that (a hook's global, say), it is kept for the life of the worker: freed
     after ``destroy_process_group`` it would hang the worker's next task.
 
+    The ranks meet in the store, not with ``dist.barrier()``: gloo's barrier keeps the
+    collectives still in flight, and when a gloo thread drops the last of them while
+    ``destroy_process_group`` holds the GIL (their tensors are Python's), torch up to 2.3
+    deadlocks there.
+
     Args:
-        clean: The ranks finished together (meet at a barrier first).
+        clean: The ranks finished together (meet first).
         ddp: Weak references to the DDP model and its Reducer (see :func:`_ddp_refs`).
+        store: The job's store, where the ranks meet.
     """
     if not dist.is_initialized():
         return
-    if clean:
+    if clean and store is not None:
         try:
-            dist.barrier()
+            store.set(f"teardown/{dist.get_rank()}", "1")
+            store.wait([f"teardown/{peer}" for peer in range(dist.get_world_size())])
         except (RuntimeError, dist.DistError):
             clean = False
     gc.collect()

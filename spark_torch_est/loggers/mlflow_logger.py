@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 import threading
 import time
 import functools
@@ -16,6 +17,7 @@ import numpy as np
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.loggers.base import Logger, scalars, tracked_params
 from spark_torch_est.schema import FEATURES_LAYOUT
+from spark_torch_est.support import installed
 
 if TYPE_CHECKING:
     from spark_torch_est.model import TorchModel
@@ -186,13 +188,20 @@ class MLflowLogger(Logger):
     def _log_model(self, active: _Active, model: Any, epoch: int) -> None:
         import mlflow
 
+        requirements = self.pip_requirements or _requirements()
+        if installed("mlflow") < (3, 0):  # no logged models: the model is the run's artifact "model"
+            with tempfile.TemporaryDirectory(prefix="spark_torch_est-model-") as folder:
+                mlflow.pytorch.save_model(model.torch_model(), f"{folder}/model", input_example=input_example(model),
+                                          pip_requirements=requirements)
+                active.client.log_artifacts(active.run_id, f"{folder}/model", "model")
+            return
         # Created here so that the model lands in the run's experiment, whatever the
         # process-wide MLflow state says.
         logged = active.client.create_logged_model(active.experiment_id, name="model", source_run_id=active.run_id)
         with _process_tracking_uri(self.tracking_uri):
             mlflow.pytorch.log_model(model.torch_model(), name="model", input_example=input_example(model),
                                      run_id=active.run_id, model_id=logged.model_id, step=epoch,
-                                     pip_requirements=self.pip_requirements or _requirements())
+                                     pip_requirements=requirements)
 
     def _ambient(self) -> bool:
         """Whether this logger logs where MLflow's process-wide tracking URI points."""

@@ -70,6 +70,7 @@ def test_outputs_are_class_index_logit_and_probability_vectors(three):
     np.testing.assert_array_equal([r.prediction for r in rows], raw.argmax(axis=1))
 
 
+@pytest.mark.compat
 def test_multiclass_evaluator_reads_them_and_agrees_with_evaluate(three):
     df, model = three
     scored = model.transform(df)

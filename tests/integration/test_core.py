@@ -24,6 +24,7 @@ def _assert_learned(model: TorchModel, w: np.ndarray, b: float) -> None:
     assert abs(module.bias.item() - b) < 0.05
 
 
+@pytest.mark.compat
 def test_array_features_learn_linear_target_and_ranks_agree(spark, linear_df, linear_data, tmp_path):
     x, y, w, b = linear_data
     model = _estimator(hooks=[DumpWeights(str(tmp_path))]).fit(linear_df)
@@ -37,6 +38,7 @@ def test_array_features_learn_linear_target_and_ranks_agree(spark, linear_df, li
     assert len(predictions) == len(x)
 
 
+@pytest.mark.compat
 def test_vector_features_dense_and_sparse(spark, linear_data):
     x, y, w, b = linear_data
     rows = [
@@ -119,6 +121,7 @@ def test_multi_output_prediction_is_an_array(spark, linear_df):
     assert len(row.prediction) == 3
 
 
+@pytest.mark.compat
 def test_a_partition_over_the_memory_budget_spills_and_trains_identically(spark, linear_df):
     in_memory = _estimator(maxEpochs=2, memoryBudgetMB=0)
     in_memory.fit(linear_df)
@@ -128,6 +131,7 @@ def test_a_partition_over_the_memory_budget_spills_and_trains_identically(spark,
         assert torch.equal(value, spilled.checkpoint.model_state[key])
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("shape", ["coalesce", "union"])
 def test_dataframes_a_barrier_stage_refuses_as_they_are_still_train(spark, linear_df, linear_data, shape):
     """coalesce() and union() chains with numWorkers partitions are repartitioned, not launched as they are."""

@@ -18,9 +18,12 @@ from pyspark.sql import functions as F
 from spark_torch_est import Hook, TorchModel
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.storage import CheckpointDir
+from spark_torch_est.support import FSDP, installed
 from tests.helpers import CrashOnce, estimator, sgd, spark_jobs_started
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark,
+              pytest.mark.skipif(installed("torch") < FSDP.needs, reason="FSDP2 needs torch >= 2.6 (refused: "
+                                 "test_support.py)")]
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
@@ -61,6 +64,7 @@ def whole(spark, linear_df, tmp_path_factory):
     return est, model, ckpt
 
 
+@pytest.mark.compat
 def test_two_plus_two_epochs_equal_four_bitwise(spark, linear_df, tmp_path, whole):
     est = _fsdp(tmp_path, hooks={"sizes": ShardSizes()})
     est.fit(linear_df, duration="2ep")
@@ -110,6 +114,7 @@ def test_a_relaunch_after_a_killed_rank_resumes_from_the_sharded_checkpoint(spar
         assert torch.equal(value, crashing.checkpoint.model_state[key]), key
 
 
+@pytest.mark.compat
 def test_the_fitted_model_is_the_gathered_full_model(spark, linear_df, linear_data, tmp_path, whole):
     _, model, _ = whole
     x = linear_data[0][:50]

@@ -58,6 +58,7 @@ def _kept(spark) -> list[str]:
     return sorted(os.path.basename(p) for p in glob.glob(os.path.join(_local_dir(spark), "spark_torch_est-kept", "*")))
 
 
+@pytest.mark.compat
 def test_the_key_changes_with_anything_that_changes_the_rows(spark, tmp_path):
     path = str(tmp_path / "t")
     _write(path, 200, seed=0)
@@ -97,6 +98,7 @@ def test_the_key_changes_with_anything_that_changes_the_rows(spark, tmp_path):
     assert _key(est, df.withColumn("label", udf("label"))) is None, "a Python UDF's code is not in the plan"
 
 
+@pytest.mark.compat
 def test_later_fits_train_on_kept_rows_bitwise_as_if_read_again(spark, tmp_path, caplog):
     path = str(tmp_path / "t")
     _write(path, 600, seed=0)
@@ -152,6 +154,7 @@ def test_rows_past_the_bound_are_not_kept_and_the_next_fit_reads_through_spark(s
     assert est.progress.epoch == 2
 
 
+@pytest.mark.compat
 def test_an_unpersisted_dataframes_rows_are_released_without_another_fit(spark, tmp_path):
     path = str(tmp_path / "t")
     _write(path, 300, seed=0)

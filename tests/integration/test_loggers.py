@@ -46,6 +46,7 @@ def _metric(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, floa
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
+@pytest.mark.compat
 def test_one_mlflow_run_follows_the_estimator_run_through_fits_and_a_failure(
         spark, linear_df, linear_data, store, monkeypatch):
     uri, client, experiment_id = store
@@ -143,6 +144,7 @@ class Unshippable(Logger):
         raise RuntimeError("a bug in a logger")
 
 
+@pytest.mark.compat
 def test_tensorboard_and_csv_record_the_run_while_a_broken_logger_changes_nothing(
         spark, linear_df, tmp_path, caplog):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -45,6 +45,7 @@ def wide_df(spark, linear_df):
     return linear_df.select(F.monotonically_increasing_id().alias("id"), *columns, "label")
 
 
+@pytest.mark.compat
 def test_pipeline_fit_save_and_load_in_a_fresh_process(spark, wide_df, tmp_path):
     assembler = VectorAssembler(inputCols=[f"f{i}" for i in range(8)], outputCol="features")
     pipeline = Pipeline(stages=[assembler, _estimator()])
@@ -118,6 +119,7 @@ def test_config_is_tuned_by_cross_validator_and_train_validation_split_and_saves
     assert [r.prediction for r in loaded.transform(linear_df).collect()] == expected
 
 
+@pytest.mark.compat
 def test_validation_loss_and_metrics_are_exact_over_all_validation_rows(spark, linear_df):
     df = linear_df.withColumn("is_val", F.rand(seed=4) < 0.25)
     est = _estimator(model=mlp, validationIndicatorCol="is_val", maxEpochs=2,

@@ -31,6 +31,7 @@ def _assert_same_weights(a, b) -> None:
         assert torch.equal(wa[key], wb[key]), key
 
 
+@pytest.mark.compat
 def test_two_plus_two_epochs_is_bitwise_four(spark, linear_df):
     whole = _estimator()
     whole.fit(linear_df, duration="4ep")
@@ -44,6 +45,7 @@ def test_two_plus_two_epochs_is_bitwise_four(spark, linear_df):
                                [e["train_loss"] for e in whole.history], rtol=1e-9)
 
 
+@pytest.mark.compat
 def test_batch_durations_ending_mid_epoch_resume_exactly(spark, linear_df):
     whole = _estimator(maxEpochs=2)
     whole.fit(linear_df)
@@ -85,6 +87,7 @@ def test_reset_and_copy_start_new_runs(spark, linear_df):
     _assert_same_weights(est, copied)
 
 
+@pytest.mark.compat
 def test_resume_from_a_saved_model_in_a_fresh_estimator(spark, linear_df, tmp_path):
     whole = _estimator(maxEpochs=3)
     whole.fit(linear_df)

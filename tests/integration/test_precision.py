@@ -10,6 +10,7 @@ import torch
 
 from spark_torch_est import TorchEstimator, TorchModel
 from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.support import PREDICT_UDF, installed
 from tests.helpers import adam, linear_model, mlp, spark_jobs_started
 
 pytestmark = pytest.mark.spark
@@ -24,6 +25,7 @@ def test_an_unknown_precision_is_refused_before_any_job(spark, linear_df):
     assert spark_jobs_started(spark) == jobs and est.checkpoint is None
 
 
+@pytest.mark.compat
 def test_bf16_training_transform_evaluate_and_predict_udf_run_under_the_same_autocast(spark, linear_df,
                                                                                         tmp_path):
     est = TorchEstimator(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), config={"width": 64}, batchSize=64,
@@ -47,8 +49,12 @@ def test_bf16_training_transform_evaluate_and_predict_udf_run_under_the_same_aut
     assert not np.array_equal(expected, full), "bfloat16 and float32 forwards differ on this model"
 
     frame = spark.createDataFrame(rows).coalesce(1)
-    predicted = frame.select("features", model.predict_udf()("features").alias("p")).toPandas()
-    np.testing.assert_array_equal(predicted.p.to_numpy(dtype=np.float32), expected)
+    if installed("pyspark") >= PREDICT_UDF.needs:
+        predicted = frame.select("features", model.predict_udf()("features").alias("p")).toPandas()
+        np.testing.assert_array_equal(predicted.p.to_numpy(dtype=np.float32), expected)
+    else:
+        with pytest.raises(InvalidInputError, match=r"predict_udf\(\) needs pyspark >= 4.1"):
+            model.predict_udf()
     model.save(str(tmp_path / "m"))
     loaded = TorchModel.load(str(tmp_path / "m"))
     transformed = loaded.setDirectRead(False).transform(frame).toPandas()

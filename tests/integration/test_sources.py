@@ -42,6 +42,7 @@ def _source(df, **params):
     return parquet_source(df, frame_outputs(df, schema=schema, **settings), 2)
 
 
+@pytest.mark.compat
 def test_only_a_plain_scan_of_parquet_files_is_read_directly(spark, table, tmp_path):
     df = spark.read.parquet(table)
     source = _source(df)
@@ -95,6 +96,7 @@ def _sgd(model, config):
     return torch.optim.SGD(model.parameters(), lr=0.05)
 
 
+@pytest.mark.compat
 def test_a_table_read_from_its_files_learns_and_resumes_exactly(spark, table, linear_data, tmp_path):
     _, _, w, b = linear_data
     df = spark.read.parquet(table)
@@ -151,6 +153,7 @@ def test_files_without_the_columns_by_their_exact_names_go_through_spark(spark, 
     assert _source(df) is None
 
 
+@pytest.mark.compat
 def test_a_scored_table_reads_its_files_only_where_a_join_would_broadcast_it_alike(spark, table, caplog):
     """transform's tasks run over a range of the table's rows, which Spark takes for 8 bytes
     a row: where a join would then broadcast a table Spark itself would not, Spark scans it.

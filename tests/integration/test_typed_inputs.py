@@ -111,6 +111,7 @@ def _weights(source) -> dict[str, torch.Tensor]:
     return source.checkpoint.model_state
 
 
+@pytest.mark.compat
 def test_every_column_type_trains_transforms_and_evaluates(spark, wide_df):
     est = _estimator(validationIndicatorCol="is_val", memoryBudgetMB=0.01, maxEpochs=15)  # every input spills
     model = est.fit(wide_df)
@@ -171,6 +172,7 @@ def test_ragged_arrays_are_padded_to_each_batchs_longest_row(spark, wide_df):
     assert state["batches"] > 5 and state["padded"] > 0 and state["wrong"] == 0
 
 
+@pytest.mark.compat
 def test_save_load_and_a_pipeline_keep_the_typed_model(spark, wide_df, tmp_path):
     pipeline = Pipeline(stages=[SQLTransformer(statement="SELECT *, f_double * 2 AS unused FROM __THIS__"),
                                 _estimator(maxEpochs=1)])
@@ -185,6 +187,7 @@ def test_save_load_and_a_pipeline_keep_the_typed_model(spark, wide_df, tmp_path)
     assert TorchModel.load(str(tmp_path / "model")).getInputCols() == INPUTS
 
 
+@pytest.mark.compat
 def test_weighted_losses_are_exact_weighted_means_over_all_ranks(spark, wide_df):
     est = _estimator(weightCol="w", validationIndicatorCol="is_val", maxEpochs=2)
     model = est.fit(wide_df)
@@ -271,6 +274,7 @@ def test_a_classifier_on_int_labels_of_any_width_evaluates(spark):
         assert model.evaluate(typed)["loss"] == pytest.approx(model.evaluate(df)["loss"], rel=1e-6)
 
 
+@pytest.mark.compat
 def test_a_parquet_table_is_scored_from_its_files_exactly_as_through_spark(spark, tmp_path):
     """Every type pyarrow reads as Spark passes it (ids > 2^24, Vectors, nested and ragged
     arrays, bytes, strings): transform and evaluate read the files; other types go through Spark."""

@@ -98,3 +98,13 @@ def test_the_examples_in_docstrings_run(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
     assert result.attempted > 0 or ">>>" not in MODULES[name].read_text()
+
+
+def test_only_jvm_py_reaches_into_sparks_jvm_or_pyspark_internals():
+    """Every py4j handle and private pyspark call goes through one module, which the support
+    matrix checks on every Spark release it lists."""
+    reach = re.compile(r"\._(?:jvm|jsc|jdf|jsparkSession|jconf|gateway|collect_as_arrow)\b")
+    for name, path in MODULES.items():
+        if name != "spark_torch_est.jvm":
+            found = reach.findall(path.read_text())
+            assert not found, f"{name} reaches into Spark's JVM ({found}): go through spark_torch_est.jvm"
