@@ -64,7 +64,8 @@ class Row:
 
 
 #: The rows, oldest first. ``held``: tensorboard, tqdm and cloudpickle as the runtimes ship
-#: them, and SQLAlchemy below 2.1 where the runtime's mlflow cannot open a sqlite store with 2.1.
+#: them, and SQLAlchemy below 2.1 where the runtime's mlflow cannot open a sqlite store with 2.1
+#: (up to mlflow 3.8).
 ROWS = (
     Row("15.4", "Databricks 15.4 LTS ML", "3.5.0", "2.3.1", "1.5.3", "1.23.5", "14.0.1", "2.13.1",
         (("tensorboard", "2.16.2"), ("tqdm", "4.66.4"), ("cloudpickle", "2.2.1"), ("sqlalchemy", "2.0.30"),
@@ -74,7 +75,7 @@ ROWS = (
     Row("17.3", "Databricks 17.3 LTS ML", "4.0.0", "2.7.0", "2.2.3", "2.1.3", "19.0.1", "3.0.1",
         (("tensorboard", "2.19.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.0.0"), ("sqlalchemy", "2.0.39"))),
     Row("18", "Databricks 18 LTS ML", "4.1.0", "2.9.0", "2.2.3", "2.1.3", "21.0.0", "3.8.1",
-        (("tensorboard", "2.20.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.1.1"))),
+        (("tensorboard", "2.20.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.1.1"), ("sqlalchemy", "2.0.39"))),
     Row("newest", "newest releases", "4.3.0", "2.13.0", "2.3.3", "2.4.6", "25.0.1", "3.17.2",
         (("tensorboard", "2.21.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.1.2"))),
 )

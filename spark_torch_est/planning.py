@@ -75,6 +75,8 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
     """
     progress = start.progress if start is not None else Progress()
     check_params(params)
+    if params.getStrategy() == "fsdp" and not _gpu_ranks(params, dataset):
+        support.require(support.FSDP_CPU)
     check_changes(params, start)
     target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
                           params.getMaxEpochs())
@@ -120,6 +122,14 @@ def check_params(params: EstimatorParams) -> None:
             raise InvalidInputError(f"checkpointDir={directory!r} cannot be written from the driver "
                                     f"({type(error).__name__}: {error}); point it at a writable directory the "
                                     "executors share, or unset it") from None
+
+
+def _gpu_ranks(params: EstimatorParams, dataset: DataFrame) -> bool:
+    """Whether the ranks will train on GPUs: ``useGpu=True``, or None with GPUs given to the
+    tasks (``spark.task.resource.gpu.amount``)."""
+    if params.getUseGpu() is not None:
+        return bool(params.getUseGpu())
+    return dataset.sparkSession.conf.get("spark.task.resource.gpu.amount", None) not in (None, "0")
 
 
 def _check_choice(name: str, value: str, choices: Collection[str]) -> None:

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_torch_est import support
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ def shard_model(model: nn.Module, class_names: Sequence[str] | None, device: tor
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    if device.type == "cpu":  # the driver refuses it when it can tell the ranks have no GPU
+        support.require(support.FSDP_CPU)
     token = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.int64, device=device)
     dist.broadcast(token, src=0)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),), mesh_dim_names=(f"shard_{int(token[0]):x}",))

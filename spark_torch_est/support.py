@@ -14,7 +14,7 @@ from importlib.metadata import version
 
 from spark_torch_est.errors import InvalidInputError
 
-__all__ = ["Feature", "FSDP", "CONNECT_ML", "PREDICT_UDF", "installed", "require"]
+__all__ = ["Feature", "FSDP", "FSDP_CPU", "CONNECT_ML", "PREDICT_UDF", "installed", "require"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class Feature:
 
 
 FSDP = Feature('strategy="fsdp"', "torch", (2, 6), "FSDP2's public torch.distributed.fsdp.fully_shard")
+FSDP_CPU = Feature('strategy="fsdp" on CPU ranks', "torch", (2, 7),
+                   "FSDP2 on CPU: torch 2.6's fails in its first forward, CPU streams having no record_event")
 CONNECT_ML = Feature("pyspark.ml estimators under Spark Connect", "pyspark", (4, 0),
                      "pyspark.ml's Spark Connect support")
 PREDICT_UDF = Feature("predict_udf()", "pyspark", (4, 1), "pyspark.sql.functions.arrow_udf")

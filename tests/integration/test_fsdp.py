@@ -18,12 +18,12 @@ from pyspark.sql import functions as F
 from spark_torch_est import Hook, TorchModel
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.storage import CheckpointDir
-from spark_torch_est.support import FSDP, installed
+from spark_torch_est.support import FSDP_CPU, installed
 from tests.helpers import CrashOnce, estimator, sgd, spark_jobs_started
 
 pytestmark = [pytest.mark.spark,
-              pytest.mark.skipif(installed("torch") < FSDP.needs, reason="FSDP2 needs torch >= 2.6 (refused: "
-                                 "test_support.py)")]
+              pytest.mark.skipif(installed("torch") < FSDP_CPU.needs, reason="FSDP2 on CPU needs torch >= 2.7 "
+                                 "(refused: test_support.py)")]
 SCRIPTS = Path(__file__).parent / "scripts"
 
 

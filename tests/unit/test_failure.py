@@ -9,7 +9,7 @@ import torch.distributed as dist
 from spark_torch_est.errors import IncompatibleCheckpointError, InputDataError, InvalidInputError, TrainingFailedError
 from spark_torch_est.failure import (_BEGIN, _END, CHECKPOINT, INPUT, SYSTEM, USER, Decision, Failure, FailurePolicy,
                                      PeerAuthenticationError, StoreUnreachableError, _tag, describe,
-                                     explain_job_failure)
+                                     explain_job_failure, is_spark_error, package_bug)
 
 SECRET = b"k" * 32
 CRASH = ("org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "
@@ -158,3 +158,34 @@ def test_a_file_spark_cannot_read_beats_the_broken_stream_its_rank_reported():
     broken = Failure(SYSTEM, "ArrowInvalid: Tried reading schema message, was null or length 0", 1, "ingest")
     error = explain_job_failure(text, [broken], SECRET)
     assert isinstance(error, InputDataError) and "part-0.parquet" in str(error) and "not a Parquet file" in str(error)
+
+
+def _raised_by(call) -> BaseException:
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the error itself is what is examined
+        return error
+    raise AssertionError("did not raise")
+
+
+def test_an_attribute_error_of_the_packages_own_code_says_it_is_a_bug_and_is_not_retried():
+    from spark_torch_est import support
+
+    ours = describe(_raised_by(lambda: support.require(None)), rank=0, stage="setup", hook=None)  # None.package
+    assert ours.kind == USER and not ours.to_error().retryable
+    assert "a bug in spark_torch_est" in ours.message and "spark_torch_est/support.py:" in ours.message
+    theirs = describe(_raised_by(lambda: None.weight), rank=0, stage="forward", hook=None)  # the user's code
+    assert theirs.kind == USER and "a bug" not in theirs.message
+
+
+def test_only_sparks_own_errors_are_read_as_failed_jobs_on_the_driver():
+    from py4j.protocol import Py4JNetworkError
+    from pyspark.errors import PySparkAttributeError, PySparkRuntimeError
+
+    assert is_spark_error(Py4JNetworkError("the JVM went away"))
+    assert is_spark_error(PySparkRuntimeError(errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "x"}))
+    assert not is_spark_error(AttributeError("'DataFrame' object has no attribute 'toArrow'"))
+    assert not is_spark_error(PySparkAttributeError(errorClass="ATTRIBUTE_NOT_SUPPORTED",
+                                                    messageParameters={"attr_name": "toArrow"}))
+    bug = package_bug(AttributeError("'DataFrame' object has no attribute 'toArrow'"))
+    assert not bug.retryable and "toArrow" in bug.message and "please report it" in bug.message
