@@ -64,7 +64,7 @@ def test_bad_data(trained, spark, linear_df, case):
 
 
 def test_more_workers_than_local_mode_has_slots_fails_at_once(trained, linear_df):
-    before, started = trained.checkpoint, time.monotonic()
+    before, started, jobs = trained.checkpoint, time.monotonic(), spark_jobs_started(linear_df.sparkSession)
     trained.setNumWorkers(3).setSlotWaitTimeout(60.0)
     try:
         with pytest.raises(InvalidInputError, match=r"numWorkers=3 needs 3 task slots at once, but the cluster offers 2 "
@@ -73,6 +73,7 @@ def test_more_workers_than_local_mode_has_slots_fails_at_once(trained, linear_df
     finally:
         trained.setNumWorkers(2).setSlotWaitTimeout(1.0)
     assert trained.checkpoint is before and time.monotonic() - started < 10
+    assert spark_jobs_started(linear_df.sparkSession) == jobs, "refused from the cluster's slots, before any job"
 
 
 def test_data_with_nan_fails_at_its_step_and_keeps_the_run(trained, linear_df):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from spark_torch_est.errors import InvalidInputError
-from tests.helpers import RecordRows, linear_estimator, recorded_rows
+from tests.helpers import RecordRows, linear_estimator, recorded_rows, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -44,6 +44,7 @@ def test_fewer_slots_than_num_workers_train_on_the_slots_with_the_global_batch(s
 
 
 def test_without_min_workers_too_few_slots_stay_a_clear_error(spark, linear_df):
+    jobs = spark_jobs_started(spark)
     est = linear_estimator(numWorkers=3, minWorkers=3)
     with pytest.raises(InvalidInputError, match=r"numWorkers=3 needs 3 task slots at once, but the cluster offers 2"):
         est.fit(linear_df)
@@ -51,4 +52,4 @@ def test_without_min_workers_too_few_slots_stay_a_clear_error(spark, linear_df):
     with pytest.raises(InvalidInputError, match=r"numWorkers=4 minWorkers=3 needs 3 task slots at once, but the "
                                                 r"cluster offers 2 .*lower numWorkers or minWorkers"):
         est.fit(linear_df)
-    assert est.checkpoint is None
+    assert est.checkpoint is None and spark_jobs_started(spark) == jobs, "refused before any Spark job"
