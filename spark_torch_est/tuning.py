@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_torch_est.duration import Duration
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import InvalidInputError, TrainingFailedError
 from spark_torch_est.estimator import TorchEstimator
 from spark_torch_est.frames import label_kind
 from spark_torch_est.jvm import task_slots
@@ -94,6 +94,7 @@ class _Trial:
     model: TorchModel | None = None
     metric: float | None = None
     stalled: bool = False  # its last fit trained no epoch (a hook stopped it): it goes no further
+    error: str | None = None  # ``Type: message`` of the fit or evaluation that failed: it goes no further
 
     @property
     def epochs(self) -> int:
@@ -173,9 +174,16 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
         with self._split(dataset, trials[0].estimator) as (train, validation), _tuner_run(self, trials):
             def advance(trial: _Trial, epochs: int) -> None:
                 before = trial.epochs
-                trial.model = trial.estimator.fit(train, duration=f"{epochs - before}ep")
-                trial.stalled = trial.epochs == before
-                trial.metric = float(evaluator.evaluate(trial.model.transform(validation)))
+                try:
+                    model = trial.estimator.fit(train, duration=f"{epochs - before}ep")
+                    trial.metric = float(evaluator.evaluate(model.transform(validation)))
+                except Exception as error:  # one bad configuration costs no other its work
+                    trial.error, trial.metric = f"{type(error).__name__}: {error}"[:2000], math.nan
+                    logger.warning("successive halving: param map %d (%s) failed and leaves the search: %s",
+                                   trial.index, param_map_name(self.getEstimatorParamMaps()[trial.index]),
+                                   trial.error)
+                    return
+                trial.model, trial.stalled = model, trial.epochs == before
 
             winner, rungs = self._rungs(trials, min_epochs, evaluator.isLargerBetter(), _runner(self, dataset, advance))
         logger.info("successive halving chose map %d (%s) with %s", winner.index,
@@ -185,24 +193,48 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
 
     def _rungs(self, trials: list[_Trial], min_epochs: int, larger_is_better: bool,
                advance_all: Callable[[list[tuple[_Trial, int]]], None]) -> tuple[_Trial, list[dict]]:
-        """Runs the rungs; returns the winner and every decision, in rung then map order."""
+        """Runs the rungs; returns the winner and every decision, in rung then map order.
+        A map whose fit or evaluation fails is recorded (its entry carries ``"error"``), ranked
+        last and never kept; when every map still in the search failed, the best map of an
+        earlier rung wins.
+
+        Raises:
+            TrainingFailedError: Every map failed; names each map's error.
+        """
         alive, epochs, rung, rungs = list(trials), min_epochs, 0, []
         while True:
             goals = [(t, min(epochs, t.max_epochs)) for t in alive]
             advance_all([(t, goal) for t, goal in goals if t.metric is None or (t.epochs < goal and not t.stalled)])
-            capped = all(t.finished for t in alive)
-            ranked = sorted(alive, key=lambda t: _rank_key(t, larger_is_better))
+            working = [t for t in alive if t.error is None]
+            capped = all(t.finished for t in working)
+            ranked = sorted(working, key=lambda t: _rank_key(t, larger_is_better))
             kept = ranked[:1 if capped else math.ceil(len(alive) / self.getEta())]
             for trial in alive:
-                rungs.append({"rung": rung, "index": trial.index, "epochs": trial.epochs, "metric": trial.metric,
-                              "kept": trial in kept})
-            logger.info("rung %d: %s; kept %s", rung, ", ".join(f"map {t.index}: {t.metric:.6g}" for t in alive),
-                        [t.index for t in kept])
+                entry = {"rung": rung, "index": trial.index, "epochs": trial.epochs, "metric": trial.metric,
+                         "kept": trial in kept}
+                rungs.append(entry if trial.error is None else {**entry, "error": trial.error})
+            logger.info("rung %d: %s; kept %s", rung, ", ".join(
+                f"map {t.index}: {'failed' if t.error else f'{t.metric:.6g}'}" for t in alive), [t.index for t in kept])
+            if not kept:
+                return self._best_of_the_rest(trials, larger_is_better), rungs
             if len(kept) == 1 and kept[0].finished:
                 return kept[0], rungs
             alive = sorted(kept, key=lambda t: t.index)
             epochs = alive[0].max_epochs if len(alive) == 1 else epochs * self.getEta()
             rung += 1
+
+    def _best_of_the_rest(self, trials: list[_Trial], larger_is_better: bool) -> _Trial:
+        """The best map that did not fail, at the last rung it reached.
+
+        Raises:
+            TrainingFailedError: Every map failed; names each map's error.
+        """
+        rest = [t for t in trials if t.error is None and t.model is not None]
+        if rest:
+            return min(rest, key=lambda t: _rank_key(t, larger_is_better))
+        maps = self.getEstimatorParamMaps()
+        raise TrainingFailedError("successive halving: every param map failed: " + "; ".join(
+            f"map {t.index} ({param_map_name(maps[t.index])}): {t.error}" for t in trials))
 
     # ----------------------------------------------------------------- validation
 

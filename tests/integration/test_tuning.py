@@ -10,7 +10,7 @@ from pyspark.ml.tuning import ParamGridBuilder
 from pyspark.sql import functions as F
 
 from spark_torch_est import Logger
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import InvalidInputError, TrainingFailedError
 from spark_torch_est.tuning import SuccessiveHalving, SuccessiveHalvingModel, param_map_name
 from tests.helpers import linear_estimator, mlp, spark_jobs_started
 
@@ -106,6 +106,28 @@ def test_maps_may_vary_batch_size_workers_and_max_epochs_and_the_model_saves(spa
     assert loaded.rungs == tuned.rungs and loaded.validationMetrics == tuned.validationMetrics
     expected = [r.prediction for r in tuned.transform(split_df).collect()]
     assert [r.prediction for r in loaded.transform(split_df).collect()] == expected
+
+
+def test_a_failing_map_is_recorded_ranked_last_and_the_search_goes_on(spark, split_df):
+    est = linear_estimator(maxEpochs=2, seed=3, validationIndicatorCol="is_val")
+    grid = ParamGridBuilder().addGrid(est.config, [{"lr": 0.05}, {"lr": -1.0}, {"lr": 0.02}, {"lr": 1e30}]).build()
+    tuned = _tuner(est, grid).fit(split_df)  # map 1: SGD refuses it; map 3: its loss overflows
+
+    rung0 = {r["index"]: r for r in tuned.rungs if r["rung"] == 0}
+    assert "Invalid learning rate" in rung0[1]["error"] and "loss" in rung0[3]["error"].lower()
+    assert not rung0[1]["kept"] and not rung0[3]["kept"] and rung0[0]["kept"] and rung0[2]["kept"]
+    assert "error" not in rung0[0] and "error" not in rung0[2]
+    assert all(r["index"] in (0, 2) for r in tuned.rungs if r["rung"] > 0)
+    nan = [i for i, m in enumerate(tuned.validationMetrics) if m != m]
+    assert nan == [1, 3] and tuned.bestModel.checkpoint.progress.epoch == 2
+
+
+def test_only_when_every_map_fails_does_the_search_fail_naming_each(spark, split_df):
+    est = linear_estimator(maxEpochs=2, validationIndicatorCol="is_val")
+    grid = ParamGridBuilder().addGrid(est.config, [{"lr": -1.0}, {"lr": -2.0}]).build()
+    with pytest.raises(TrainingFailedError, match=r"every param map failed: map 0 \(config=\{'lr': -1.0\}\): .*"
+                                                  r"Invalid learning rate.*map 1 .*-2.0"):
+        _tuner(est, grid).fit(split_df)
 
 
 @pytest.mark.parametrize("params, message", [

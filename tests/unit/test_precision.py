@@ -17,6 +17,7 @@ from spark_torch_est.protocol import IS_VALIDATION
 from spark_torch_est.worker import run_rank
 from tests.helpers import LOCAL_LAUNCH, adam, arrow_batches, flat_weights, mlp, task_spec, train_locally
 
+pytestmark = pytest.mark.compat  # each torch of the support matrix: autocast, GradScaler, exact resume
 MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
@@ -39,7 +40,9 @@ class Dtypes(Hook):
 
 
 def _with_validation(rows: int = 200) -> list[pa.RecordBatch]:
-    return [arrow_batches(rows)[0].append_column(IS_VALIDATION, pa.array([i % 5 == 0 for i in range(rows)]))]
+    batch = arrow_batches(rows)[0]  # pyarrow 14 (the oldest row) has no RecordBatch.append_column
+    return [pa.RecordBatch.from_arrays([*batch.columns, pa.array([i % 5 == 0 for i in range(rows)])],
+                                       names=[*batch.schema.names, IS_VALIDATION])]
 
 
 @pytest.mark.parametrize("precision", list(MIXED))
