@@ -220,15 +220,17 @@ class Checkpoint:
         return self._state.get("strategy", "ddp")
 
     @property
-    def sharded(self) -> dict[str, str] | None:
-        """Where the run's sharded model and optimizer state is (``{"url", "digest"}``), or
-        None when this checkpoint holds them itself."""
+    def sharded(self) -> dict[str, Any] | None:
+        """Where the run's sharded model and optimizer state is (``{"url", "digest",
+        "files"}``: the folder, the SHA-256 of its ``.metadata`` and of every file in it;
+        checkpoints of earlier releases have no ``"files"``), or None when this checkpoint
+        holds them itself."""
         sharded = self._state.get("sharded")
         if sharded is None:
             return None
-        if not (isinstance(sharded, Mapping) and all(isinstance(sharded.get(k), str) for k in ("url", "digest"))):
-            raise IncompatibleCheckpointError(f"malformed sharded checkpoint location: {sharded!r}")
-        return {"url": sharded["url"], "digest": sharded["digest"]}
+        if not _sharded_pointer(sharded):
+            raise IncompatibleCheckpointError(f"malformed sharded checkpoint location: {sharded!r}"[:500])
+        return {"url": sharded["url"], "digest": sharded["digest"], "files": dict(sharded.get("files") or {})}
 
     def for_ranks(self) -> Checkpoint:
         """What the ranks resume from: a sharded checkpoint without the full weights the
@@ -349,9 +351,8 @@ def _check_structure(state: Mapping[str, Any]) -> None:
                                                       for k, v in state["model"].items()),
          "model", "a state_dict: {name: tensor}")
     sharded, optimizer = state.get("sharded"), state["optimizer"]
-    need(sharded is None or (isinstance(sharded, Mapping) and all(isinstance(sharded.get(k), str)
-                                                                  for k in ("url", "digest"))),
-         "sharded", "None or {'url': str, 'digest': str}")
+    need(sharded is None or _sharded_pointer(sharded), "sharded",
+         "None or {'url': str, 'digest': str, 'files': {name: str}}")
     need((sharded is not None and optimizer == {}) or isinstance(optimizer, Mapping)
          and isinstance(optimizer.get("state"), Mapping)
          and isinstance(optimizer.get("param_groups"), list)
@@ -406,3 +407,10 @@ def iter_chunks(blob: bytes, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
     view = memoryview(blob)
     for start in range(0, len(view), size):
         yield view[start:start + size]
+
+
+def _sharded_pointer(value: Any) -> bool:
+    """Whether ``value`` is a sharded checkpoint's location as :class:`Checkpoint` keeps it."""
+    files = value.get("files", {}) if isinstance(value, Mapping) else None
+    return (isinstance(value, Mapping) and all(isinstance(value.get(k), str) for k in ("url", "digest"))
+            and isinstance(files, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()))

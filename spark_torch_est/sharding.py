@@ -12,7 +12,8 @@ per checkpoint under ``checkpointDir``::
     ckpt-3f9c0a1b2d4e-ep000002-ba000000000040.pt     # progress, RNG, hooks: written last
 
 The small ``.pt`` checkpoint (see :mod:`spark_torch_est.checkpoint`) holds the folder's
-location and the SHA-256 of its ``.metadata``, never the weights; it is written after every
+location and the SHA-256 of every file in it (each rank hashes a share of them), never the
+weights; a load checks every file before any state is read, and names one that differs; it is written after every
 rank's part and the ``.metadata``, so a checkpoint whose parts are not all written has no
 ``.pt`` and is never taken as the newest. ``checkpointDir`` must be storage every rank
 reaches (a shared filesystem or an object store): DCP reshards on load, so a rank reads
@@ -145,11 +146,12 @@ class ShardedState:
         self.world_size = world_size
         self._checked_reach = False
 
-    def save(self, url: str) -> dict[str, str]:
+    def save(self, url: str) -> dict[str, Any]:
         """Writes every rank's part into the folder ``url``. Collective.
 
         Returns:
-            ``{"url": url, "digest": SHA-256 of the .metadata}`` (the digest on rank 0 only).
+            ``{"url": url, "digest": SHA-256 of the .metadata, "files": {name: SHA-256}}``
+            for every file of the folder (each rank hashes a share of them).
 
         Raises:
             InvalidInputError: Some rank does not see every part (``checkpointDir`` is not
@@ -162,10 +164,49 @@ class ShardedState:
         dcp.save({"model": model_state, "optimizer": optimizer_state}, storage_writer=_writer(url))
         if not self._checked_reach:
             self._check_reach(url)
-        digest = _sha256(_read(posixpath.join(url, _METADATA))) if self.rank == 0 else ""
-        return {"url": url, "digest": digest}
+        fs, path = fsspec.core.url_to_fs(url)
+        names = sorted(posixpath.basename(p) for p in fs.ls(path, detail=False))
+        table = torch.zeros(len(names), 32, dtype=torch.int32)
+        for i in range(self.rank, len(names), self.world_size):
+            table[i] = torch.tensor(list(bytes.fromhex(_file_sha256(posixpath.join(url, names[i])))))
+        table = self._summed(table)  # each row is one rank's, zeros elsewhere
+        files = {name: bytes(row.tolist()).hex() for name, row in zip(names, table)}
+        return {"url": url, "digest": files[_METADATA], "files": files}
 
-    def load(self, pointer: dict[str, str]) -> None:
+    def _summed(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` summed over the ranks, on the device the process group works on."""
+        if self.world_size == 1:
+            return tensor
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else tensor.device
+        moved = tensor.to(device)
+        dist.all_reduce(moved)
+        return moved.cpu()
+
+    def _check_files(self, pointer: dict[str, Any]) -> None:
+        """Checks every file of the folder against the digest the checkpoint holds for it,
+        each rank a share of them, before any state is read. Collective.
+
+        Raises:
+            IncompatibleCheckpointError: Names a file that is missing or differs.
+        """
+        files: dict[str, str] = pointer.get("files") or {}
+        names = sorted(files)
+        verdicts = torch.zeros(len(names), dtype=torch.int32)  # 1: differs, 2: missing
+        for i in range(self.rank, len(names), self.world_size):
+            try:
+                verdicts[i] = int(_file_sha256(posixpath.join(pointer["url"], names[i])) != files[names[i]])
+            except (OSError, ValueError):
+                verdicts[i] = 2
+        verdicts = self._summed(verdicts)
+        bad = [(name, int(v)) for name, v in zip(names, verdicts) if v]
+        if bad:
+            name, verdict = bad[0]
+            what = "is missing" if verdict == 2 else "differs from the one the checkpoint was saved with (SHA-256)"
+            raise IncompatibleCheckpointError(
+                f"{name} of the sharded checkpoint {what}: the folder {pointer['url']} was altered or replaced"
+                + (f" ({len(bad) - 1} more file(s) too)" if len(bad) > 1 else ""))
+
+    def load(self, pointer: dict[str, Any]) -> None:
         """Loads the model's and optimizer's parts from a folder written by any number of
         ranks (DCP reshards). Collective.
 
@@ -178,13 +219,14 @@ class ShardedState:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         metadata = _checked_metadata(pointer["url"], pointer["digest"])
+        self._check_files(pointer)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
         try:
             dcp.load(state, storage_reader=_reader(pointer["url"], metadata), planner=_planner())
         except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as error:
             raise IncompatibleCheckpointError(f"cannot load the sharded checkpoint {pointer['url']} into the model: "
-                                              f"{type(error).__name__}: {str(error)[:500]}") from None
+                                              f"{_cause(error)[:500]}") from None
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
 
@@ -303,3 +345,22 @@ def _read(url: str) -> bytes:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(url: str) -> str:
+    """The SHA-256 of a file, read in chunks (a shard may be large)."""
+    digest = hashlib.sha256()
+    with fsspec.open(url, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _cause(error: BaseException) -> str:
+    """``Type: message`` of what failed: for DCP's ``CheckpointException`` (a traceback per
+    rank), the first rank's own exception, so that the cause comes first."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        error = getattr(first, "exception", first)
+    return f"{type(error).__name__}: {error}"

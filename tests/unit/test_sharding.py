@@ -58,6 +58,29 @@ def test_an_altered_metadata_file_is_refused(tmp_path):
         _fsdp(tmp_path, Target(epoch=2), resume=half.to_bytes())
 
 
+def test_every_file_of_the_folder_is_checked_before_any_state_is_loaded(tmp_path):
+    half = _fsdp(tmp_path / "a", Target(epoch=1))
+    other = _fsdp(tmp_path / "b", Target(epoch=1), seed=99)  # another run of the same shapes
+    assert set(half.sharded["files"]) == {".metadata", "__0_0.distcp"}
+    shard = os.path.join(half.sharded["url"], "__0_0.distcp")
+    original = open(shard, "rb").read()
+    with open(shard, "wb") as handle:  # one flipped byte
+        handle.write(original[:100] + bytes([original[100] ^ 1]) + original[101:])
+    with pytest.raises(RankFailure) as flipped:
+        _fsdp(tmp_path / "a", Target(epoch=2), resume=half.to_bytes())
+    with open(shard, "wb") as handle:  # the part of another run, loaded silently before
+        handle.write(open(os.path.join(other.sharded["url"], "__0_0.distcp"), "rb").read())
+    with pytest.raises(RankFailure) as copied:
+        _fsdp(tmp_path / "a", Target(epoch=2), resume=half.to_bytes())
+    os.remove(shard)
+    with pytest.raises(RankFailure) as missing:
+        _fsdp(tmp_path / "a", Target(epoch=2), resume=half.to_bytes())
+    for error, what in ((flipped, "differs"), (copied, "differs"), (missing, "is missing")):
+        cause = error.value.failure.message
+        assert cause.startswith("IncompatibleCheckpointError: __0_0.distcp of the sharded checkpoint " + what), cause
+        assert len(cause[:cause.index(what)]) < 300
+
+
 def test_a_metadata_file_naming_other_callables_is_not_unpickled():
     with pytest.raises(IncompatibleCheckpointError, match="builtins.print, which a DCP metadata file never holds"):
         _MetadataUnpickler(io.BytesIO(pickle.dumps(print))).load()
