@@ -18,7 +18,7 @@ from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
 from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
+from spark_torch_est.hooks import Hook, HookSet, normalize_hooks, storable_state
 from spark_torch_est.ingest_cache import KeptIngest
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.loggers import Logger
@@ -420,4 +420,5 @@ def _train(launcher: Launcher, spec: TaskSpec, start: Progress) -> Checkpoint:
 
 
 def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:
-    return {name: copy.deepcopy(hook.state_dict()) for name, hook in hooks.items()}
+    """Each hook's state now, as a checkpoint would store it (a copy: ``reset`` restores it)."""
+    return {name: copy.deepcopy(storable_state(name, hook.state_dict())) for name, hook in hooks.items()}

@@ -160,7 +160,7 @@ def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoin
     for name in ("model", "optimizer", "loss"):
         if getattr(creators, name) is None:
             raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
-    HookSet(creators.hooks)
+    HookSet(creators.hooks).state_dict()  # a state the checkpoint cannot store fails here, not after an epoch
     try:
         fsdp = params.getStrategy() == "fsdp"
         model = model_to_check(creators) if fsdp else creators.build_model()
