@@ -106,8 +106,10 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             that a later fit on the same unchanged DataFrame skips Spark's scan and shuffle
             (default 8192; 0 keeps nothing; see docs/ingest.md).
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
-        allowNonFinite: Train on when the loss is NaN or infinite (default False: the fit
-            fails at that step with ``TrainingFailedError`` and the run keeps its last state).
+        allowNonFinite: Train on when the loss is NaN or infinite, or an epoch's weightCol
+            weights sum to 0 (default False: the fit fails at that step with
+            ``TrainingFailedError``, or at that epoch's end with ``InputDataError``, and the
+            run keeps its last state).
         directRead: Let the tasks read a plain Parquet table on a local or mounted
             filesystem themselves, with pyarrow (default True; see docs/ingest.md); the
             model keeps it for ``transform`` and ``evaluate``.
