@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, overload
 
 import cloudpickle
@@ -16,7 +18,7 @@ from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.creators import Creators
 from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.hooks import Hook, HookSet, normalize_hooks
+from spark_torch_est.hooks import Hook, HookSet, normalize_hooks, storable_state
 from spark_torch_est.ingest_cache import KeptIngest
 from spark_torch_est.launcher import Launcher
 from spark_torch_est.loggers import Logger
@@ -39,6 +41,8 @@ __all__ = ["TorchEstimator"]
 logger = logging.getLogger(__name__)
 
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks")
+#: Guards every estimator's ``_fitting`` flag while a fit checks and sets it.
+_FITTING = threading.Lock()
 
 
 class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
@@ -46,7 +50,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     Each fit continues the estimator's run: ``fit(df)`` trains to ``maxEpochs``,
     ``fit(df, duration="2ep")`` two more epochs (never past ``maxEpochs``). ``copy()`` and
-    ``reset()`` start a new run.
+    ``reset()`` start a new run. One fit of a run at a time: a ``fit`` while another
+    thread's fit of the same estimator runs is refused; copies fit in parallel.
 
     Args:
         model: An ``nn.Module`` or ``callable(config) -> nn.Module``.
@@ -101,8 +106,10 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             that a later fit on the same unchanged DataFrame skips Spark's scan and shuffle
             (default 8192; 0 keeps nothing; see docs/ingest.md).
         inferenceBatchSize: Rows per forward pass in ``transform`` (default 4096).
-        allowNonFinite: Train on when the loss is NaN or infinite (default False: the fit
-            fails at that step with ``TrainingFailedError`` and the run keeps its last state).
+        allowNonFinite: Train on when the loss is NaN or infinite, or an epoch's weightCol
+            weights sum to 0 (default False: the fit fails at that step with
+            ``TrainingFailedError``, or at that epoch's end with ``InputDataError``, and the
+            run keeps its last state).
         directRead: Let the tasks read a plain Parquet table on a local or mounted
             filesystem themselves, with pyarrow (default True; see docs/ingest.md); the
             model keeps it for ``transform`` and ``evaluate``.
@@ -145,6 +152,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         self._fresh_hooks: set[str] = set()  # hooks added since the last fit: they keep their own state
         self._loggers = normalize_loggers(kwargs.pop("loggers", None))  # driver only: not in the creators
         self._checkpoint: Checkpoint | None = None
+        self._fitting = False  # a fit of this run is in progress (see _one_fit_at_a_time)
         self._folds = 0  # fitMultiple calls (a tuner's folds) since the last refit
         self._fold: str | None = None  # in a copy made by fitMultiple: its fold ("" for a train-validation split)
         self._set(**kwargs)
@@ -236,6 +244,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             else:
                 that._loggers = copied
         that._checkpoint = None
+        that._fitting = False
         that.reset()
         return that
 
@@ -311,8 +320,32 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     def _fit(self, dataset: DataFrame) -> TorchModel:
         return self._fit_run(dataset, None, None)
 
+    @contextlib.contextmanager
+    def _one_fit_at_a_time(self) -> Iterator[None]:
+        """Holds this run for one fit; a fit from another thread meanwhile is refused.
+
+        Raises:
+            InvalidInputError: The estimator is already fitting.
+        """
+        with _FITTING:
+            if self._fitting:
+                raise InvalidInputError(
+                    "this TorchEstimator is already fitting (a fit() in another thread has not returned): two fits "
+                    "of one run at once would lose one fit's training. Wait for that fit to return, or fit "
+                    "est.copy() instead, an independent run with the same Params, which may fit in parallel")
+            self._fitting = True
+        try:
+            yield
+        finally:
+            self._fitting = False
+
     def _fit_run(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
                  name: str | None = None) -> TorchModel:
+        with self._one_fit_at_a_time():
+            return self._fit_alone(dataset, duration, resume_from, name)
+
+    def _fit_alone(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
+                   name: str | None) -> TorchModel:
         start = resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
         plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks)
         progress = plan.progress
@@ -389,4 +422,5 @@ def _train(launcher: Launcher, spec: TaskSpec, start: Progress) -> Checkpoint:
 
 
 def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:
-    return {name: copy.deepcopy(hook.state_dict()) for name, hook in hooks.items()}
+    """Each hook's state now, as a checkpoint would store it (a copy: ``reset`` restores it)."""
+    return {name: copy.deepcopy(storable_state(name, hook.state_dict())) for name, hook in hooks.items()}

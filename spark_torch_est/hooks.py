@@ -24,14 +24,19 @@ method once and passes exactly those names. The order of stages in one fit is::
 
 from __future__ import annotations
 
+import collections
 import inspect
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable, Iterable, Mapping
 
+import numpy as np
+import torch
+
 from spark_torch_est.errors import InvalidInputError
 
-__all__ = ["Hook", "Control", "HookSet", "STAGES", "STAGE_ARGUMENTS", "bind_keywords", "normalize_hooks"]
+__all__ = ["Hook", "Control", "HookSet", "STAGES", "STAGE_ARGUMENTS", "bind_keywords", "normalize_hooks",
+           "storable_state"]
 
 _COMMON = (
     "model", "ddp_model", "optimizer", "scheduler", "loss_fn", "epoch", "batch_idx",
@@ -146,11 +151,54 @@ class Hook:
         """When a stage raised; ``exception`` and ``stage`` say what and where."""
 
     def state_dict(self) -> dict:
-        """Returns the state to keep across fits (tensors and plain data only)."""
+        """Returns the state to keep across fits: tensors and plain data only (see
+        :func:`storable_state`; numpy values come back as Python numbers and tensors)."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores what :meth:`state_dict` returned."""
+
+
+#: Values a checkpoint stores as they are: ``torch.load(weights_only=True)`` reads them back.
+_STORABLE = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Tensor, torch.nn.Parameter,
+             torch.Size, torch.dtype, torch.device)
+_SEQUENCES = (list, tuple, set)
+_MAPPINGS = (dict, collections.OrderedDict, collections.Counter)
+
+
+def storable_state(name: str, state: Any) -> dict:
+    """Hook ``name``'s ``state_dict()`` as a checkpoint stores it: numpy scalars as Python
+    numbers, numpy arrays as tensors, everything else as it is.
+
+    Raises:
+        InvalidInputError: ``state`` is not a dict, or holds a value that
+            ``torch.load(weights_only=True)`` cannot read back (a lock, a client, an
+            object of the user's class, ...), naming the hook and the value's key.
+    """
+    if type(state) not in _MAPPINGS:
+        raise InvalidInputError(f"hook {name!r}: state_dict() must return a dict, got {type(state).__name__}")
+    return _storable(state, name, "")
+
+
+def _storable(value: Any, name: str, path: str) -> Any:
+    """``value`` (at ``path`` in hook ``name``'s state) with its numpy values converted."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    elif isinstance(value, np.ndarray) and value.dtype.kind in "biufc":
+        return torch.tensor(value)
+    if type(value) in _STORABLE:
+        return value
+    if type(value) in _MAPPINGS:
+        return type(value)((_storable(k, name, f"{path} key {k!r}"), _storable(v, name, f"{path}[{k!r}]"))
+                           for k, v in value.items())
+    if type(value) in _SEQUENCES:
+        return type(value)(_storable(item, name, f"{path}[{i}]") for i, item in enumerate(value))
+    raise InvalidInputError(
+        f"hook {name!r}: state_dict(){path} holds a {type(value).__module__}.{type(value).__qualname__}, which a "
+        "checkpoint cannot store: checkpoints are read with torch.load(weights_only=True), which takes tensors, "
+        "numbers, strings, bytes, None and dicts, lists, tuples and sets of them (numpy numbers and arrays are "
+        "converted). Return plain data from the hook's state_dict() and rebuild the rest in its load_state_dict() "
+        "(hooks= argument)")
 
 
 def normalize_hooks(hooks: Iterable[Hook] | Mapping[str, Hook] | None) -> dict[str, Hook]:
@@ -310,8 +358,12 @@ class HookSet:
             raise
 
     def state_dict(self) -> dict[str, dict]:
-        """Returns ``{hook name: hook.state_dict()}``."""
-        return {name: hook.state_dict() for name, hook in self.hooks.items()}
+        """Returns ``{hook name: hook.state_dict()}`` as a checkpoint stores it (see :func:`storable_state`).
+
+        Raises:
+            InvalidInputError: A hook's state holds a value a checkpoint cannot store.
+        """
+        return {name: storable_state(name, hook.state_dict()) for name, hook in self.hooks.items()}
 
     def load_state_dict(self, states: Mapping[str, dict]) -> None:
         """Loads saved states into the hooks with the same names; others are left alone."""

@@ -9,9 +9,11 @@ block manager directory, removed when the executor or the session stops)::
 
     spark_torch_est-kept/<key>/part-00001-of-00002.arrow   # an Arrow IPC file of the part's batches
 
-A part is written beside the ingest, renamed into place once complete, and the key's
+A part is written beside the ingest to a temporary file of its own writer
+(``part-....arrow.tmp-<pid>-<random>``), renamed into place once complete, and the key's
 folder is touched on every use; past ``keepIngestedMB`` on one executor the least recently
-used keys are removed.
+used keys are removed. Two fits that write one part at once (two estimators' first fits of
+one cached DataFrame) each write their own file; the last rename wins, and both are whole.
 """
 
 from __future__ import annotations
@@ -106,16 +108,19 @@ def _drop_requested(plan: KeptPlan) -> None:
 def _tee(batches: Iterator[pa.RecordBatch], plan: KeptPlan, part: int, parts: int) -> Iterator[pa.RecordBatch]:
     """``batches``, each also appended to the part's file; the file is renamed into place
     only once every batch is in it (a failed or abandoned ingest leaves none; what a rank
-    that died meanwhile left goes when the part is written again)."""
+    that died meanwhile left goes when the part is written again; what a live process is
+    writing, another fit's rank, stays)."""
     path = part_path(plan.key, part, parts)
-    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+    temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
     writer: Any = None
     sink: Any = None
     complete = False
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        for stale in glob.glob(f"{glob.escape(path)}.tmp-*"):  # a rank that died writing this part
-            os.remove(stale)
+        for stale in glob.glob(f"{glob.escape(path)}.tmp-*"):
+            if not _writer_alive(stale):  # a rank that died writing this part
+                with contextlib.suppress(FileNotFoundError):  # another writer removed it first
+                    os.remove(stale)
         sink = open(temporary, "wb")
     except OSError as error:
         logger.warning("cannot keep this part's rows for later fits (%s)", error)
@@ -150,6 +155,23 @@ def _tee(batches: Iterator[pa.RecordBatch], plan: KeptPlan, part: int, parts: in
         if not complete:
             with contextlib.suppress(OSError):
                 os.remove(temporary)
+
+
+def _writer_alive(temporary: str) -> bool:
+    """Whether the process that writes ``temporary`` (named by :func:`_tee`) still runs; a
+    name without a process id (an older version's) counts as left by a dead one."""
+    pid, separator, _ = temporary.rsplit(".tmp-", 1)[-1].partition("-")
+    if not (separator and pid.isdigit()):
+        return False
+    if int(pid) == os.getpid() or os.name == "nt":  # Windows has no harmless probe (os.kill terminates)
+        return True
+    try:
+        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+    except PermissionError:  # another user's process
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
 
 
 def _read(path: str) -> Iterator[pa.RecordBatch]:

@@ -36,8 +36,8 @@ from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
 
-__all__ = ["FitPlan", "plan_fit", "plan_frame", "check_params", "check_changes", "check_creators", "task_spec",
-           "make_creators", "checked_config", "resolve_checkpoint"]
+__all__ = ["FitPlan", "plan_fit", "plan_frame", "check_static", "check_params", "check_changes", "check_creators",
+           "task_spec", "make_creators", "checked_config", "resolve_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
         start: The checkpoint the fit continues, or None.
         fresh_hooks: Names of the hooks added since the last fit (they keep their own state).
     """
+    check_static(dataset)
     progress = start.progress if start is not None else Progress()
     check_params(params)
     if params.getStrategy() == "fsdp" and not _gpu_ranks(params, dataset):
@@ -86,6 +87,16 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
     frame, source = _checked_frame(params, creators, dataset, schema, start)
     spec = task_spec(params, creators, target, schema, start, source, fresh_hooks)
     return FitPlan(progress, target, schema, frame, source, spec)
+
+
+def check_static(dataset: DataFrame) -> None:
+    """Refuses a streaming DataFrame: training passes over a fixed set of rows, epoch after epoch."""
+    if dataset.isStreaming:
+        raise InvalidInputError(
+            "fit needs a static DataFrame, got a streaming one (dataset.isStreaming is True): every epoch trains on "
+            "the same fixed rows. transform supports streaming DataFrames, fit does not; train on a stream's rows "
+            "by writing them out (e.g. in writeStream.foreachBatch) and passing the table read statically "
+            "(spark.read.parquet(...) or spark.read.table(...)) to fit")
 
 
 def check_params(params: EstimatorParams) -> None:
@@ -159,7 +170,7 @@ def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoin
     for name in ("model", "optimizer", "loss"):
         if getattr(creators, name) is None:
             raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
-    HookSet(creators.hooks)
+    HookSet(creators.hooks).state_dict()  # a state the checkpoint cannot store fails here, not after an epoch
     try:
         fsdp = params.getStrategy() == "fsdp"
         model = model_to_check(creators) if fsdp else creators.build_model()

@@ -21,7 +21,7 @@ from torch import nn
 from spark_torch_est.agreement import AgreedRows
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.devices import to_cpu
-from spark_torch_est.errors import IncompatibleCheckpointError
+from spark_torch_est.errors import IncompatibleCheckpointError, InputDataError
 from spark_torch_est.hooks import HookSet
 from spark_torch_est.losses import NonFiniteLossError
 from spark_torch_est.precision import Precision
@@ -148,8 +148,18 @@ class RunState:
 
     def epoch_entry(self) -> dict[str, Any]:
         """Collective: the history entry of the epoch ending now, with its mean training
-        loss (NaN when every weight was 0); the epoch's sums start again."""
+        loss (NaN when every weight was 0, with ``allowNonFinite``); the epoch's sums start again.
+
+        Raises:
+            InputDataError: The epoch's weights sum to 0 (unless ``allowNonFinite``).
+        """
         total, count = self.loss_totals()
+        weight_col = self.spec.columns.weight
+        if not count and weight_col is not None and not self.spec.allow_non_finite:
+            raise InputDataError(
+                f"weightCol {weight_col!r}: the training rows' weights sum to 0 in epoch {self.progress.epoch + 1} "
+                "(all ranks together), so its loss is 0/0 and no row moved the model's weights; give some training "
+                "rows a positive weight, or set allowNonFinite=True to train on (train_loss is then NaN)")
         self.loss_sum = self.loss_count = 0.0
         return {"epoch": self.progress.epoch + 1, "train_loss": total / count if count else float("nan"),
                 "world_size": self.ranks.world_size}

@@ -201,4 +201,4 @@ class LoggerDispatch:
         logger.log(logging.WARNING if first else logging.DEBUG,
                    "logger %s failed in %s (the fit goes on%s): %s: %s", type(item).__name__, event,
                    "; it sits out the fit until it ends, then starts again" if event == "on_fit_start" else "",
-                   type(error).__name__, error, exc_info=first)
+                   type(error).__name__, error, exc_info=error if first else None)

@@ -4,6 +4,7 @@ the estimator's run intact so that a following good fit resumes it."""
 from __future__ import annotations
 
 import io
+import math
 import os
 import threading
 import time
@@ -15,7 +16,7 @@ from pyspark.sql import functions as F
 from spark_torch_est import TorchEstimator
 from spark_torch_est.errors import (IncompatibleCheckpointError, InvalidInputError, SparkTorchError,
                                     TrainingFailedError)
-from tests.helpers import linear_model, sgd, spark_jobs_started
+from tests.helpers import linear_estimator, linear_model, sgd, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -83,6 +84,17 @@ def test_data_with_nan_fails_at_its_step_and_keeps_the_run(trained, linear_df):
                                                   r"hold NaN.*allowNonFinite=True") as error:
         trained.fit(poisoned)
     assert not error.value.retryable and trained.checkpoint is before
+
+
+def test_weights_that_are_all_zero_fail_naming_weight_col_unless_non_finite_is_allowed(spark, linear_df):
+    unweighted = linear_df.withColumn("w", F.lit(0.0))
+    est = linear_estimator(weightCol="w", maxEpochs=1)
+    with pytest.raises(InvalidInputError, match=r"weightCol 'w'.* sum to 0 .*epoch 1.*allowNonFinite=True"):
+        est.fit(unweighted)
+    assert est.checkpoint is None and est.history == []
+
+    est.setAllowNonFinite(True).fit(unweighted)
+    assert math.isnan(est.history[0]["train_loss"])
 
 
 def test_vectors_of_different_sizes_in_different_partitions_name_the_column(spark):

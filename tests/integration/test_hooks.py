@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
-from spark_torch_est import EarlyStopping, Hook, TorchEstimator
-from spark_torch_est.errors import TrainingFailedError
-from tests.helpers import flat_weights, linear_estimator
+from spark_torch_est import Checkpoint, EarlyStopping, Hook, TorchEstimator
+from spark_torch_est.errors import InvalidInputError, TrainingFailedError
+from tests.helpers import flat_weights, linear_estimator, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -193,3 +195,59 @@ def test_early_stopping_stops_and_stays_stopped(spark, linear_df):
     assert est.progress.epoch == 2
     est.reset()  # ... until a new run starts
     assert stopper.stopped_epoch is None and stopper.bad_epochs == 0
+
+
+class BestLoss(Hook):
+    """Keeps the lowest epoch loss as a numpy number and every epoch's loss in a numpy array."""
+
+    def __init__(self) -> None:
+        self.best, self.losses = np.float64(np.inf), np.zeros(0)
+
+    def after_train_epoch(self, metrics):
+        self.best = np.minimum(self.best, metrics["train_loss"])
+        self.losses = np.append(self.losses, metrics["train_loss"])
+
+    def state_dict(self):
+        return {"best": self.best, "losses": self.losses}
+
+    def load_state_dict(self, state):
+        self.best, self.losses = state["best"], np.asarray(state["losses"])
+
+
+def test_a_hook_state_of_numpy_values_is_checkpointed_as_numbers_and_tensors(spark, linear_df):
+    hook = BestLoss()
+    est = _estimator([hook], maxEpochs=2)
+    est.fit(linear_df, duration="1ep")
+    est.fit(linear_df, duration="1ep")  # resumes the hook's state
+
+    losses = [entry["train_loss"] for entry in est.history]
+    assert type(hook.best) is float and hook.best == min(losses)
+    saved = Checkpoint.from_bytes(est.checkpoint.to_bytes()).hook_states["BestLoss"]
+    assert torch.equal(saved["losses"], torch.tensor(losses, dtype=torch.float64))
+
+
+class KeepsInState(Hook):
+    """Returns ``value`` from its state_dict under "kept"."""
+
+    def __init__(self, value=None) -> None:
+        self.value = value
+
+    def state_dict(self):
+        return {"kept": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["kept"]
+
+
+@pytest.mark.parametrize("make", [threading.Lock, lambda: Fraction(1, 3)], ids=["lock", "custom object"])
+def test_a_hook_state_a_checkpoint_cannot_store_is_refused_naming_hook_and_key(spark, linear_df, make):
+    refusal = r"hook 'KeepsInState': state_dict\(\)\['kept'\] holds a .*torch.load\(weights_only=True\)"
+    with pytest.raises(InvalidInputError, match=refusal):
+        _estimator([KeepsInState(make())])
+
+    hook = KeepsInState()  # storable when the estimator is built, not when it fits
+    est, jobs = _estimator([hook]), spark_jobs_started(spark)
+    hook.value = make()
+    with pytest.raises(InvalidInputError, match=refusal):
+        est.fit(linear_df)
+    assert spark_jobs_started(spark) == jobs and est.checkpoint is None

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from spark_torch_est import Checkpoint, SetHyperparameters, TorchEstimator, TorchModel
-from spark_torch_est.errors import IncompatibleCheckpointError, TrainingCompleteError
-from tests.helpers import estimator, sgd, spark_jobs_started
+from spark_torch_est import Checkpoint, Logger, SetHyperparameters, TorchEstimator, TorchModel
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, TrainingCompleteError
+from tests.helpers import estimator, linear_estimator, sgd, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -181,3 +181,39 @@ def test_a_lazy_model_continues_its_run_and_resumes_exactly(spark, linear_df):
     resumed = _estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
     resumed.fit(linear_df, resume_from=first)
     _assert_same_weights(whole, resumed)
+
+
+class FitAgainWhileFitting(Logger):
+    """Calls ``fit`` on the estimator whose fit is starting, then fits a copy of it (from
+    the logger's own thread, while the first fit waits for it); keeps what the second fit
+    raised and the copy's progress."""
+
+    event_timeout_s = 300.0
+
+    def __init__(self, estimator: TorchEstimator, frame) -> None:
+        self.work = (estimator, frame)
+        self.refusal: Exception | None = None
+        self.copy_progress = None
+
+    def on_fit_start(self):
+        if self.work is None:  # only the first fit's start tries
+            return
+        (estimator, frame), self.work = self.work, None
+        try:
+            estimator.fit(frame)
+        except InvalidInputError as error:
+            self.refusal = error
+        self.copy_progress = estimator.copy().fit(frame, duration="1ep").checkpoint.progress
+
+
+def test_a_second_fit_of_an_estimator_that_is_fitting_is_refused_and_the_first_trains_on(spark, linear_df):
+    est = linear_estimator(maxEpochs=2, numWorkers=1)
+    again = FitAgainWhileFitting(est, linear_df)
+    est.setLoggers([again]).fit(linear_df)
+
+    assert again.refusal is not None, "the second fit ran alongside the first"
+    assert "already fitting" in str(again.refusal) and "est.copy()" in str(again.refusal)
+    assert again.copy_progress.epoch == 1, "a copy is another run: it fits while the original does"
+    assert est.progress.epoch == 2 and [entry["epoch"] for entry in est.history] == [1, 2]
+    est.setMaxEpochs(3).fit(linear_df)  # once the first fit returned, the run goes on
+    assert est.progress.epoch == 3

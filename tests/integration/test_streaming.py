@@ -9,6 +9,8 @@ import torch
 from pyspark.sql import functions as F
 
 from spark_torch_est import TorchEstimator
+from spark_torch_est.errors import InvalidInputError
+from tests.helpers import linear_estimator, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -71,3 +73,14 @@ def test_foreach_batch_sees_scored_micro_batches(spark, classifier_and_files, tm
     got = got[np.argsort(got[:, 0])]
     expected = np.array([(r.id, r.prediction) for r in model.transform(batch).orderBy("id").collect()])
     np.testing.assert_array_equal(got, expected)
+
+
+def test_fit_refuses_a_streaming_dataframe_before_any_job(spark, linear_df, tmp_path):
+    directory = str(tmp_path / "rows")
+    linear_df.write.parquet(directory)
+    stream = spark.readStream.schema(linear_df.schema).parquet(directory)
+    est, jobs = linear_estimator(), spark_jobs_started(spark)
+    refusal = r"fit needs a static DataFrame, got a streaming one.*transform supports streaming.*foreachBatch"
+    with pytest.raises(InvalidInputError, match=refusal):
+        est.fit(stream)
+    assert spark_jobs_started(spark) == jobs and est.checkpoint is None and est.history == []

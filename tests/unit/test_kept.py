@@ -3,8 +3,12 @@ same, bounded, dropped, and matched to ranks by what each task holds."""
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
+import sys
 
+import pyarrow as pa
 import pytest
 import torch
 
@@ -64,13 +68,33 @@ def test_an_abandoned_ingest_keeps_nothing():
     assert os.listdir(os.path.dirname(kept.part_path("a" * 32, 0, 1))) == []
 
 
-def test_what_a_rank_that_died_writing_a_part_left_goes_when_the_part_is_written_again():
+def test_what_a_rank_that_died_writing_a_part_left_goes_and_what_a_live_one_writes_stays():
     path = kept.part_path("a" * 32, 0, 1)
     os.makedirs(os.path.dirname(path))
-    with open(f"{path}.tmp-0123", "wb") as left:  # the process ended before its finally ran
-        left.write(b"x" * 1000)
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    writing = f"{path}.tmp-{os.getppid()}-1234"  # a live process (another fit's rank) writes it
+    for name in (f"{path}.tmp-0123", f"{path}.tmp-{ended.pid}-5678", writing):  # ended before their finally ran
+        with open(name, "wb") as left:
+            left.write(b"x" * 1000)
     kept.keep_while_reading(_spec("write", key="a" * 32), features_batches(300), 0)
+    assert sorted(os.listdir(os.path.dirname(path))) == [os.path.basename(path), os.path.basename(writing)]
+
+
+def test_two_fits_writing_one_part_at_once_both_keep_it_without_warnings(caplog):
+    plan = KeptPlan("a" * 32, "write", 1 << 30)
+    first, second = (kept._tee(features_batches(3000, seed=0), plan, 0, 1) for _ in range(2))
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.kept"):
+        next(first)  # the first fit's rank is writing the part...
+        next(second)  # ...when the second fit's rank starts writing it too
+        for _ in first:
+            pass
+        for _ in second:
+            pass
+    assert "cannot keep this part's rows" not in caplog.text
+    path = kept.part_path("a" * 32, 0, 1)
     assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+    assert pa.ipc.open_file(path).read_all().num_rows == 3000, "the part is complete"
 
 
 def test_past_the_bound_the_least_recently_used_rows_go_first():

@@ -309,3 +309,14 @@ def test_csv_logger_adds_columns_as_they_appear(tmp_path):
     with open(folder / "steps.csv", newline="") as f:
         assert list(csv.reader(f)) == [["global_step", "epoch", "train_loss_step"], ["7", "0", str(1 / 7)]]
     assert json.loads((folder / "params.json").read_text()) == {"batchSize": 8, "config.lr": 0.1}
+
+
+def test_a_raising_loggers_warning_carries_its_traceback(caplog):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
+        run_fit([RaisingLater()], [progress_message(1, 0.0)], checkpoint(1))
+
+    (warning, _) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "failed in on_step" in warning.getMessage()
+    assert warning.exc_info[0] is ValueError
+    traceback_text = logging.Formatter().formatException(warning.exc_info)
+    assert "in on_step" in traceback_text and "ValueError: bad step 1" in traceback_text
