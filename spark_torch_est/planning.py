@@ -25,6 +25,7 @@ from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
 from spark_torch_est.hooks import HookSet, normalize_hooks
+from spark_torch_est.losses import check_weighted
 from spark_torch_est.model import TorchModel
 from spark_torch_est.param_table import to_config
 from spark_torch_est.params import EstimatorParams
@@ -179,9 +180,14 @@ def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoin
         if start is not None and start.model_state:  # a sharded checkpoint's own .pt holds no weights
             check_compatible(model.state_dict(), start.model_state)
         creators.build_scheduler(creators.build_optimizer(model))
-        creators.build_loss()
+        loss = creators.build_loss()
     except CreatorError as error:
         raise InvalidInputError(f"{error} (check the {error.creator}= argument)") from error
+    if params.getWeightCol():
+        try:
+            check_weighted(loss)
+        except ValueError as error:
+            raise InvalidInputError(f"{error} (weightCol={params.getWeightCol()!r})") from None
 
 
 def input_schema_of(params: EstimatorParams, dataset: DataFrame) -> InputSchema:

@@ -202,6 +202,44 @@ def test_weighted_losses_are_exact_weighted_means_over_all_ranks(spark, wide_df)
     assert abs(expected_all - unweighted) > 1e-6 * unweighted  # the weights did change the figure
 
 
+def _logistic(config):
+    return nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())
+
+
+def test_horovod_sample_weight_col_with_a_functional_loss_is_called_per_row(spark):
+    """Horovod's ``sample_weight_col`` calls a ``torch.nn.functional`` loss with
+    ``reduction="none"``; so does weightCol."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(600, 4))
+    y = (x @ np.array([1.0, -1.0, 0.5, 2.0]) + rng.normal(scale=0.5, size=600) > 0).astype(float)
+    w = np.where(y > 0, 4.0, 0.25)  # positives count 16 times as much as negatives
+    df = spark.createDataFrame([(r.tolist(), float(t), float(v)) for r, t, v in zip(x, y, w)],
+                               ["features", "label", "w"]).cache()
+    settings = dict(model=_logistic, optimizer=_adam, loss=torch.nn.functional.binary_cross_entropy,
+                    config={"lr": 0.05}, maxEpochs=1, numWorkers=2, seed=2, showProgress=False)
+    for batch in (1, 7):
+        TorchEstimator(weightCol="w", batchSize=batch, **settings).fit(df.limit(28))
+    weighted = TorchEstimator(weightCol="w", batchSize=16, **settings).fit(df)
+    plain = TorchEstimator(batchSize=16, **settings).fit(df)
+    assert not torch.equal(_weights(weighted)["0.weight"], _weights(plain)["0.weight"])
+    scored = weighted.transform(df).select("label", "prediction", "w").toPandas()
+    p = scored["prediction"].clip(1e-7, 1 - 1e-7)
+    bce = -(scored["label"] * np.log(p) + (1 - scored["label"]) * np.log(1 - p))
+    assert weighted.evaluate(df)["loss"] == pytest.approx(float((bce * scored["w"]).sum() / scored["w"].sum()),
+                                                          rel=1e-4)
+    assert (scored["prediction"] > 0.5).mean() > (plain.transform(df).toPandas()["prediction"] > 0.5).mean()
+    df.unpersist()
+
+
+def test_a_loss_module_that_sums_is_refused_with_weights_before_any_job(spark, wide_df):
+    est = _estimator(weightCol="w", loss=nn.MSELoss(reduction="sum"), maxEpochs=1)
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match=r"MSELoss has reduction='sum'; use reduction='mean'.*"
+                                                r"weightCol='w'"):
+        est.fit(wide_df)
+    assert spark_jobs_started(spark) == jobs and est.checkpoint is None
+
+
 def test_a_callable_loss_without_per_row_values_is_refused_with_the_fix(spark, wide_df):
     est = _estimator(weightCol="w", loss=lambda outputs, labels: ((outputs - labels) ** 2).mean(), maxEpochs=1)
     with pytest.raises(TrainingFailedError, match="with weightCol the loss must give one value per row"):
