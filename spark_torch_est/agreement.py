@@ -48,11 +48,11 @@ class AgreedRows:
     val_rows: int
     steps_per_epoch: int
 
-    def shape_labels(self, output_shape: list[int], label_name: str) -> None:
+    def shape_labels(self, output_shape: list[int], label_name: str, as_held: bool = False) -> None:
         """Gives both tables' labels the shape the loss expects beside a model output of
         ``output_shape`` per row (see :func:`shape_labels`)."""
         for table in (self.train, self.validation):
-            table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name))
+            table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
 
 
 def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks) -> AgreedRows:
@@ -198,18 +198,28 @@ def conform(rows: Rows | None, agreed: Agreed, dtype: torch.dtype, padding: floa
     return rows
 
 
-def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:
+def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
+                 as_held: bool = False) -> torch.Tensor:
     """Gives labels the shape the loss expects beside the model's output, never by
     broadcasting: integer labels of a one-output model become float32 regression targets
     shaped like the output, integer labels of a k-output model stay int64 class indices,
     as do whole-number float labels (Spark ML's indexers give doubles: 0.0, 1.0, ...),
     float labels take the output's shape when they hold as many values per row.
 
+    Args:
+        labels: One batch's or one table's labels, as read from the column.
+        output_shape: The model's output shape per row.
+        label_name: ``labelCol``, for messages.
+        as_held: A callable loss: labels of another width than the output are the loss's
+            business and come as the column holds them (a weight beside a target, say).
+
     Raises:
         InputDataError: The labels cannot match the output without broadcasting, or one
             number per row for a k-output model is not a whole number.
     """
     per_row, width = list(labels.shape[1:]), math.prod(output_shape)
+    if as_held and per_row and math.prod(per_row) != width:
+        return labels
     if labels.is_floating_point() and width > 1 and labels.dim() == 1:
         return _class_indices(labels, output_shape, label_name)
     if not labels.is_floating_point():

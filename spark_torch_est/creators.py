@@ -77,6 +77,13 @@ class Creators:
             )
         return scheduler
 
+    @property
+    def loss_reads_labels_as_held(self) -> bool:
+        """A callable loss (not an ``nn.Module``) gets labels of another width than the
+        model's output as the label column holds them: they are its business."""
+        loss = self.loss
+        return not (isinstance(loss, nn.Module) or (isinstance(loss, type) and issubclass(loss, nn.Module)))
+
     def build_loss(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """Returns the loss callable (instantiating an ``nn.Module`` class)."""
         if isinstance(self.loss, type) and issubclass(self.loss, nn.Module):

@@ -201,7 +201,7 @@ class Trainer:
                 error.__notes__ = [*getattr(error, "__notes__", ()), note]
                 raise
         model.train(was_training)
-        self.rows.shape_labels(output_shape, self.spec.columns.label)
+        self.rows.shape_labels(output_shape, self.spec.columns.label, self.creators.loss_reads_labels_as_held)
         return output_shape
 
     def _wrap(self, model: nn.Module, resumed: bool) -> nn.Module:

@@ -18,7 +18,7 @@ from pyspark.sql import types as T
 from torch import nn
 
 from spark_torch_est import Hook, TorchEstimator, TorchModel
-from spark_torch_est.errors import InvalidInputError, TrainingFailedError
+from spark_torch_est.errors import InputDataError, InvalidInputError, TrainingFailedError
 from tests.helpers import CrashOnce, tasks_read_files, spark_jobs_started
 
 pytestmark = pytest.mark.spark
@@ -228,6 +228,30 @@ def test_horovod_sample_weight_col_with_a_functional_loss_is_called_per_row(spar
     assert weighted.evaluate(df)["loss"] == pytest.approx(float((bce * scored["w"]).sum() / scored["w"].sum()),
                                                           rel=1e-4)
     assert (scored["prediction"] > 0.5).mean() > (plain.transform(df).toPandas()["prediction"] > 0.5).mean()
+    df.unpersist()
+
+
+def test_horovod_weights_as_a_second_label_column_reach_a_callable_loss_as_the_column_holds_them(spark):
+    """Horovod users pass ``[target, weight]`` as the label of a callable loss: it is the
+    loss's business, whatever its width; a loss module keeps refusing such a label."""
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(400, 4))
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0])
+    rows = [(r.tolist(), [float(t), 1.0 + (i % 2)], i % 5 == 0) for i, (r, t) in enumerate(zip(x, y))]
+    df = spark.createDataFrame(rows, ["features", "pair", "is_val"]).cache()
+
+    def weighted_mse(outputs, labels):  # labels: (B, 2), as the column holds them
+        return ((outputs[:, 0] - labels[:, 0]) ** 2 * labels[:, 1]).sum() / labels[:, 1].sum()
+
+    settings = dict(model=lambda c: nn.Linear(4, 1), optimizer=_adam, labelCol="pair", validationIndicatorCol="is_val",
+                    config={"lr": 0.1}, batchSize=32, maxEpochs=3, numWorkers=2, seed=1, showProgress=False)
+    est = TorchEstimator(loss=weighted_mse, **settings)
+    model = est.fit(df)
+    assert est.history[-1]["train_loss"] < est.history[0]["train_loss"] / 2
+    assert est.history[-1]["val_loss"] == pytest.approx(model.evaluate(df.filter("is_val"))["loss"], rel=1e-5)
+    with pytest.raises(InputDataError, match=r"the model returns \[1\] values per row but labelCol 'pair' "
+                                                  r"holds 2 values per row"):
+        TorchEstimator(loss=nn.MSELoss(), **settings).fit(df)
     df.unpersist()
 
 
