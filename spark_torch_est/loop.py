@@ -106,11 +106,11 @@ class Trainer:
                 while not (self.control.stop_training or self.spec.target.reached(self.state.progress)):
                     self.run_epoch()
             self._call("after_run", metrics=self.state.history[-1] if self.state.history else {})
-        except BaseException as error:
+            with self._stage.at("checkpoint"):
+                return self.state.result()
+        except BaseException as error:  # the final checkpoint's too: a hook that alerts or cleans up hears of it
             self._on_exception(error)
             raise
-        with self._stage.at("checkpoint"):
-            return self.state.result()
 
     def run_epoch(self) -> None:
         """The rest of the current epoch: its steps, then its end (validation, history,

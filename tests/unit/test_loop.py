@@ -330,3 +330,31 @@ def test_a_compiled_model_trains_keeps_plain_keys_and_resumes_exactly(caplog):
     half = _compiled(Target(epoch=1))
     resumed = _compiled(Target(epoch=2), resume=half.to_bytes())
     np.testing.assert_array_equal(_weights(whole), _weights(resumed))
+
+
+class FailsAtTheEnd(Hook):
+    """Its state cannot be saved once the run is over: the final checkpoint fails."""
+
+    heard: list = []
+
+    def __init__(self) -> None:
+        self.over = False
+
+    def after_run(self) -> None:
+        self.over = True
+
+    def state_dict(self) -> dict:
+        if self.over:
+            raise OSError("No space left on device")
+        return {}
+
+    def on_exception(self, exception, stage) -> None:
+        FailsAtTheEnd.heard.append((type(exception).__name__, stage))
+
+
+def test_a_final_checkpoint_that_fails_calls_on_exception():
+    FailsAtTheEnd.heard = []
+    creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"end": FailsAtTheEnd()})
+    with pytest.raises(RankFailure, match="No space left on device"):
+        _run(Target(epoch=1), creators=creators)
+    assert FailsAtTheEnd.heard == [("OSError", "checkpoint")]
