@@ -133,6 +133,16 @@ class AuthenticatingServer:
         """Serves one authenticated connection until it ends (in its own thread)."""
         raise NotImplementedError
 
+    def _drop(self, connection: Connection) -> None:
+        """Closes an authenticated connection once, whichever of its server thread and
+        :meth:`close` comes first: closing one descriptor twice from two threads fails, or
+        closes whatever the number was given to meanwhile."""
+        with self._lock:
+            if connection not in self._connections:
+                return
+            self._connections.remove(connection)
+        connection.close()
+
     def _end_served(self) -> None:
         """Ends what the connections' threads serve, for :meth:`close` to join them (callers
         hold the lock)."""
@@ -152,6 +162,7 @@ class AuthenticatingServer:
         with self._lock:
             for connection in self._connections:
                 connection.close()
+            self._connections.clear()
             for sock in self._pending:  # a handshake in progress: its reads return at once
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)

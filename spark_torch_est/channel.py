@@ -80,7 +80,7 @@ class ChannelServer(AuthenticatingServer):
                 message = json.loads(connection.recv_bytes(_MAX_MESSAGE))
                 if isinstance(message, dict) and message.get("type") == "blob":
                     if not self._admit_blob(message):
-                        connection.close()
+                        self._drop(connection)
                         return
                     self._receive_blob(connection, message)
                     continue
@@ -91,7 +91,7 @@ class ChannelServer(AuthenticatingServer):
                 return
             except RecursionError:  # JSON nested past Python's stack: not a message of ours
                 logger.warning("the driver's channel dropped a connection that sent JSON nested too deep")
-                connection.close()
+                self._drop(connection)
                 return
             try:
                 decoded = RankMessage.from_dict(message)

@@ -100,9 +100,9 @@ class StoreGate(AuthenticatingServer):
         if not admitted:
             logger.warning("%s closed an authenticated connection: %d are open, one per rank", self.what,
                            self.max_connections)
-            connection.close()
+            self._drop(connection)
             return
-        connection.close()  # rank_side holds the socket now
+        self._drop(connection)  # rank_side holds the socket now
         try:
             store_side = socket.create_connection(self._store_address)
         except OSError as error:
