@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import logging
 import threading
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, overload
 
 import cloudpickle
@@ -295,6 +296,11 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             raise TypeError(f"Params must be either a param map or a list/tuple of param maps, but got {type(params)}.")
         if not params:
             return self._fit_run(dataset, duration, resume_from)
+        if duration is not None:
+            warnings.warn(
+                "fit(df, params, duration=...) trains a copy with the param map: a new run each call, which never "
+                "continues the last one; to train a configuration in steps, make it once with est.copy(params) "
+                "and call fit(df, duration=...) on that copy", UserWarning, stacklevel=2)
         return self.copy(params)._fit_run(dataset, duration, resume_from, self._search_name(params))
 
     def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> Iterator[tuple[int, TorchModel]]:

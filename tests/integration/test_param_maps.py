@@ -68,3 +68,14 @@ def test_duration_and_resume_from_apply_to_each_param_map(small_df):
     fresh = est.fit(small_df, [{est.seed: 1}], duration="1ep")
     assert fresh[0].checkpoint.progress.epoch == 1
     assert est.progress.epoch == 1
+
+
+def test_a_param_map_with_a_duration_warns_that_each_call_is_a_new_run_and_how_to_continue(small_df):
+    """The pyspark.ml way, ``fit(df, {config: cfg}, duration="1ep")`` in an epoch loop, trains
+    epoch 1 again and again: it says so, and names the way that continues."""
+    est = _estimator()
+    with pytest.warns(UserWarning, match=r"a new run each call.*est.copy\(params\).*fit\(df, duration=...\) on that"):
+        first = est.fit(small_df, {est.batchSize: 32}, duration="1ep")
+    assert first.history[-1]["epoch"] == 1
+    stepped = est.copy({est.batchSize: 32})
+    assert [stepped.fit(small_df, duration="1ep").history[-1]["epoch"] for _ in range(2)] == [1, 2]
