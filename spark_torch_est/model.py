@@ -158,7 +158,7 @@ class TorchModel(Model, ModelParams, TorchPersistence):
                             self.uid, 8 * rows)
         return dataset.mapInArrow(task, schema)
 
-    def predict_udf(self, output: str = "prediction") -> Any:
+    def predict_udf(self, output: str = "prediction", as_array: bool = False) -> Any:
         """The model as a batched column function, for ``withColumn``, ``select`` and SQL.
 
         In the spirit of ``pyspark.ml.functions.predict_batch_udf``: an Arrow UDF that scores
@@ -177,6 +177,9 @@ class TorchModel(Model, ModelParams, TorchPersistence):
                 a double (one output, or a classifier's class index) or ``array<float>``
                 (several outputs). Classifiers also offer ``"rawPrediction"`` (the logits)
                 and ``"probability"`` (their softmax), as Spark ML Vectors.
+            as_array: Give ``"rawPrediction"`` and ``"probability"`` as ``array<double>``
+                instead of Vectors, which SQL can index (``p[1]``) and SQL has no
+                ``vector_to_array`` for (default False).
 
         Raises:
             InvalidInputError: ``output`` is not one this model has.
@@ -191,7 +194,9 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         from pyspark.sql.functions import arrow_udf
         spec = self._scoring_spec({param: output}, schema=self._checkpoint.input_schema.to_dict(),
                                   columns=self._argument_names())
-        return arrow_udf(arrow_predict_function(spec), types[param])
+        vector = types[param] == VectorUDT()
+        return arrow_udf(arrow_predict_function(spec, as_array and vector),
+                         T.ArrayType(T.DoubleType()) if as_array and vector else types[param])
 
     def _argument_names(self) -> tuple[str, ...]:
         """What predict_udf's arguments are: the model's input columns, in order."""

@@ -18,7 +18,7 @@ from spark_torch_est.inference import ScoringSpec, load_model, output_columns, p
 __all__ = ["arrow_predict_function"]
 
 
-def arrow_predict_function(spec: ScoringSpec) -> Callable[..., pa.Array]:
+def arrow_predict_function(spec: ScoringSpec, as_array: bool = False) -> Callable[..., pa.Array]:
     """The scalar Arrow UDF body: argument columns in, the one output column ``spec`` names out.
 
     The arguments are the model's input columns in order, as ``spec.columns`` lists them:
@@ -28,6 +28,7 @@ def arrow_predict_function(spec: ScoringSpec) -> Callable[..., pa.Array]:
 
     Args:
         spec: The scoring spec with exactly one output column named.
+        as_array: Give a Vector output as the ``array<double>`` of its values.
     """
 
     def predict(*columns: pa.Array) -> pa.Array:
@@ -36,6 +37,6 @@ def arrow_predict_function(spec: ScoringSpec) -> Callable[..., pa.Array]:
                                  f"{list(spec.columns)}, in order), got {len(columns)}")
         inputs = read_inputs(list(columns), spec)
         ((_, column),) = output_columns(spec, predict_outputs(load_model(spec), inputs, spec))
-        return column
+        return column.field("values") if as_array else column
 
     return predict

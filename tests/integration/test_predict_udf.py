@@ -97,6 +97,12 @@ def test_classifier_outputs(spark):
     with pytest.raises(InvalidInputError, match="'prediction', 'rawPrediction', 'probability'"):
         model.predict_udf("logits")
 
+    spark.udf.register("class_probabilities", model.predict_udf("probability", as_array=True))
+    df.createOrReplaceTempView("points")
+    sql = spark.sql("SELECT id, class_probabilities(features)[1] AS p1 FROM points")  # SQL indexes arrays, not Vectors
+    expected = {r.id: float(r.probability[1]) for r in scored.select("id", "probability").collect()}
+    assert {r.id: r.p1 for r in sql.collect()} == expected
+
 
 def test_several_outputs_and_the_wrong_number_of_columns(linear_df, fitted, tmp_path):
     model, _ = fitted
