@@ -47,6 +47,20 @@ __all__ = ["Trainer"]
 logger = logging.getLogger(__name__)
 
 
+class _ProfilerNotice(logging.Filter):
+    """Drops dynamo's "Profiler (record) function ... will be ignored": DDP's
+    ``record_function`` spans, which a compiled graph leaves out, are the package's doing, not
+    the user's; the warning came once per rank per fit."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Profiler function", "Profiler record function"))
+
+
+_PROFILER_NOTICE = _ProfilerNotice()
+#: Where dynamo logs it (torch 2.3 to 2.13).
+_PROFILER_LOGS = ("torch._dynamo.variables.torch", "torch._dynamo.variables.ctx_manager")
+
+
 class Trainer:
     """Runs one fit on one rank.
 
@@ -228,6 +242,8 @@ class Trainer:
         import torch._dynamo
 
         torch._dynamo.reset()
+        for name in _PROFILER_LOGS:
+            logging.getLogger(name).addFilter(_PROFILER_NOTICE)  # once: a logger keeps a filter once
         self._compiling = True
         return torch.compile(model, dynamic=False)
 

@@ -40,3 +40,12 @@ def test_a_failed_fit_prints_one_clear_error_on_a_screen_without_the_sealed_repo
                         "hook") == 1, output[-5000:]
     assert 'in after_train_iter\nValueError: boom in the hook' in output  # the user's frame
     assert len(output.splitlines()) <= 60, output
+
+
+@pytest.mark.slow  # two ranks compile the model in a session of its own: about a minute
+def test_a_compiled_fit_prints_no_profiler_notice_from_each_rank():
+    """torch's "Profiler (record) function ... will be ignored" (DDP's record_function spans
+    left out of the graph) came once per rank per fit."""
+    done = _run("compiled")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "will be ignored" not in done.stderr, done.stderr[-3000:]

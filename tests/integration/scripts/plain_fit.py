@@ -3,6 +3,7 @@ stderr not a terminal (as under spark-submit).
 
 ``show``: a fit with progress, then ``--- quiet ---`` and a fit with showProgress=False.
 ``fail``: a fit whose hook raises on every rank; the error is left uncaught.
+``compiled``: a fit with compileModel=True on two ranks.
 """
 
 import os
@@ -33,6 +34,8 @@ try:
         estimator().fit(df)
         sys.stderr.write("--- quiet ---\n")
         estimator(showProgress=False).fit(df)
+    elif sys.argv[1] == "compiled":
+        estimator(compileModel=True, showProgress=False).fit(df)
     else:
         estimator(hooks=[Boom()]).fit(df)
 finally:
