@@ -356,7 +356,6 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks)
         progress = plan.progress
         rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
-        view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize())
         loggers = LoggerDispatch(self._loggers, plan.spec.run_id, progress)
         loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
                       progress, name)
@@ -368,6 +367,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         launcher = Launcher(dataset.sparkSession, rows, self.getMaxRetries(), self.getSlotWaitTimeout(),
                             on_message, min_workers=self.getMinWorkers(),
                             replan=lambda workers: plan_frame(self, dataset, plan.schema, workers))
+        view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize(),
+                          name or f"run {plan.spec.run_id[:8]}")  # closed below: a view counts as a running fit
         try:
             checkpoint = _train(launcher, plan.spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)

@@ -21,6 +21,8 @@ logger = logging.getLogger("spark_torch_est.progress")
 worker_logger = logging.getLogger("spark_torch_est.worker")
 
 _LOG_EVERY_S = 10.0
+_OPEN: set[DriverView] = set()  # the views of the fits running in this driver now
+_OPEN_LOCK = threading.Lock()
 
 
 class DriverView:
@@ -31,16 +33,22 @@ class DriverView:
     ``show``, straight to stderr: a spark-submit job or a plain script shows them without
     any setup, and nothing is shown twice. Every progress message is also a DEBUG record
     on ``spark_torch_est.progress`` whose ``progress`` attribute holds the message, for
-    programs that follow a fit (as :meth:`RankMessage.to_dict` gives it).
+    programs that follow a fit (as :meth:`RankMessage.to_dict` gives it). While more than
+    one fit runs in the driver (Optuna's ``n_jobs``, a tuner's ``parallelism``), every line,
+    bar and rank's log line starts with the fit's name.
 
     Args:
         show: False logs progress at DEBUG only (the ``showProgress`` Param).
         start: Progress when the fit started.
         target: Where the fit stops.
         samples_per_step: Rows all ranks train on per step (for sample durations).
+        name: The fit's name (its param map, or the start of its run id).
     """
 
-    def __init__(self, show: bool, start: Progress, target: Target, samples_per_step: int) -> None:
+    def __init__(self, show: bool, start: Progress, target: Target, samples_per_step: int, name: str = "") -> None:
+        self.name = name
+        with _OPEN_LOCK:
+            _OPEN.add(self)
         self.show = show
         self.start = start
         self.target = target
@@ -59,7 +67,13 @@ class DriverView:
             elif message.kind is Kind.EPOCH:
                 self._epoch(message.entry)
             elif message.kind is Kind.LOG:
-                worker_logger.log(message.level, "[rank %d] %s: %s", message.rank, message.logger, message.text)
+                worker_logger.log(message.level, "%s[rank %d] %s: %s", self._tag(), message.rank, message.logger,
+                                  message.text)
+
+    def _tag(self) -> str:
+        """``"[name] "`` while another fit runs in this driver too, else nothing."""
+        with _OPEN_LOCK:
+            return f"[{self.name}] " if self.name and len(_OPEN) > 1 else ""
 
     def _progress(self, message: RankMessage) -> None:
         at = message.progress
@@ -85,6 +99,7 @@ class DriverView:
 
     def _say(self, line: str) -> None:
         """An INFO line: through logging when it is set up, else on stderr while shown."""
+        line = self._tag() + line
         if logger.hasHandlers():
             logger.info(line)
         elif self.show:
@@ -98,7 +113,7 @@ class DriverView:
             self._interactive = False
             return
         if self._bar is None:
-            self._bar = tqdm(total=total, unit="step", desc="training", leave=True)
+            self._bar = tqdm(total=total, unit="step", desc=f"{self._tag()}training", leave=True)
         self._bar.total = total
         self._bar.n = done
         now = f"epoch {message.progress.epoch + 1}, loss {message.loss:.4g}"
@@ -118,7 +133,9 @@ class DriverView:
                 self._bar.refresh()
 
     def close(self) -> None:
-        """Closes the bar."""
+        """Closes the bar; the fit no longer counts as running."""
+        with _OPEN_LOCK:
+            _OPEN.discard(self)
         with self._lock:
             if self._bar is not None:
                 self._bar.close()

@@ -35,6 +35,7 @@ def test_epochs_and_rank_logs_reach_their_loggers(caplog):
         view.handle(_epoch({"epoch": 1, "train_loss": 0.5, "val_mae": 0.125}))
         view.handle(RankMessage.for_log(1, logging.WARNING, "user", "hello"))
         view.handle(_progress(1))  # showProgress=False: DEBUG only
+    view.close()
     messages = [(r.name, r.getMessage()) for r in caplog.records]
     assert ("spark_torch_est.progress", "epoch 1: train_loss=0.5, val_mae=0.125") in messages
     assert ("spark_torch_est.worker", "[rank 1] user: hello") in messages
@@ -67,3 +68,20 @@ def test_the_bar_ends_at_100_percent_with_the_last_epochs_metrics(monkeypatch):
     assert (bar.n, bar.total) == (20, 20)
     assert "epoch 2: train_loss=0.25" in str(bar)
     view.close()
+
+
+def test_while_two_fits_run_at_once_every_line_names_its_fit(caplog):
+    """Optuna's n_jobs=2: two fits' lines would interleave with nothing saying whose they are."""
+    first = DriverView(True, Progress(), Target(epoch=1), samples_per_step=8, name="lr=0.1")
+    second = DriverView(True, Progress(), Target(epoch=1), samples_per_step=8, name="lr=0.01")
+    first._interactive = second._interactive = False
+    with caplog.at_level(logging.INFO):
+        first.handle(_progress(3, batch=3))
+        second.handle(_epoch({"epoch": 1, "train_loss": 0.5}))
+        second.handle(RankMessage.for_log(0, logging.WARNING, "user", "hello"))
+        second.close()
+        first.handle(_epoch({"epoch": 1, "train_loss": 0.25}))  # alone again: no name needed
+    first.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == [
+        "[lr=0.1] step 3/10 of this fit, epoch 1, loss 0.25", "[lr=0.01] epoch 1: train_loss=0.5",
+        "[lr=0.01] [rank 0] user: hello", "epoch 1: train_loss=0.25"]
