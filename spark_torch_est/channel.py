@@ -14,6 +14,10 @@ acknowledged checkpoint counts as delivered; without one the rank returns it as 
 rows of the Spark job instead, which is much slower (docs/benchmarks.md) and bounded by
 ``spark.driver.maxResultSize``.
 
+When a driver-side logger may stop the fit, rank 0 asks at each epoch end
+(:meth:`ChannelClient.ask_stop`) and the driver answers on the same connection, within
+the loggers' deadlines; the ranks combine the answer at the epoch end's flag agreement.
+
 A rank that fails sends its failure report here too (:meth:`ChannelClient.report`) and
 fails its task once the driver acknowledged it, so the driver holds the root cause when
 Spark tells it the job failed; only the job's ranks can read or write these reports.
@@ -42,6 +46,8 @@ logger = logging.getLogger(__name__)
 _MAX_MESSAGE = 1 << 20
 _PART_BYTES = 16 << 20
 _MAX_REPORTS = 4096
+#: Seconds rank 0 waits for the driver's stop answer beyond the driver's own wait.
+_ANSWER_MARGIN_S = 10.0
 
 
 class ChannelServer(AuthenticatingServer):
@@ -52,6 +58,9 @@ class ChannelServer(AuthenticatingServer):
         host: The address to bind (the driver host; never all interfaces).
         secret: The job's key the ranks must prove they hold.
         on_message: Called from reader threads with each message, decoded.
+        on_ask: ``on_ask(epoch)``: whether the fit should stop at the end of ``epoch``, rank
+            0's question; called from its reader thread, it must return within the rank's
+            wait (default: never stop).
         handshake_timeout: Seconds a new connection has to authenticate (default 5).
         max_blob_bytes: Largest blob accepted (default None: any size). One blob per server
             (a job has one checkpoint to send): a second one, or one announced larger, closes
@@ -63,10 +72,12 @@ class ChannelServer(AuthenticatingServer):
     """
 
     def __init__(self, host: str, secret: bytes, on_message: Callable[[RankMessage], None],
-                 handshake_timeout: float = 5.0, max_blob_bytes: int | None = None) -> None:
+                 handshake_timeout: float = 5.0, max_blob_bytes: int | None = None,
+                 on_ask: Callable[[int], bool] | None = None) -> None:
         self.max_blob_bytes = max_blob_bytes
         self._blob_started = False
         self.on_message = on_message
+        self.on_ask = on_ask or (lambda epoch: False)
         self._blobs: dict[tuple[str, str], bytes] = {}  # (key, SHA-256 hex) -> bytes
         self._failures: dict[int, Failure] = {}  # by rank
         super().__init__(host, secret, handshake_timeout)
@@ -86,6 +97,9 @@ class ChannelServer(AuthenticatingServer):
                     continue
                 if isinstance(message, dict) and message.get("type") == "failure":
                     self._keep_failure(connection, message)
+                    continue
+                if isinstance(message, dict) and message.get("type") == "stop?":
+                    self._answer_stop(connection, message)
                     continue
             except (EOFError, OSError, ValueError, TypeError, KeyError):  # TypeError: closed by close()
                 return
@@ -111,6 +125,18 @@ class ChannelServer(AuthenticatingServer):
             if failure is not None and len(self._failures) < _MAX_REPORTS:
                 self._failures.setdefault(failure.rank, failure)
         connection.send_bytes(json.dumps({"type": "ack", "key": "failure"}).encode())
+
+    def _answer_stop(self, connection: Connection, message: dict) -> None:
+        """Answers rank 0's question whether the fit stops at the end of its epoch."""
+        epoch = message["epoch"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise ValueError(f"not an epoch: {epoch!r}")
+        try:
+            stop = bool(self.on_ask(epoch))
+        except Exception:  # the fit goes on
+            logger.exception("answering whether the fit stops failed")
+            stop = False
+        connection.send_bytes(json.dumps({"type": "stop", "epoch": epoch, "stop": stop}).encode())
 
     def failures(self) -> list[Failure]:
         """The failures the ranks reported, in rank order."""
@@ -215,6 +241,28 @@ class ChannelClient:
             return False
         return reply == {"type": "ack", "key": "failure"}
 
+    def ask_stop(self, epoch: int, timeout: float) -> bool:
+        """Asks the driver whether the fit stops at the end of ``epoch``; waits at most
+        ``timeout`` seconds. No answer in time (or a broken channel) goes on: False, and the
+        channel is closed, so a late answer is never read as another reply."""
+        if self._connection is None:
+            return False
+        try:
+            with self._lock:
+                self._connection.send_bytes(json.dumps({"type": "stop?", "epoch": epoch}).encode())
+                if not self._connection.poll(timeout):
+                    raise TimeoutError(f"no answer within {timeout:.0f}s")
+                reply = json.loads(self._connection.recv_bytes(_MAX_MESSAGE))
+            if isinstance(reply, dict) and reply.get("type") == "stop" and reply.get("epoch") == epoch:
+                return reply.get("stop") is True
+            problem = f"an unexpected reply ({reply})"
+        except (OSError, EOFError, ValueError, TypeError, TimeoutError) as error:
+            problem = str(error) or type(error).__name__
+        self.close()
+        logger.warning("the driver did not say whether to stop after epoch %d (%s): the fit goes on without the "
+                       "driver's channel", epoch, problem)
+        return False
+
     def send_blob(self, key: str, blob: bytes | memoryview, ack_timeout: float | None = None) -> str | None:
         """Sends ``blob`` and waits for the driver's acknowledgement.
 
@@ -303,6 +351,12 @@ class ProgressReporter:
         """Reports a finished epoch's history entry."""
         if self.client is not None:
             self.client.send(RankMessage.for_epoch(entry))
+
+    def stop_asked(self, epoch: int, wait: float) -> bool:
+        """Rank 0: whether the driver's loggers ask the fit to stop at the end of ``epoch``
+        (reported with :meth:`epoch` before), waiting at most ``wait`` seconds plus a margin
+        for the network; False on other ranks and without a channel."""
+        return self.client is not None and self.client.ask_stop(epoch, wait + _ANSWER_MARGIN_S)
 
     def note(self, logger_name: str, message: str) -> None:
         """Logs ``message`` at INFO on the driver, once (rank 0's log forwarder sends warnings only)."""

@@ -357,6 +357,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         progress = plan.progress
         rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
         loggers = LoggerDispatch(self._loggers, plan.spec.run_id, progress)
+        spec = _with_stop_wait(plan.spec, loggers.stop_wait_s)
         loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
                       progress, name)
 
@@ -366,11 +367,12 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
         launcher = Launcher(dataset.sparkSession, rows, self.getMaxRetries(), self.getSlotWaitTimeout(),
                             on_message, min_workers=self.getMinWorkers(),
-                            replan=lambda workers: plan_frame(self, dataset, plan.schema, workers))
+                            replan=lambda workers: plan_frame(self, dataset, plan.schema, workers),
+                            on_ask=lambda epoch: loggers.stop_asked(epoch, spec.stop_wait_s or 0.0))
         view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize(),
                           name or f"run {plan.spec.run_id[:8]}")  # closed below: a view counts as a running fit
         try:
-            checkpoint = _train(launcher, plan.spec, progress)
+            checkpoint = _train(launcher, spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)
@@ -385,6 +387,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         logger.info("fit done: %s", checkpoint.progress)
         model = self._model(checkpoint)
         loggers.finish(model, checkpoint)
+        if loggers.stop_error is not None:  # a logger stopped the fit to have it raise this (optuna.TrialPruned)
+            raise loggers.stop_error
         return model
 
     def _model(self, checkpoint: Checkpoint) -> TorchModel:
@@ -426,6 +430,13 @@ def _train(launcher: Launcher, spec: TaskSpec, start: Progress) -> Checkpoint:
         raise
     except Exception as error:  # the package promises its own errors only
         raise TrainingFailedError(f"the fit failed unexpectedly: {type(error).__name__}: {error}") from error
+
+
+def _with_stop_wait(spec: TaskSpec, wait: float | None) -> TaskSpec:
+    """``spec`` with the time the driver may take to answer rank 0's stop question at an
+    epoch end (None: no logger may stop the fit), at most half the collectives' ``timeout``
+    (the other ranks wait for the answer in the epoch end's flag agreement)."""
+    return dataclasses.replace(spec, stop_wait_s=None if wait is None else min(wait, spec.timeout_s / 2))
 
 
 def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:

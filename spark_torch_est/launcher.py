@@ -115,11 +115,14 @@ class Launcher:
             of the spec's ``world_size``.
         replan: ``replan(ranks)`` gives the training frame and the files to read of a job
             of fewer ranks (needed with ``min_workers``).
+        on_ask: ``on_ask(epoch)``: whether the fit stops at the end of ``epoch``, rank 0's
+            question when a driver-side logger may stop the fit (see ``TaskSpec.stop_wait_s``).
     """
 
     def __init__(self, spark: SparkSession, rows: KeptIngest, max_retries: int, slot_wait_s: float,
                  on_message: Callable[[RankMessage], None] | None = None, min_workers: int | None = None,
-                 replan: Callable[[int], tuple[DataFrame, FileSource | None]] | None = None) -> None:
+                 replan: Callable[[int], tuple[DataFrame, FileSource | None]] | None = None,
+                 on_ask: Callable[[int], bool] | None = None) -> None:
         self._store_unreachable: set[str] = set()  # driver hosts executors could not reach in this fit
         self.spark = spark
         self.rows = rows
@@ -128,6 +131,7 @@ class Launcher:
         self.on_message = on_message or (lambda message: None)
         self.min_workers = min_workers
         self.replan = replan
+        self.on_ask = on_ask
         self._frames: dict[int, tuple[DataFrame, FileSource | None]] = {}
 
     def run(self, spec: TaskSpec, start: Progress) -> bytes:
@@ -209,7 +213,8 @@ class Launcher:
                 logger.warning("cannot open a rendezvous store on %s (%s); using Spark's allGather", host, error)
         if host is not None:
             try:
-                channel = ChannelServer(host, launch.secret, self.on_message, max_blob_bytes=_max_blob())
+                channel = ChannelServer(host, launch.secret, self.on_message, max_blob_bytes=_max_blob(),
+                                        on_ask=self.on_ask)
             except OSError as error:
                 logger.warning("cannot open the driver's channel on %s (%s); no live progress", host, error)
         launch = dataclasses.replace(launch, store_address=store.address if store is not None else None,

@@ -92,7 +92,7 @@ class Trainer:
         self._batch_idx = 0  # the index of the last training batch in its epoch
         self._run_args: dict[str, Any] = {"rank": rank, "world_size": world_size, "control": self.control,
                                           "device": device, "config": dict(creators.config)}
-        self._sync_flags = world_size > 1 and bool(self.hooks)
+        self._sync_flags = world_size > 1 and (bool(self.hooks) or spec.stop_wait_s is not None)
         self._sync_step_flags = world_size > 1 and self.hooks.controls_steps
         self._transfer = transfer_for(device)
         self._compiling = False  # until the first step of a compiled model has run
@@ -331,6 +331,7 @@ class Trainer:
         if self.scheduler is not None and self.control.step_scheduler_per_epoch:
             with self._stage.at("scheduler_step"):
                 self.scheduler.step()
+        self._ask_driver_to_go_on(entry["epoch"])
         self._agree_on_flags()
         self._checkpoint_if_due("ep")
         logger.info("rank %d: epoch %d %s", self.ranks.rank, entry["epoch"],
@@ -398,6 +399,17 @@ class Trainer:
             flags = torch.tensor([self.control.stop_training, self.control.stop_epoch], dtype=torch.int32)
             flags = self.ranks.all_reduce(flags, dist.ReduceOp.MAX)
         self.control.stop_training, self.control.stop_epoch = bool(flags[0]), bool(flags[1])
+
+    def _ask_driver_to_go_on(self, epoch: int) -> None:
+        """Rank 0 asks whether a driver-side logger stops the fit at the end of ``epoch``
+        (when one may, and the fit goes on after it); the flag agreement that follows tells
+        every rank."""
+        wait = self.spec.stop_wait_s
+        if wait is None or self.spec.target.reached(self.state.progress):
+            return
+        if self.reporter.stop_asked(epoch, wait):
+            logger.info("rank %d: a logger on the driver stops the fit after epoch %d", self.ranks.rank, epoch)
+            self.control.stop_training = True
 
     def _on_exception(self, error: BaseException) -> None:
         if not self.hooks.has("on_exception"):

@@ -136,6 +136,9 @@ class TaskSpec:
         shard_modules: Class names of the submodules sharded before the root (``shardModules``),
             or None for every direct child holding parameters.
         kept: The rows kept between fits, or None (``keepIngestedMB``, see :mod:`spark_torch_est.kept`).
+        stop_wait_s: Seconds the driver takes at most to answer rank 0's question, at each
+            epoch end, whether a driver-side logger asks the fit to stop; None when no logger
+            may ask (rank 0 then never asks).
     """
 
     run_id: str
@@ -161,6 +164,7 @@ class TaskSpec:
     strategy: str = "ddp"
     shard_modules: tuple[str, ...] | None = None
     kept: KeptPlan | None = None
+    stop_wait_s: float | None = None
 
     @property
     def data_source(self) -> str:

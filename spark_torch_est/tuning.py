@@ -6,6 +6,9 @@ evaluator continue their own runs (``fit(df, duration=...)``) to ``eta`` times t
 of the rung before, capped at their ``maxEpochs``, until one is left, which then trains to
 its ``maxEpochs``. Since runs resume exactly, the winner's model is the one a straight fit
 of its param map gives (bitwise on CPU with a fixed seed).
+
+For Optuna, :class:`OptunaPruning` (a driver-side logger) reports each epoch's metric to
+a trial and stops a fit its pruner prunes, at an epoch end (see docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -33,12 +36,13 @@ from spark_torch_est.estimator import TorchEstimator
 from spark_torch_est.frames import label_kind
 from spark_torch_est.jvm import task_slots
 from spark_torch_est.launcher import wait_for_slots
+from spark_torch_est.loggers.optuna_pruning import OptunaPruning
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import param_map_name
 from spark_torch_est.persistence import TorchPersistence
 from spark_torch_est.planning import check_params
 
-__all__ = ["SuccessiveHalving", "SuccessiveHalvingModel", "param_map_name"]
+__all__ = ["SuccessiveHalving", "SuccessiveHalvingModel", "OptunaPruning", "param_map_name"]
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,10 @@ authenticated channel, and the checkpoint when ``fit`` returns. The events of on
     on_fit_end(model, checkpoint)            the fit succeeded
     on_fit_failed(error)                     the fit failed or was interrupted
 
+A logger may also ask the fit to stop: ``should_stop(metrics)``, asked after each epoch's
+``on_epoch_end``, returns True (or an exception for ``fit`` to raise) to stop every rank at
+the end of that epoch, keeping its checkpoint. That is how a tuner prunes a trial.
+
 Every event also offers ``run_id``, the estimator run's id: kept across the run's fits,
 new after ``reset()``, ``copy()`` and for each ``CrossValidator`` fit. A logger keeps one
 tracking run per estimator run by keying on it. Like hook methods, a logger method names
@@ -33,6 +37,7 @@ EVENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "on_epoch_end": ("metrics", "run_id"),
     "on_fit_end": ("model", "checkpoint", "run_id"),
     "on_fit_failed": ("error", "run_id"),
+    "should_stop": ("metrics", "run_id"),
 }
 
 
@@ -74,6 +79,21 @@ class Logger:
     def on_fit_failed(self, **kwargs: Any) -> None:
         """The fit raised ``error`` (a SparkTorchError, or KeyboardInterrupt on Ctrl-C); the
         estimator keeps its run as it was before the fit."""
+
+    def should_stop(self, **kwargs: Any) -> bool | BaseException:
+        """Whether the fit should stop at the end of the epoch whose ``metrics`` this logger
+        has just taken in ``on_epoch_end``.
+
+        Override it only in a logger that may stop fits: while such a logger is among the
+        estimator's, rank 0 waits at each epoch end (at most twice this logger's
+        ``event_timeout_s``) for its ``on_epoch_end`` and its answer. Return True to stop
+        every rank at the end of that epoch (the estimator keeps its checkpoint, ``fit``
+        returns as usual), or an exception to stop there and have ``fit`` raise it after
+        ``on_fit_end``; anything false goes on. An answer that comes too late stops the fit
+        at the next epoch end the ranks reach; without the driver's channel (Spark Connect)
+        the answers come when ``fit`` returns, and only an exception still counts.
+        """
+        return False
 
 
 def plan_events(logger: Logger) -> dict[str, Callable[[Mapping[str, Any]], Any]]:

@@ -8,6 +8,11 @@ caller waits at most the logger's ``event_timeout_s``: a logger that does not re
 then is abandoned for the rest of the fit with a warning (its thread is left to finish
 on its own), so no logger can keep ``fit`` from starting the job or from returning. A
 logger's events run one at a time, in order.
+
+A logger that overrides ``should_stop`` may stop the fit: it takes each epoch's entry
+before the other loggers, is asked right after, and :meth:`LoggerDispatch.stop_asked`
+(which the channel calls when rank 0 asks at an epoch end) waits, within the deadlines, for
+that epoch's answer.
 """
 
 from __future__ import annotations
@@ -39,24 +44,25 @@ class _Runner:
         self._thread.start()
 
     def call(self, invoke: Callable[[Mapping[str, Any]], Any], arguments: Mapping[str, Any],
-             timeout: float) -> Exception | object | None:
-        """Runs ``invoke(arguments)``: None when it returned, its exception when it raised,
-        ``_TIMED_OUT`` when it was still running after ``timeout`` seconds."""
+             timeout: float) -> tuple[Any, Exception | object | None]:
+        """Runs ``invoke(arguments)``: ``(its value, None)`` when it returned, ``(None, its
+        exception)`` when it raised, ``(None, _TIMED_OUT)`` when it was still running after
+        ``timeout`` seconds."""
         done = threading.Event()
-        outcome: list[Exception] = []
+        outcome: list[Any] = [None, None]
 
         def job() -> None:
             try:
-                invoke(arguments)
+                outcome[0] = invoke(arguments)
             except Exception as error:  # handed to the caller, which logs it
-                outcome.append(error)
+                outcome[1] = error
             finally:
                 done.set()
 
         self._jobs.put(job)
         if not done.wait(timeout):
-            return _TIMED_OUT
-        return outcome[0] if outcome else None
+            return None, _TIMED_OUT
+        return outcome[0], outcome[1]
 
     def close(self) -> None:
         """Ends the thread once its current event (if any) returns."""
@@ -71,7 +77,8 @@ class LoggerDispatch:
     """The loggers of one fit: throttled steps, each history entry once per logger (marked
     logged only when the logger's call returned), a logger that raises is logged and
     skipped, and one that does not return within its deadline is abandoned; none ever
-    fails or holds up the fit.
+    fails or holds up the fit. A logger that overrides ``should_stop`` may ask the fit to
+    stop (see :meth:`stop_asked`).
 
     Args:
         loggers: The estimator's loggers.
@@ -92,6 +99,28 @@ class LoggerDispatch:
         self._start_arguments: dict[str, Any] = {}
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
+        self._stoppers = {i for i, (_, plan) in enumerate(self._plans) if "should_stop" in plan}
+        self._decision = threading.Condition()
+        self._decided = start.epoch  # the last epoch whose stop question was answered (or timed out)
+        self._stop_requested = False
+        #: The exception a logger asked ``fit`` to raise (with the stop it asked for), or None.
+        self.stop_error: BaseException | None = None
+
+    @property
+    def stop_wait_s(self) -> float | None:
+        """Most seconds an epoch's stop question can take: ``on_epoch_end`` and ``should_stop``
+        of every logger that may stop the fit, each within its deadline; None when none may."""
+        if not self._stoppers:
+            return None
+        return sum(2 * self._timeout(i) for i in self._stoppers)
+
+    def stop_asked(self, epoch: int, timeout: float) -> bool:
+        """Whether a logger has asked the fit to stop, once the loggers that may ask have
+        answered for ``epoch`` (waiting at most ``timeout`` seconds for them): rank 0's
+        question at that epoch's end. A request that came after an earlier answer counts too."""
+        with self._decision:
+            self._decision.wait_for(lambda: self._decided >= epoch, timeout)
+            return self._stop_requested
 
     def start(self, params: dict[str, Any], config: dict[str, Any], progress: Progress,
               name: str | None = None) -> None:
@@ -159,30 +188,54 @@ class LoggerDispatch:
         self._emit("on_step", due, progress=message.progress, loss=message.loss)
 
     def _epoch(self, entry: dict) -> None:
+        """One history entry: first to the loggers that may stop the fit, with their answers,
+        then to the others."""
         epoch = int(entry["epoch"])
         due = {i for i in range(len(self._plans)) if epoch not in self._logged[i]}
-        for index in self._emit("on_epoch_end", due, metrics=dict(entry)):
+        taken = self._emit("on_epoch_end", due & self._stoppers, metrics=dict(entry))
+        answers = self._emit("should_stop", set(taken), metrics=dict(entry))
+        with self._decision:
+            for index, answer in answers.items():
+                self._answered(index, answer)
+            self._decided = max(self._decided, epoch)
+            self._decision.notify_all()
+        taken.update(self._emit("on_epoch_end", due - self._stoppers, metrics=dict(entry)))
+        for index in taken:
             self._logged[index].add(epoch)
 
-    def _emit(self, event: str, only: set[int] | None = None, **arguments: Any) -> set[int]:
-        """Calls ``event`` on each logger that has it (of ``only``); the loggers whose call returned."""
+    def _answered(self, index: int, answer: Any) -> None:
+        """Takes a logger's ``should_stop`` answer (under the decision's lock)."""
+        if isinstance(answer, BaseException):
+            self.stop_error = self.stop_error or answer
+        elif not answer:
+            return
+        if not self._stop_requested:
+            logger.info("logger %s asks the fit to stop at the end of the current epoch",
+                        type(self._plans[index][0]).__name__)
+        self._stop_requested = True
+
+    def _emit(self, event: str, only: set[int] | None = None, **arguments: Any) -> dict[int, Any]:
+        """Calls ``event`` on each logger (of ``only``) still taking events; by logger, what
+        the calls that returned gave (a logger without the event counts as returned None)."""
         arguments["run_id"] = self._run_id
-        returned = set()
+        returned: dict[int, Any] = {}
         for index, (item, plan) in enumerate(self._plans):
+            if index in self._benched or index in self._abandoned or (only is not None and index not in only):
+                continue
             invoke = plan.get(event)
-            if (invoke is None or index in self._benched or index in self._abandoned
-                    or (only is not None and index not in only)):
+            if invoke is None:
+                returned[index] = None
                 continue
             runner = self._runners.get(index)
             if runner is None:
                 runner = self._runners[index] = _Runner(type(item).__name__)
-            outcome = runner.call(invoke, arguments, self._timeout(index))
-            if outcome is _TIMED_OUT:
+            value, problem = runner.call(invoke, arguments, self._timeout(index))
+            if problem is _TIMED_OUT:
                 self._abandon(index, item, event)
-            elif outcome is not None:
-                self._failed(index, item, event, outcome)
+            elif problem is not None:
+                self._failed(index, item, event, problem)
             else:
-                returned.add(index)
+                returned[index] = value
         return returned
 
     def _timeout(self, index: int) -> float:

@@ -21,6 +21,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
     ("text_classifier.py", "test accuracy 0.9"),
     ("image_classifier.py", "test accuracy 0.9"),
     ("tune.py", "epochs trained in all: 15 (every configuration to maxEpochs: 36)"),
+    ("optuna_tune.py", "MLflow: 6 child runs of the study's run"),
     ("large_model.py", "the full model, gathered: 530177 parameters"),
 ])
 def test_example_runs(script, expected):

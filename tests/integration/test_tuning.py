@@ -3,6 +3,8 @@ is a straight fit of its map, decisions follow the evaluator, bad settings fail 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator, RegressionEvaluator
@@ -190,3 +192,121 @@ def test_each_configuration_is_one_mlflow_run_named_after_its_map_under_the_tune
     assert epochs == {param_map_name(grid[0]): [1], param_map_name(grid[1]): [1, 2]}  # one run across the rungs
     assert all(c.info.status == "FINISHED" for c in children) and len(children) == 2
     assert est.loggers[0].run_name is None  # the estimator's own logger is left as it was
+
+
+# ------------------------------------------------------------------ Optuna with pruning
+
+
+def test_a_pruned_trial_stops_at_an_epoch_end_on_every_rank_keeps_that_checkpoint_and_raises_trial_pruned(
+        spark, split_df):
+    optuna = pytest.importorskip("optuna")
+    from spark_torch_est.tuning import OptunaPruning
+
+    study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=0.0, n_warmup_steps=2))
+    fitted, raised = [], []
+
+    def objective(trial):
+        est = linear_estimator(maxEpochs=5, seed=3, validationIndicatorCol="is_val", loggers=[OptunaPruning(trial)])
+        fitted.append(est)
+        try:
+            est.fit(split_df)  # 2 ranks: both must stop at the same epoch end, or the fit hangs
+        except optuna.TrialPruned as error:
+            raised.append(error)
+            raise
+        return est.history[-1]["val_loss"]
+
+    study.optimize(objective, n_trials=1)
+    (trial,), (est,), (error,) = study.trials, fitted, raised
+    assert trial.state == optuna.trial.TrialState.PRUNED and "pruned after epoch 2 (val_loss=" in str(error)
+    assert est.progress.epoch == 2 and est.progress.batch_in_epoch == 0  # 2 of its 5 epochs, no half epoch
+    assert est.checkpoint.progress == est.progress and [h["epoch"] for h in est.history] == [1, 2]
+    assert trial.intermediate_values == {h["epoch"]: h["val_loss"] for h in est.history}
+    est.setLoggers([])
+    est.fit(split_df, duration="1ep")  # the kept checkpoint continues the run
+    assert est.progress.epoch == 3
+
+
+def test_a_logger_that_does_not_answer_in_time_does_not_hold_up_the_fit(spark, split_df, caplog):
+    import logging
+    import threading
+
+    release = threading.Event()
+
+    class Stuck(Logger):
+        event_timeout_s = 0.5
+
+        def should_stop(self, metrics):
+            release.wait(60)
+            return True
+
+    est = linear_estimator(maxEpochs=2, seed=3, numWorkers=1, loggers=[Stuck()])
+    try:
+        with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
+            est.fit(split_df)
+    finally:
+        release.set()
+    assert est.progress.epoch == 2  # its answer never came: the fit went on to its end
+    assert "logger Stuck did not return from should_stop within its event_timeout_s (0.5 s)" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def optuna_study(spark, split_df, tmp_path_factory):
+    """Two trials at once on the one SparkSession (``n_jobs=2``, ``numWorkers=1`` each on the
+    two slots of local[2]), each with a CSVLogger; then a straight fit of each trial's
+    parameters. Returns (study, estimator by trial number, straight fit by trial number,
+    the CSV folder, each fit's (start, end) time by trial number)."""
+    optuna = pytest.importorskip("optuna")
+    from spark_torch_est import CSVLogger
+    from spark_torch_est.tuning import OptunaPruning
+
+    logs = tmp_path_factory.mktemp("optuna_csv")
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0), pruner=optuna.pruners.MedianPruner())
+    for lr in (0.002, 0.05):
+        study.enqueue_trial({"lr": lr})
+    estimators, spans = {}, {}
+
+    def objective(trial):
+        est = linear_estimator(maxEpochs=3, seed=3, numWorkers=1, validationIndicatorCol="is_val",
+                               config={"lr": trial.suggest_float("lr", 1e-3, 1e-1, log=True)},
+                               loggers=[OptunaPruning(trial), CSVLogger(str(logs))])
+        estimators[trial.number] = est
+        started = time.monotonic()
+        est.fit(split_df)
+        spans[trial.number] = (started, time.monotonic())
+        return est.history[-1]["val_loss"]
+
+    study.optimize(objective, n_trials=2, n_jobs=2)
+    straight = {}
+    for trial in study.trials:
+        est = linear_estimator(maxEpochs=3, seed=3, numWorkers=1, validationIndicatorCol="is_val",
+                               config={"lr": trial.params["lr"]})
+        straight[trial.number] = (est, est.fit(split_df))
+    return study, estimators, straight, logs, spans
+
+
+def test_two_trials_at_once_do_not_mix_their_progress_checkpoints_metrics_or_logs(optuna_study):
+    import csv
+
+    study, estimators, straight, logs, spans = optuna_study
+    (a_start, a_end), (b_start, b_end) = spans[0], spans[1]
+    assert a_start < b_end and b_start < a_end  # the two fits ran at once
+    assert {t.state.name for t in study.trials} == {"COMPLETE"}
+    assert len({est.checkpoint.run_id for est in estimators.values()}) == 2
+    for number, est in estimators.items():
+        trial = study.trials[number]
+        alone, _ = straight[number]
+        assert est.progress == alone.progress and est.progress.epoch == 3
+        assert est.history == alone.history  # the same numbers as the trial alone: nothing of the other trial
+        assert trial.intermediate_values == {h["epoch"]: h["val_loss"] for h in est.history}
+        with open(logs / est.checkpoint.run_id[:12] / "metrics.csv") as file:
+            rows = list(csv.DictReader(file))
+        assert [float(r["val_loss"]) for r in rows] == [h["val_loss"] for h in est.history]
+
+
+def test_the_best_trials_refit_equals_a_straight_fit_of_its_parameters_bitwise(optuna_study):
+    study, estimators, straight, _, _ = optuna_study
+    best = study.best_trial
+    _, refit = straight[best.number]
+    trained = estimators[best.number].checkpoint.model_state
+    assert study.best_value == estimators[best.number].history[-1]["val_loss"]
+    assert all(torch.equal(trained[k], v) for k, v in refit.checkpoint.model_state.items())

@@ -231,3 +231,42 @@ def test_a_note_from_rank_0_reaches_the_drivers_log_once_and_other_ranks_send_no
     with caplog.at_level(logging.INFO, logger="spark_torch_est.worker"):
         DriverView(False, None, None, 1).handle(received[0])
     assert caplog.messages == ["[rank 0] spark_torch_est.loop: compileModel: took 4.9s"]
+
+
+def test_rank_0_asks_whether_to_stop_after_an_epoch_and_gets_the_drivers_answer():
+    asked = []
+
+    def on_ask(epoch):
+        asked.append(epoch)
+        return epoch >= 2
+
+    server = ChannelServer("127.0.0.1", SECRET, lambda message: None, on_ask=on_ask)
+    client = ChannelClient(server.address, server.secret)
+    try:
+        assert client.ask_stop(1, timeout=5.0) is False
+        assert client.ask_stop(2, timeout=5.0) is True
+        assert asked == [1, 2]
+        client.send(_epoch(3))  # the channel still carries messages after the answers
+        assert client.send_blob("job-1", b"x" * 100) == hashlib.sha256(b"x" * 100).hexdigest()
+    finally:
+        client.close()
+        server.close()
+
+
+def test_no_answer_in_time_goes_on_and_closes_the_channel(caplog):
+    import threading
+
+    release = threading.Event()
+    server = ChannelServer("127.0.0.1", SECRET, lambda message: None, on_ask=lambda epoch: release.wait(30))
+    client = ChannelClient(server.address, server.secret)
+    try:
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="spark_torch_est.channel"):
+            assert client.ask_stop(1, timeout=0.5) is False
+        assert time.monotonic() - started < 5
+        assert "did not say whether to stop after epoch 1" in caplog.text
+        assert client.send_blob("job-1", b"x") is None, "a late answer can never be read as the blob's acknowledgement"
+    finally:
+        release.set()
+        client.close()
+        server.close()

@@ -320,3 +320,80 @@ def test_a_raising_loggers_warning_carries_its_traceback(caplog):
     assert warning.exc_info[0] is ValueError
     traceback_text = logging.Formatter().formatException(warning.exc_info)
     assert "in on_step" in traceback_text and "ValueError: bad step 1" in traceback_text
+
+
+class StopAt(Recorder):
+    """Asks the fit to stop from epoch ``epoch`` on, with ``answer``."""
+
+    def __init__(self, epoch: int, answer=True) -> None:
+        super().__init__()
+        self.epoch, self.answer = epoch, answer
+
+    def should_stop(self, metrics):
+        self._record("should_stop", metrics=metrics)
+        return self.answer if metrics["epoch"] >= self.epoch else False
+
+
+def test_a_logger_that_may_stop_is_answered_for_after_its_on_epoch_end_and_before_the_others():
+    recorder, stopper = Recorder(), StopAt(2)
+    recorder.calls = stopper.calls = []  # one list: the order across both loggers
+    dispatch = LoggerDispatch([recorder, stopper], "run-1", Progress())
+    assert dispatch.stop_wait_s == 2 * stopper.event_timeout_s
+    dispatch.start({}, {}, Progress())
+    dispatch.handle(epoch_message(1))
+    assert dispatch.stop_asked(1, timeout=10) is False
+    dispatch.handle(epoch_message(2))
+    assert dispatch.stop_asked(2, timeout=10) is True
+    dispatch.finish("the model", checkpoint(2))
+    # the stopper's entry and answer first, then the recorder's entry
+    assert [e for e, _, _ in recorder.calls] == ["on_fit_start"] * 2 + ["on_epoch_end", "should_stop",
+                                                                         "on_epoch_end"] * 2 + ["on_fit_end"] * 2
+    assert [m["metrics"]["epoch"] for m in recorder.events("on_epoch_end")] == [1, 1, 2, 2]
+    assert dispatch.stop_error is None  # True stops the fit; fit returns as usual
+
+
+def test_an_exception_answer_stops_and_is_kept_for_fit_to_raise():
+    pruned = RuntimeError("pruned")
+    dispatch = LoggerDispatch([StopAt(1, answer=pruned)], "run-1", Progress())
+    dispatch.start({}, {}, Progress())
+    dispatch.handle(epoch_message(1))
+    assert dispatch.stop_asked(1, timeout=10) is True
+    dispatch.finish("the model", checkpoint(1))
+    assert dispatch.stop_error is pruned
+
+
+def test_without_a_logger_that_may_stop_no_question_is_asked():
+    assert LoggerDispatch([Recorder()], "run-1", Progress()).stop_wait_s is None
+
+
+def test_a_stop_answer_that_does_not_come_in_time_goes_on_and_counts_at_the_next_question():
+    class SlowStop(StopAt):
+        event_timeout_s = 30.0
+
+        def __init__(self) -> None:
+            super().__init__(1)
+            self.release = threading.Event()
+
+        def should_stop(self, metrics):
+            self.release.wait(30)
+            return super().should_stop(metrics)
+
+    stopper = SlowStop()
+    dispatch = LoggerDispatch([stopper], "run-1", Progress())
+    dispatch.start({}, {}, Progress())
+    dispatch.handle(epoch_message(1))
+    started = time.monotonic()
+    assert dispatch.stop_asked(1, timeout=0.2) is False  # the fit goes on
+    assert time.monotonic() - started < 5
+    stopper.release.set()
+    dispatch.handle(epoch_message(2))
+    assert dispatch.stop_asked(2, timeout=10) is True  # epoch 1's late answer stops the fit at epoch 2's end
+    dispatch.finish("the model", checkpoint(2))
+
+
+def test_without_live_messages_an_exception_answer_is_still_raised_by_fit():
+    pruned = RuntimeError("pruned")
+    dispatch = LoggerDispatch([StopAt(2, answer=pruned)], "run-1", Progress())
+    dispatch.start({}, {}, Progress())
+    dispatch.finish("the model", checkpoint(3))
+    assert dispatch.stop_error is pruned
