@@ -228,8 +228,10 @@ def test_a_note_from_rank_0_reaches_the_drivers_log_once_and_other_ranks_send_no
     ProgressReporter(client, rank=1).note("spark_torch_est.loop", "from rank 1")
     ProgressReporter(client, rank=0).note("spark_torch_est.loop", "compileModel: took 4.9s")
     assert _wait_for(lambda: len(received) == 1)
+    view = DriverView(False, None, None, 1)
     with caplog.at_level(logging.INFO, logger="spark_torch_est.worker"):
-        DriverView(False, None, None, 1).handle(received[0])
+        view.handle(received[0])
+    view.close()
     assert caplog.messages == ["[rank 0] spark_torch_est.loop: compileModel: took 4.9s"]
 
 
