@@ -54,6 +54,11 @@ def test_local_cluster_two_executors_fake_gpus_and_a_killed_executor(tmp_path):
     assert found["crashes"] == 2 and found["twice_equal"] and found["twice_sizes"] == [2, 2, 2, 2]
     # kept rows across two executor JVMs: the 2nd and 3rd fits take them, bitwise as read again
     assert found["kept_reused"] == 2 and found["kept_missing"] == 0 and found["kept_equal"], found
+    # more ranks than slots: refused with both numbers before any Spark job
+    assert "numWorkers=3 needs 3 task slots at once, but the cluster offers 2" in found["refused"]["numWorkers"]
+    assert "numWorkers=4 minWorkers=3 needs 3 task slots at once, but the cluster offers 2" in \
+        found["refused"]["minWorkers"]
+    assert found["refused_jobs"] == 0, found["refused"]
 
 
 def _free_port() -> int:
@@ -230,5 +235,7 @@ def test_a_lost_standalone_worker_shrinks_the_run_which_grows_back_when_it_retur
     resumed = [float(t) for t, world, _ in found["steps"] if int(world) == 1 and float(t) > kill]
     assert resumed, found["steps"]
     assert "numWorkers=2 needs 2 task slots at once, but the cluster offers 1" in found["today_error"]
+    assert "numWorkers=2 needs 2 task slots at once, but the cluster offers 1" in found["first_fit_error"]
+    assert found["first_fit_jobs"] == 0, "a first fit on too few slots is refused before any Spark job"
     print(f"kill -> training on the survivor: {resumed[0] - kill:.1f}s; kill -> error without minWorkers: "
           f"{found['today_seconds']:.1f}s (slotWaitTimeout=10)")

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 from spark_torch_est import Hook, TorchEstimator  # noqa: E402
 from spark_torch_est.devices import task_gpu, task_gpus  # noqa: E402
 from spark_torch_est.errors import InvalidInputError  # noqa: E402
-from tests.helpers import linear_model, sgd  # noqa: E402
+from tests.helpers import linear_model, sgd, spark_jobs_started  # noqa: E402
 
 out_dir, discovery = sys.argv[1], sys.argv[2]
 VISIBLE = "3,5"  # the executors see two GPUs, whose Spark addresses are 0 and 1
@@ -145,6 +145,16 @@ kept_result = {"kept_reused": sum("kept this DataFrame's rows" in line for line 
                "kept_missing": sum("rows of this DataFrame are gone" in line for line in kept_lines),
                "kept_equal": all(torch.equal(v, reread.checkpoint.model_state[k])
                                  for k, v in kept.checkpoint.model_state.items())}
+# More ranks than the two executors' slots, or a minWorkers above them: refused with both
+# numbers once slotWaitTimeout has passed, before any Spark job.
+started, refused = spark_jobs_started(spark), {}
+for name, params in (("numWorkers", {"numWorkers": 3}), ("minWorkers", {"numWorkers": 4, "minWorkers": 3})):
+    try:
+        TorchEstimator(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), maxEpochs=1, showProgress=False,
+                       slotWaitTimeout=3.0, **params).fit(df)
+    except InvalidInputError as exc:
+        refused[name] = str(exc)
+kept_result.update(refused=refused, refused_jobs=spark_jobs_started(spark) - started)
 print("RESULT " + json.dumps({**kept_result, "weight_error": error, "rmse": rmse, "epochs": est.progress.epoch,
                               "ranks": ranks, "gpu_error": gpu_error, "scoring": scoring, "on_cpu": on_cpu,
                               "visible": VISIBLE,

@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 from spark_torch_est import Hook, TorchEstimator  # noqa: E402
 from spark_torch_est.errors import InvalidInputError  # noqa: E402
-from tests.helpers import RecordRows, descendants, linear_model, sgd  # noqa: E402
+from tests.helpers import RecordRows, descendants, linear_model, sgd, spark_jobs_started  # noqa: E402
 
 mode, out_dir = sys.argv[1], sys.argv[2]
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -132,5 +132,11 @@ else:
         failed = time.time()
         result["today_error"] = str(error)
         result["today_seconds"] = failed - json.load(open(os.path.join(out_dir, "killed-today.json")))["time"]
+    started = spark_jobs_started(spark)  # one worker is left: a new run's first fit is refused before any job
+    try:
+        estimator(maxEpochs=1, slotWaitTimeout=3.0).fit(df)
+    except InvalidInputError as error:
+        result["first_fit_error"] = str(error)
+    result["first_fit_jobs"] = spark_jobs_started(spark) - started
 print("RESULT " + json.dumps(result))
 spark.stop()
