@@ -347,7 +347,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     def _fit_alone(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
                    name: str | None) -> TorchModel:
         start = resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
-        plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks)
+        plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks, own=self._checkpoint)
         progress = plan.progress
         rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
         view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize())

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from spark_torch_est.progress import Interval, Target
+from spark_torch_est.progress import Interval, Parent, Target
 from spark_torch_est.schema import InputSchema
 
 __all__ = ["TaskSpec", "Launch", "Columns", "FilePart", "FileSource", "How", "KeptPlan"]
@@ -136,6 +136,7 @@ class TaskSpec:
         shard_modules: Class names of the submodules sharded before the root (``shardModules``),
             or None for every direct child holding parameters.
         kept: The rows kept between fits, or None (``keepIngestedMB``, see :mod:`spark_torch_est.kept`).
+        parent: The point the run branched from, recorded in its checkpoints, or None.
     """
 
     run_id: str
@@ -161,6 +162,7 @@ class TaskSpec:
     strategy: str = "ddp"
     shard_modules: tuple[str, ...] | None = None
     kept: KeptPlan | None = None
+    parent: Parent | None = None
 
     @property
     def data_source(self) -> str:

@@ -282,3 +282,29 @@ def test_mixed_precision_and_compile_train_and_resume_exactly_under_fsdp(spark, 
         assert torch.equal(value, halves.checkpoint.model_state[key]), key
     assert halves.history[1]["train_loss"] < halves.history[0]["train_loss"]
     assert set(model.torch_model().state_dict()) == set(whole.checkpoint.model_state)  # plain keys
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every checkpoint file under ``folder`` (not the shared ``latest`` pointer) and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "latest"}
+
+
+def test_a_branch_into_the_same_checkpoint_dir_leaves_the_parents_files_and_its_next_fit_works(
+        spark, linear_df, tmp_path):
+    est = _fsdp(tmp_path)
+    first = est.fit(linear_df, duration="1ep")
+    est.fit(linear_df, duration="1ep")
+    run, before = est.checkpoint.run_id, _files(tmp_path)
+    shifted = linear_df.withColumn("label", F.col("label") + 1.0)
+    branch = _fsdp(tmp_path).fit(shifted, resume_from=first, duration="1ep").checkpoint
+    after = _files(tmp_path)
+    assert {name: after.get(name) for name in before} == before  # the parent's files, byte for byte
+    assert branch.run_id != run and {name.split("-")[1] for name in set(after) - set(before)} == {branch.run_id[:12]}
+    est.fit(linear_df, duration="1ep")  # the parent reads its epoch-2 shards and goes on
+    assert est.checkpoint.run_id == run and [e["epoch"] for e in est.history] == [1, 2, 3]
+    step = first.checkpoint.progress.global_step
+    assert (branch.parent.run_id, branch.parent.global_step) == (run, step)
+    assert branch.history[1]["branch_of"] == f"{run[:12]}@{step}"
+    assert "branch_of" not in branch.history[0]  # the parent's own epoch, as it was
+    assert est.checkpoint.parent is None and all("branch_of" not in e for e in est.history)
+
