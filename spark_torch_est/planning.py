@@ -22,7 +22,7 @@ from spark_torch_est import jvm, support
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.creators import CreatorError, Creators
 from spark_torch_est.duration import Duration
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
 from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
 from spark_torch_est.hooks import HookSet, normalize_hooks
 from spark_torch_est.model import TorchModel
@@ -31,13 +31,13 @@ from spark_torch_est.params import EstimatorParams
 from spark_torch_est.precision import PRECISIONS
 from spark_torch_est.progress import Interval, Parent, Progress, Target
 from spark_torch_est.schema import InputSchema
-from spark_torch_est.sharding import STRATEGIES, check_shardable, model_to_check
+from spark_torch_est.sharding import STRATEGIES, check_present, check_shardable, model_to_check
 from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
 
 __all__ = ["FitPlan", "plan_fit", "plan_frame", "check_static", "check_params", "check_changes", "check_creators",
-           "task_spec", "make_creators", "checked_config", "resolve_checkpoint", "run_of"]
+           "task_spec", "make_creators", "checked_config", "resolve_checkpoint", "run_of", "check_resumable"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
     if params.getStrategy() == "fsdp" and not _gpu_ranks(params, dataset):
         support.require(support.FSDP_CPU)
     check_changes(params, start)
+    check_resumable(start)
     target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
                           params.getMaxEpochs())
     schema = input_schema_of(params, dataset)
@@ -188,6 +189,23 @@ def run_of(start: Checkpoint | None, own: Checkpoint | None, checkpoint_dir: str
         if newest is None or newest.global_step <= step:
             return start.run_id, start.parent
     return uuid.uuid4().hex, Parent(start.run_id, step)
+
+
+def check_resumable(start: Checkpoint | None) -> None:
+    """Refuses, before any job, a sharded ``start`` whose folder is gone or altered.
+
+    Raises:
+        IncompatibleCheckpointError: Names the folder and the fix.
+    """
+    if start is None or start.sharded is None:
+        return
+    try:
+        check_present(start.sharded)
+    except IncompatibleCheckpointError as error:
+        raise IncompatibleCheckpointError(
+            f"cannot continue from {start!r} of run {start.run_id[:12]}: {error}. Continue from a model saved "
+            "with TorchModel.save (it carries its sharded state: TorchModel.load(path) for resume_from), or from "
+            "a newer checkpoint of the run (resume_from=checkpointDir)") from None
 
 
 def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoint | None) -> None:

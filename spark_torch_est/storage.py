@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import fsspec
 
-__all__ = ["write_atomic", "read_bytes", "probe_writable", "exists", "short_run_id", "CheckpointDir",
+__all__ = ["write_atomic", "read_bytes", "probe_writable", "exists", "remove", "short_run_id", "CheckpointDir",
            "CheckpointFile"]
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,13 @@ def probe_writable(url: str) -> None:
     probe = f"{path}/.probe-{uuid.uuid4().hex}"
     write_atomic(probe, b"spark_torch_est write probe")
     fs.rm(probe)
+
+
+def remove(url: str) -> None:
+    """Removes a file or a folder and all it holds, if there is one (a local path or fsspec URL)."""
+    fs, path = _fs(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
 
 
 def exists(url: str) -> bool:

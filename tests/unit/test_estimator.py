@@ -106,5 +106,5 @@ def test_an_estimator_saved_before_config_was_a_param_loads_with_its_config():
 
     old = Creators(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), config={"lr": 0.3})
     files = {"creators.pkl": cloudpickle.dumps((old, {}, set()))}  # what creators.pkl held then
-    loaded = TorchEstimator._from_files(files.get)
+    loaded = TorchEstimator._from_files(files.get, "unused: no checkpoint")
     assert loaded.getConfig() == {"lr": 0.3} and loaded._run_creators.config == {"lr": 0.3}
