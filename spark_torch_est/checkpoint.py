@@ -28,8 +28,11 @@ runs code::
     precision       the ``precision`` Param the state was trained under (absent: "32")
     scaler          the gradient scaler's state_dict under "16-mixed", else None (may be absent)
     strategy        the ``strategy`` Param of the run, "ddp" or "fsdp" (absent: "ddp")
+    parent          {"run_id": str, "global_step": int}: the run and the point this run branched
+                    from (see :func:`spark_torch_est.planning.run_of`), or None (may be absent)
     sharded         under "fsdp": {"url": the folder of every rank's part, "digest": SHA-256 of its
-                    .metadata} (see :mod:`spark_torch_est.sharding`); the model and optimizer states
+                    .metadata, "files": {name: SHA-256} of every file in it} (see
+                    :mod:`spark_torch_est.sharding`); the model and optimizer states
                     live there, ``optimizer`` is {} and ``model`` is {} in the checkpoints written
                     to checkpointDir, the full weights gathered at the end of a fit in the one the
                     driver keeps. Absent or None under "ddp"
@@ -46,7 +49,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from spark_torch_est.errors import IncompatibleCheckpointError
-from spark_torch_est.progress import Progress
+from spark_torch_est.progress import Parent, Progress
 from spark_torch_est.schema import InputSchema
 
 __all__ = ["Checkpoint", "FORMAT_VERSION", "check_compatible", "iter_chunks"]
@@ -91,7 +94,7 @@ class Checkpoint:
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict], precision: str = "32",
               scaler: dict | None = None, strategy: str = "ddp",
-              sharded: dict | None = None) -> Checkpoint:
+              sharded: dict | None = None, parent: Parent | None = None) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
         return cls({
             "format_version": FORMAT_VERSION, "run_id": run_id, "fit_id": fit_id, "progress": progress.to_dict(),
@@ -103,6 +106,7 @@ class Checkpoint:
             "inputs": {"schema": input_schema, "rows": input_rows},
             "model": dict(model), "optimizer": optimizer, "scheduler": scheduler, "rng": list(rng), "hooks": hooks,
             "precision": precision, "scaler": scaler, "strategy": strategy, "sharded": sharded,
+            "parent": {"run_id": parent.run_id, "global_step": parent.global_step} if parent is not None else None,
         })
 
     # ------------------------------------------------------------------ properties
@@ -232,6 +236,17 @@ class Checkpoint:
             raise IncompatibleCheckpointError(f"malformed sharded checkpoint location: {sharded!r}"[:500])
         return {"url": sharded["url"], "digest": sharded["digest"], "files": dict(sharded.get("files") or {})}
 
+    @property
+    def parent(self) -> Parent | None:
+        """The point this run branched from, or None for a run that started fresh."""
+        parent = self._state.get("parent")
+        return Parent(parent["run_id"], int(parent["global_step"])) if parent is not None else None
+
+    def with_sharded_url(self, url: str) -> Checkpoint:
+        """This checkpoint with its sharded state at ``url`` (a copy of the folder: the
+        digests stay those it was saved with)."""
+        return Checkpoint({**self._state, "sharded": {**self._state["sharded"], "url": url}})
+
     def for_ranks(self) -> Checkpoint:
         """What the ranks resume from: a sharded checkpoint without the full weights the
         driver keeps for the fitted model (each rank reads its part from the shards), any
@@ -351,6 +366,9 @@ def _check_structure(state: Mapping[str, Any]) -> None:
                                                       for k, v in state["model"].items()),
          "model", "a state_dict: {name: tensor}")
     sharded, optimizer = state.get("sharded"), state["optimizer"]
+    parent = state.get("parent")
+    need(parent is None or isinstance(parent, Mapping) and isinstance(parent.get("run_id"), str)
+         and integer(parent.get("global_step")), "parent", "None or {'run_id': str, 'global_step': int >= 0}")
     need(sharded is None or _sharded_pointer(sharded), "sharded",
          "None or {'url': str, 'digest': str, 'files': {name: str}}")
     need((sharded is not None and optimizer == {}) or isinstance(optimizer, Mapping)

@@ -29,7 +29,7 @@ from spark_torch_est.loggers.view import DriverView
 from spark_torch_est.messages import RankMessage
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params import EstimatorParams, carry_params, param_map_name
-from spark_torch_est.persistence import TorchPersistence
+from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, saved_checkpoint
 from spark_torch_est.planning import checked_config, make_creators, plan_fit, plan_frame, resolve_checkpoint
 from spark_torch_est.progress import Progress
 from spark_torch_est.spec import TaskSpec
@@ -353,7 +353,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     def _fit_alone(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
                    name: str | None) -> TorchModel:
         start = resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
-        plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks)
+        plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks, own=self._checkpoint)
         progress = plan.progress
         rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
         loggers = LoggerDispatch(self._loggers, plan.spec.run_id, progress)
@@ -398,18 +398,19 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     # ---------------------------------------------------------------- persistence
 
-    def _persisted_files(self) -> dict[str, bytes]:
+    def _persisted_files(self, folder: str) -> dict[str, bytes]:
         """Creators and hooks cloudpickled, the loggers apart from them, and the checkpoint
-        (see persistence.py); the config is a Param, saved with the others as JSON."""
+        with a copy of its sharded state in ``folder`` (see persistence.py); the config is
+        a Param, saved with the others as JSON."""
         files = {"creators.pkl": cloudpickle.dumps((self._creators, self._initial_hook_states, self._fresh_hooks))}
         if self._loggers:
             files["loggers.pkl"] = cloudpickle.dumps(self._loggers)
         if self._checkpoint is not None:
-            files["checkpoint.pt"] = self._checkpoint.to_bytes()
+            files["checkpoint.pt"] = saved_checkpoint(self._checkpoint, folder)
         return files
 
     @classmethod
-    def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchEstimator:
+    def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> TorchEstimator:
         instance = cls()
         creators, instance._initial_hook_states, instance._fresh_hooks = cloudpickle.loads(read("creators.pkl"))
         instance._creators = creators
@@ -418,7 +419,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         loggers = read("loggers.pkl")
         instance._loggers = cloudpickle.loads(loggers) if loggers is not None else []
         blob = read("checkpoint.pt")
-        instance._checkpoint = Checkpoint.from_bytes(blob) if blob is not None else None
+        instance._checkpoint = loaded_checkpoint(blob, folder) if blob is not None else None
         return instance
 
 

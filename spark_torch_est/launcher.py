@@ -329,7 +329,7 @@ def _point_to_checkpoint(error: SparkTorchError, spec: TaskSpec, start: Progress
         return
     error.message += (f"; this fit wrote checkpoints to checkpointDir, the newest at epoch {newest.epoch}, global "
                       f"step {newest.global_step}: continue from it with est.fit(df, resume_from={newest.url!r}) "
-                      "(a plain est.fit(df) starts again where this fit started)")
+                      "(a plain est.fit(df) starts again where this fit started, as a branch: a new run)")
     error.args = (error.message,)
 
 

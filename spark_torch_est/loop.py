@@ -29,7 +29,7 @@ from spark_torch_est.creators import Creators
 from spark_torch_est.data import EpochPlan, Shard, epoch_order
 from spark_torch_est.hooks import Control, HookSet
 from spark_torch_est.losses import Loss, scalar_loss, zero_through
-from spark_torch_est.metrics import MetricAccumulator
+from spark_torch_est.metrics import MetricAccumulator, format_entry
 from spark_torch_est.precision import Precision
 from spark_torch_est.prefetch import prefetch, transfer_for
 from spark_torch_est.progress import Progress
@@ -334,8 +334,7 @@ class Trainer:
         self._ask_driver_to_go_on(entry["epoch"])
         self._agree_on_flags()
         self._checkpoint_if_due("ep")
-        logger.info("rank %d: epoch %d %s", self.ranks.rank, entry["epoch"],
-                    " ".join(f"{k}={v:.6g}" for k, v in entry.items() if k != "epoch"))
+        logger.info("rank %d: epoch %d %s", self.ranks.rank, entry["epoch"], format_entry(entry))
 
     def _validate(self) -> dict[str, float]:
         """Loss and metrics over every rank's validation rows, weighted by rows (or by

@@ -18,7 +18,7 @@ import torch
 
 from spark_torch_est.devices import to_cpu
 
-__all__ = ["is_stateful", "MetricAccumulator"]
+__all__ = ["is_stateful", "MetricAccumulator", "format_entry"]
 
 
 def is_stateful(metric: Any) -> bool:
@@ -120,3 +120,8 @@ def _mean(total: float, weight: float) -> float:
     """``total / weight``; NaN when nothing counted (no rows, or weights that are all 0)."""
     return total / weight if weight else float("nan")
 
+
+def format_entry(entry: Mapping[str, Any]) -> str:
+    """A history entry without its epoch, for a log line: ``"train_loss=0.5, world_size=2"``
+    (floats to 6 significant digits, anything else, e.g. a branch's ``branch_of``, as it is)."""
+    return ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items() if k != "epoch")

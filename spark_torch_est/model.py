@@ -26,7 +26,7 @@ from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_t
 from spark_torch_est.losses import Loss
 from spark_torch_est.metrics import MetricAccumulator
 from spark_torch_est.params import ModelParams
-from spark_torch_est.persistence import TorchPersistence
+from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, saved_checkpoint
 from spark_torch_est.schema import FEATURES_LAYOUT
 from spark_torch_est.sources import parquet_table
 from spark_torch_est.udf import arrow_predict_function
@@ -240,15 +240,18 @@ class TorchModel(Model, ModelParams, TorchPersistence):
 
     # ---------------------------------------------------------------- persistence
 
-    def _persisted_files(self) -> dict[str, bytes]:
+    def _persisted_files(self, folder: str) -> dict[str, bytes]:
         """The creators (model, loss, metrics and config, cloudpickled; a model keeps no
-        optimizer or hooks) and the checkpoint (see persistence.py)."""
-        return {"creators.pkl": cloudpickle.dumps(self._creators), "checkpoint.pt": self._checkpoint.to_bytes()}
+        optimizer or hooks) and the checkpoint, with a copy of its sharded state in
+        ``folder`` under "fsdp", so that the saved model can be continued on its own (see
+        persistence.py)."""
+        return {"creators.pkl": cloudpickle.dumps(self._creators),
+                "checkpoint.pt": saved_checkpoint(self._checkpoint, folder)}
 
     @classmethod
-    def _from_files(cls, read: Callable[[str], bytes | None]) -> TorchModel:
+    def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> TorchModel:
         return cls(creators=cloudpickle.loads(read("creators.pkl")),
-                   checkpoint=Checkpoint.from_bytes(read("checkpoint.pt")))
+                   checkpoint=loaded_checkpoint(read("checkpoint.pt"), folder))
 
 
 def _output_types(kind: str) -> dict[str, T.DataType]:

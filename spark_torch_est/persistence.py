@@ -10,31 +10,68 @@ that path (``hdfs://``, ``s3://``, a shared mount), which saving checks.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Protocol
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql.utils import is_remote
 
-from spark_torch_est.errors import InvalidInputError, SparkTorchError
+from spark_torch_est.checkpoint import Checkpoint
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, SparkTorchError
 from spark_torch_est.params import declare_params
-from spark_torch_est.storage import exists, read_bytes, write_atomic
+from spark_torch_est.sharding import copy_sharded
+from spark_torch_est.storage import exists, read_bytes, remove, write_atomic
 from spark_torch_est.support import installed
 
-__all__ = ["Persistable", "TorchPersistence", "TorchWriter", "TorchReader"]
+__all__ = ["Persistable", "TorchPersistence", "TorchWriter", "TorchReader", "saved_checkpoint", "loaded_checkpoint"]
+
+logger = logging.getLogger(__name__)
 
 _REQUIRED = "creators.pkl"
+#: Where a saved stage keeps the copy of its checkpoint's sharded state, under ``<path>/torch/``.
+_SHARDED = "sharded"
 
 
 class Persistable(Protocol):
     """What a savable stage provides besides its Params."""
 
-    def _persisted_files(self) -> dict[str, bytes]:
-        """File name -> content, written under ``<path>/torch/``."""
+    def _persisted_files(self, folder: str) -> dict[str, bytes]:
+        """File name -> content, written under ``folder`` (``<path>/torch/``), where
+        the stage may also copy what its checkpoint needs (see :func:`saved_checkpoint`)."""
 
     @classmethod
-    def _from_files(cls, read: Callable[[str], bytes | None]) -> Persistable:
-        """Rebuilds the stage (without Params) from its files; ``read`` returns None for
-        a file that was not saved."""
+    def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> Persistable:
+        """Rebuilds the stage (without Params) from its files in ``folder``; ``read``
+        returns None for a file that was not saved."""
+
+
+def saved_checkpoint(checkpoint: Checkpoint, folder: str) -> bytes:
+    """The bytes of ``checkpoint`` as a stage saved in ``folder`` keeps it, with what
+    continuing it needs: a sharded state is copied (its files checked against their
+    digests) to ``folder/sharded``, and the saved checkpoint points there. A sharded state
+    that is gone or altered is not copied: the stage is saved for inference (a warning says
+    so), and a fit from it is refused (before any job where the folder is gone)."""
+    if checkpoint.sharded is None:
+        return checkpoint.to_bytes()
+    copy = f"{folder}/{_SHARDED}"
+    try:
+        return checkpoint.with_sharded_url(copy_sharded(checkpoint.sharded, copy)["url"]).to_bytes()
+    except IncompatibleCheckpointError as error:
+        remove(copy)
+        logger.warning("saved without its sharded optimizer state, so it transforms but cannot be continued: %s",
+                       error)
+        return checkpoint.to_bytes()
+
+
+def loaded_checkpoint(blob: bytes, folder: str) -> Checkpoint:
+    """A checkpoint :func:`saved_checkpoint` wrote, its sharded state found in ``folder``
+    wherever the saved stage now is; one saved without the copy (by an earlier release)
+    keeps its pointer."""
+    checkpoint = Checkpoint.from_bytes(blob)
+    copy = f"{folder}/{_SHARDED}"
+    if checkpoint.sharded is not None and exists(f"{copy}/.metadata"):
+        return checkpoint.with_sharded_url(copy)
+    return checkpoint
 
 
 def _session_arg(spark: Any) -> Any:
@@ -67,7 +104,7 @@ class TorchWriter(MLWriter):
                 "Save to storage that the client and the cluster share (hdfs://, s3://, a shared mount), "
                 "or save from a classic session"
             )
-        for name, blob in self.instance._persisted_files().items():
+        for name, blob in self.instance._persisted_files(f"{path}/torch").items():
             write_atomic(f"{path}/torch/{name}", blob)
 
 
@@ -92,7 +129,7 @@ class TorchReader(MLReader):
                       "at that path)") if is_remote() else ""
             raise InvalidInputError(f"{path!r} has Params but no torch/{_REQUIRED}: it was not saved by "
                                     f"{self.cls.__name__}.save, or this process cannot read it{shared}")
-        instance = self.cls._from_files(read)
+        instance = self.cls._from_files(read, f"{path}/torch")
         declare_params(instance, [*metadata["paramMap"], *metadata.get("defaultParamMap", {})])
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)

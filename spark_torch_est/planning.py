@@ -22,7 +22,7 @@ from spark_torch_est import jvm, support
 from spark_torch_est.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.creators import CreatorError, Creators
 from spark_torch_est.duration import Duration
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
 from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
 from spark_torch_est.hooks import HookSet, normalize_hooks
 from spark_torch_est.losses import check_weighted
@@ -30,15 +30,15 @@ from spark_torch_est.model import TorchModel
 from spark_torch_est.param_table import to_config
 from spark_torch_est.params import EstimatorParams
 from spark_torch_est.precision import PRECISIONS
-from spark_torch_est.progress import Interval, Progress, Target
+from spark_torch_est.progress import Interval, Parent, Progress, Target
 from spark_torch_est.schema import InputSchema
-from spark_torch_est.sharding import STRATEGIES, check_shardable, model_to_check
+from spark_torch_est.sharding import STRATEGIES, check_present, check_shardable, model_to_check
 from spark_torch_est.sources import parquet_source
 from spark_torch_est.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
 
 __all__ = ["FitPlan", "plan_fit", "plan_frame", "check_static", "check_params", "check_changes", "check_creators",
-           "task_spec", "make_creators", "checked_config", "resolve_checkpoint"]
+           "task_spec", "make_creators", "checked_config", "resolve_checkpoint", "run_of", "check_resumable"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class FitPlan:
 
 
 def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, duration: str | Duration | None,
-             start: Checkpoint | None, fresh_hooks: frozenset[str] | set[str]) -> FitPlan:
+             start: Checkpoint | None, fresh_hooks: frozenset[str] | set[str], own: Checkpoint | None = None) -> FitPlan:
     """Checks a fit of ``dataset`` from ``start`` (None: a new run) and plans it.
 
     Args:
@@ -73,6 +73,7 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
         duration: More training to do (None: up to ``maxEpochs``).
         start: The checkpoint the fit continues, or None.
         fresh_hooks: Names of the hooks added since the last fit (they keep their own state).
+        own: The estimator's own checkpoint (its run's newest point), or None (see :func:`run_of`).
     """
     check_static(dataset)
     progress = start.progress if start is not None else Progress()
@@ -80,13 +81,15 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
     if params.getStrategy() == "fsdp" and not _gpu_ranks(params, dataset):
         support.require(support.FSDP_CPU)
     check_changes(params, start)
+    check_resumable(start)
     target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
                           params.getMaxEpochs())
     schema = input_schema_of(params, dataset)
     if start is not None:
         check_inputs(dataset.schema, start.input_schema, schema)
     frame, source = _checked_frame(params, creators, dataset, schema, start)
-    spec = task_spec(params, creators, target, schema, start, source, fresh_hooks)
+    run_id, parent = run_of(start, own, params.getCheckpointDir())
+    spec = task_spec(params, creators, target, schema, start, source, fresh_hooks, run_id=run_id, parent=parent)
     return FitPlan(progress, target, schema, frame, source, spec)
 
 
@@ -166,6 +169,46 @@ def check_changes(params: EstimatorParams, start: Checkpoint | None) -> None:
     )
 
 
+def run_of(start: Checkpoint | None, own: Checkpoint | None, checkpoint_dir: str | None) -> tuple[str, Parent | None]:
+    """The run a fit from ``start`` trains, and the point it branched from.
+
+    A fit continues the run of ``start`` (its id and parent) only from that run's newest
+    point: ``start`` is of the estimator's own run (``own``), no older than ``own``, and
+    ``checkpoint_dir`` holds no newer checkpoint of the run (a failed fit may have written
+    some). Any other start (another run's model or checkpoint, one in a fresh estimator, an
+    earlier point of this run) begins a new run, a branch whose parent is ``start``'s point:
+    its files never meet those of the run it came from.
+
+    Returns:
+        ``(run id, parent)``; a fresh run (``start`` None) has no parent.
+    """
+    if start is None:
+        return uuid.uuid4().hex, None
+    step = start.progress.global_step
+    if own is not None and start.run_id == own.run_id and step >= own.progress.global_step:
+        newest = CheckpointDir(checkpoint_dir, run_id=start.run_id).newest() if checkpoint_dir else None
+        if newest is None or newest.global_step <= step:
+            return start.run_id, start.parent
+    return uuid.uuid4().hex, Parent(start.run_id, step)
+
+
+def check_resumable(start: Checkpoint | None) -> None:
+    """Refuses, before any job, a sharded ``start`` whose folder is gone or altered.
+
+    Raises:
+        IncompatibleCheckpointError: Names the folder and the fix.
+    """
+    if start is None or start.sharded is None:
+        return
+    try:
+        check_present(start.sharded)
+    except IncompatibleCheckpointError as error:
+        raise IncompatibleCheckpointError(
+            f"cannot continue from {start!r} of run {start.run_id[:12]}: {error}. Continue from a model saved "
+            "with TorchModel.save (it carries its sharded state: TorchModel.load(path) for resume_from), or from "
+            "a newer checkpoint of the run (resume_from=checkpointDir)") from None
+
+
 def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoint | None) -> None:
     """Builds every object once on the driver, so bad creators fail before any job."""
     for name in ("model", "optimizer", "loss"):
@@ -237,8 +280,10 @@ def _checked_frame(params: EstimatorParams, creators: Creators, dataset: DataFra
 
 def task_spec(params: EstimatorParams, creators: Creators, target: Target, schema: InputSchema,
               start: Checkpoint | None, source: FileSource | None,
-              fresh_hooks: frozenset[str] | set[str] = frozenset()) -> TaskSpec:
-    """The spec of the fit's tasks: the creators cloudpickled, the Params as plain data."""
+              fresh_hooks: frozenset[str] | set[str] = frozenset(), *, run_id: str | None = None,
+              parent: Parent | None = None) -> TaskSpec:
+    """The spec of the fit's tasks: the creators cloudpickled, the Params as plain data;
+    ``run_id`` and ``parent`` as :func:`run_of` gives them (None: a new run)."""
     try:
         payload = cloudpickle.dumps(creators)
     except Exception as error:
@@ -247,7 +292,7 @@ def task_spec(params: EstimatorParams, creators: Creators, target: Target, schem
         ) from error
     budget, shards = params.getMemoryBudgetMB(), params.getShardModules()
     return TaskSpec(
-        run_id=start.run_id if start is not None else uuid.uuid4().hex, fit_id=uuid.uuid4().hex, payload=payload,
+        run_id=run_id or uuid.uuid4().hex, fit_id=uuid.uuid4().hex, payload=payload, parent=parent,
         resume=start.for_ranks().to_bytes() if start is not None else None, target=target, schema=schema,
         world_size=params.getNumWorkers(), batch_size=params.getBatchSize(), seed=params.getSeed(),
         timeout_s=params.getTimeout(), use_gpu=params.getUseGpu(), checkpoint_dir=params.getCheckpointDir(),

@@ -1,5 +1,5 @@
-"""[both] How far a run has come (:class:`Progress`), where a fit stops (:class:`Target`) and
-when a periodic checkpoint is due (:class:`Interval`).
+"""[both] How far a run has come (:class:`Progress`), where a fit stops (:class:`Target`),
+when a periodic checkpoint is due (:class:`Interval`) and where a branch began (:class:`Parent`).
 
 Progress is immutable and advanced by methods, never rebuilt by hand::
 
@@ -31,7 +31,7 @@ from typing import Mapping
 from spark_torch_est.duration import Duration
 from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
 
-__all__ = ["Progress", "Target", "Interval"]
+__all__ = ["Progress", "Target", "Interval", "Parent"]
 
 
 @dataclass(frozen=True)
@@ -159,3 +159,20 @@ class Interval:
         (``"ep"``: an epoch, ``"ba"``: an optimizer step)."""
         count = progress.epoch if unit == "ep" else progress.global_step
         return unit == self.unit and count % self.count == 0
+
+
+@dataclass(frozen=True)
+class Parent:
+    """The point a run branched from: another run's, or an earlier one of the same run.
+
+    Attributes:
+        run_id: The run branched from.
+        global_step: Its optimizer steps at the point branched from.
+    """
+
+    run_id: str
+    global_step: int
+
+    def __str__(self) -> str:
+        """``<run id's first 12 characters>@<global step>``, as the history records it."""
+        return f"{self.run_id[:12]}@{self.global_step}"

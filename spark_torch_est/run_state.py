@@ -149,6 +149,7 @@ class RunState:
     def epoch_entry(self) -> dict[str, Any]:
         """Collective: the history entry of the epoch ending now, with its mean training
         loss (NaN when every weight was 0, with ``allowNonFinite``); the epoch's sums start again.
+        The first entry a branch closes names its parent (``"branch_of": "<run>@<global step>"``).
 
         Raises:
             InputDataError: The epoch's weights sum to 0 (unless ``allowNonFinite``).
@@ -161,8 +162,13 @@ class RunState:
                 "(all ranks together), so its loss is 0/0 and no row moved the model's weights; give some training "
                 "rows a positive weight, or set allowNonFinite=True to train on (train_loss is then NaN)")
         self.loss_sum = self.loss_count = 0.0
-        return {"epoch": self.progress.epoch + 1, "train_loss": total / count if count else float("nan"),
-                "world_size": self.ranks.world_size}
+        entry: dict[str, Any] = {"epoch": self.progress.epoch + 1,
+                                 "train_loss": total / count if count else float("nan"),
+                                 "world_size": self.ranks.world_size}
+        parent = self.spec.parent
+        if parent is not None and all(e.get("branch_of") != str(parent) for e in self.history):
+            entry["branch_of"] = str(parent)  # the branch's first epoch says where it began
+        return entry
 
     def end_epoch(self, entry: dict[str, Any]) -> None:
         """Completes the epoch: the progress moves to the next one, ``entry`` joins the history."""
@@ -238,7 +244,7 @@ class RunState:
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
             rng=rng_states, hooks=self.hooks.state_dict(), precision=self.precision.name,
             scaler=self.precision.state_dict(), strategy=spec.strategy,
-            sharded=self._pointer if self.sharded is not None else None,
+            sharded=self._pointer if self.sharded is not None else None, parent=spec.parent,
         ).to_bytes()
 
     def _check_finite(self, model_state: dict[str, torch.Tensor]) -> None:

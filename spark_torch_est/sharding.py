@@ -32,6 +32,7 @@ import logging
 import os
 import pickle
 import posixpath
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Sequence
 
 import fsspec
@@ -45,7 +46,8 @@ from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputErro
 if TYPE_CHECKING:
     from spark_torch_est.creators import Creators
 
-__all__ = ["STRATEGIES", "model_to_check", "check_shardable", "shard_targets", "shard_model", "full_model_state", "ShardedState"]
+__all__ = ["STRATEGIES", "model_to_check", "check_shardable", "shard_targets", "shard_model", "full_model_state",
+           "ShardedState", "check_present", "copy_sharded"]
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +249,54 @@ class ShardedState:
         self._checked_reach = True
 
 
+def check_present(pointer: dict[str, Any]) -> None:
+    """Checks, on the driver, that a sharded checkpoint's folder still holds its ``.metadata``
+    as it was saved and every file the checkpoint lists (by name: the ranks check their
+    digests before loading).
+
+    Raises:
+        IncompatibleCheckpointError: The folder or one of its files is gone (names it).
+    """
+    url = pointer["url"]
+    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        present = {posixpath.basename(p) for p in fs.ls(path, detail=False)} if fs.isdir(path) else set()
+    except (OSError, ValueError):  # unreadable storage: as good as gone
+        present = set()
+    missing = sorted({_METADATA, *pointer["files"]} - present)
+    if missing:
+        raise IncompatibleCheckpointError(
+            f"the sharded checkpoint {url} is gone ({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+            "missing): checkpointDir keeps only the newest three checkpoints of each run, and a fitted model's "
+            "sharded state lies there until TorchModel.save copies it into the model's folder")
+    _checked_metadata(url, pointer["digest"])
+
+
+def copy_sharded(pointer: dict[str, Any], url: str) -> dict[str, Any]:
+    """Copies a sharded checkpoint's folder to the folder ``url``, checking every file
+    against its digest as it is copied (for a checkpoint of an earlier release, which has
+    the ``.metadata``'s only, every file there).
+
+    Returns:
+        The pointer of the copy: ``pointer`` with ``url``.
+
+    Raises:
+        IncompatibleCheckpointError: The folder is gone, or a file differs from the one saved.
+    """
+    check_present(pointer)
+    fs, path = fsspec.core.url_to_fs(pointer["url"])
+    names = sorted(pointer["files"]) or sorted(posixpath.basename(p) for p in fs.ls(path, detail=False))
+    expected = {**pointer["files"], _METADATA: pointer["digest"]}
+    copy_fs, copy_path = fsspec.core.url_to_fs(url)
+    copy_fs.makedirs(copy_path, exist_ok=True)
+    for name in names:
+        digest = _file_sha256(posixpath.join(pointer["url"], name), copy_to=posixpath.join(url, name))
+        if name in expected and digest != expected[name]:
+            raise IncompatibleCheckpointError(f"{name} of the sharded checkpoint {pointer['url']} differs from the "
+                                              "one the checkpoint was saved with (SHA-256): the folder was altered")
+    return {**pointer, "url": url}
+
+
 def _local(url: str) -> str | None:
     """The local path behind ``url``, or None for another filesystem."""
     fs, path = fsspec.core.url_to_fs(url)
@@ -347,12 +397,15 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_sha256(url: str) -> str:
-    """The SHA-256 of a file, read in chunks (a shard may be large)."""
+def _file_sha256(url: str, copy_to: str | None = None) -> str:
+    """The SHA-256 of a file, read in chunks (a shard may be large), written on to the file
+    ``copy_to`` as it is read when given."""
     digest = hashlib.sha256()
-    with fsspec.open(url, "rb") as handle:
+    with fsspec.open(url, "rb") as handle, (fsspec.open(copy_to, "wb") if copy_to else nullcontext()) as copy:
         while chunk := handle.read(1 << 22):
             digest.update(chunk)
+            if copy is not None:
+                copy.write(chunk)
     return digest.hexdigest()
 
 

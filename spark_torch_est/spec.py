@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from spark_torch_est.progress import Interval, Target
+from spark_torch_est.progress import Interval, Parent, Target
 from spark_torch_est.schema import InputSchema
 
 __all__ = ["TaskSpec", "Launch", "Columns", "FilePart", "FileSource", "How", "KeptPlan"]
@@ -139,6 +139,7 @@ class TaskSpec:
         stop_wait_s: Seconds the driver takes at most to answer rank 0's question, at each
             epoch end, whether a driver-side logger asks the fit to stop; None when no logger
             may ask (rank 0 then never asks).
+        parent: The point the run branched from, recorded in its checkpoints, or None.
     """
 
     run_id: str
@@ -165,6 +166,7 @@ class TaskSpec:
     shard_modules: tuple[str, ...] | None = None
     kept: KeptPlan | None = None
     stop_wait_s: float | None = None
+    parent: Parent | None = None
 
     @property
     def data_source(self) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import fsspec
 
-__all__ = ["write_atomic", "read_bytes", "probe_writable", "exists", "short_run_id", "CheckpointDir",
+__all__ = ["write_atomic", "read_bytes", "probe_writable", "exists", "remove", "short_run_id", "CheckpointDir",
            "CheckpointFile"]
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,13 @@ def probe_writable(url: str) -> None:
     probe = f"{path}/.probe-{uuid.uuid4().hex}"
     write_atomic(probe, b"spark_torch_est write probe")
     fs.rm(probe)
+
+
+def remove(url: str) -> None:
+    """Removes a file or a folder and all it holds, if there is one (a local path or fsspec URL)."""
+    fs, path = _fs(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
 
 
 def exists(url: str) -> bool:
@@ -138,17 +145,16 @@ class CheckpointDir:
 
     def write(self, data: bytes, epoch: int, global_step: int) -> str:
         """Writes one checkpoint, points ``latest`` at it, and prunes the run's older
-        checkpoints, leftover temporary files, and checkpoints past this one (a run
-        resumed from an earlier point abandons what it had written after that point)."""
+        checkpoints and leftover temporary files: only this run's own files (a run never
+        goes back to an earlier point: a fit from one is a new run, see
+        :func:`spark_torch_est.planning.run_of`)."""
         name = self._name(epoch, global_step) + ".pt"
         write_atomic(f"{self.url}/{name}", data)
         write_atomic(f"{self.url}/{self.POINTER}", name.encode())
         names = self._names()
         stale = [n for n in names if n.startswith(f"ckpt-{self.run}-") and ".pt.tmp-" in n]
         mine = sorted(n for n in names if (parsed := self._parse(n)) is not None and parsed[0] == self.run)
-        abandoned = [n for n in mine if self._parse(n)[2] > global_step]
-        kept = [n for n in mine if n not in abandoned]
-        removed = stale + abandoned + kept[:-self.keep]
+        removed = stale + [n for n in mine[:-self.keep] if n != name]
         left = {n[:-len(".pt")] for n in mine if n not in removed}
         folders = [n for n in names if n.startswith(f"ckpt-{self.run}-") and n.endswith(self.SHARDED)
                    and n[:-len(self.SHARDED)] not in left]

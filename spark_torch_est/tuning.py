@@ -440,17 +440,17 @@ class SuccessiveHalvingModel(Model, TorchPersistence):
         """A copy holding a copy of the best model."""
         return SuccessiveHalvingModel(self.bestModel.copy(extra), self.validationMetrics, self.rungs)
 
-    def _persisted_files(self) -> dict[str, bytes]:
+    def _persisted_files(self, folder: str) -> dict[str, bytes]:
         """The best model's files and Params, the metrics and the rungs (see persistence.py)."""
         best = self.bestModel
         summary = {"validationMetrics": self.validationMetrics, "rungs": self.rungs,
                    "bestModel": {"uid": best.uid, "params": {p.name: v for p, v in best._paramMap.items()}}}
-        return {**best._persisted_files(), "tuning.json": json.dumps(summary).encode()}
+        return {**best._persisted_files(folder), "tuning.json": json.dumps(summary).encode()}
 
     @classmethod
-    def _from_files(cls, read: Callable[[str], bytes | None]) -> SuccessiveHalvingModel:
+    def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> SuccessiveHalvingModel:
         summary = json.loads(read("tuning.json"))
-        best = TorchModel._from_files(read)
+        best = TorchModel._from_files(read, folder)
         best._resetUid(str(summary["bestModel"]["uid"]))
         best._set(**{str(k): v for k, v in summary["bestModel"]["params"].items() if best.hasParam(str(k))})
         rungs = [{"rung": int(r["rung"]), "index": int(r["index"]), "epochs": int(r["epochs"]),

@@ -13,6 +13,7 @@ import threading
 import time
 
 from spark_torch_est.messages import Kind, RankMessage
+from spark_torch_est.metrics import format_entry
 from spark_torch_est.progress import Progress, Target
 
 __all__ = ["DriverView"]
@@ -90,7 +91,7 @@ class DriverView:
             self._say(f"step {done}/{total} of this fit, epoch {at.epoch + 1}, loss {message.loss:.4g}")
 
     def _epoch(self, entry: dict) -> None:
-        self._epoch_text = f"epoch {entry['epoch']}: {_format(entry)}"
+        self._epoch_text = f"epoch {entry['epoch']}: {format_entry(entry)}"
         if self._bar is not None:
             self._bar.set_postfix_str(self._epoch_text)
             if not logger.hasHandlers():
@@ -127,7 +128,7 @@ class DriverView:
                 done = progress.global_step - self.start.global_step
                 self._bar.total = self._bar.n = done
                 if history and history[-1]["epoch"] > self.start.epoch:
-                    self._bar.set_postfix_str(f"epoch {history[-1]['epoch']}: {_format(history[-1])}", refresh=False)
+                    self._bar.set_postfix_str(f"epoch {history[-1]['epoch']}: {format_entry(history[-1])}", refresh=False)
                 else:
                     self._bar.set_postfix_str(self._epoch_text, refresh=False)
                 self._bar.refresh()
@@ -147,6 +148,3 @@ def _interactive() -> bool:
         return True
     return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
 
-
-def _format(entry: dict) -> str:
-    return ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry.items() if k != "epoch")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ import torch
 from pyspark.sql import functions as F
 
 from spark_torch_est import Hook, TorchModel
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
 from spark_torch_est.storage import CheckpointDir
 from spark_torch_est.support import FSDP_CPU, installed
 from tests.helpers import CrashOnce, estimator, sgd, spark_jobs_started
@@ -282,3 +284,64 @@ def test_mixed_precision_and_compile_train_and_resume_exactly_under_fsdp(spark, 
         assert torch.equal(value, halves.checkpoint.model_state[key]), key
     assert halves.history[1]["train_loss"] < halves.history[0]["train_loss"]
     assert set(model.torch_model().state_dict()) == set(whole.checkpoint.model_state)  # plain keys
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every checkpoint file under ``folder`` (not the shared ``latest`` pointer) and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != "latest"}
+
+
+def test_a_branch_into_the_same_checkpoint_dir_leaves_the_parents_files_and_its_next_fit_works(
+        spark, linear_df, tmp_path):
+    est = _fsdp(tmp_path)
+    first = est.fit(linear_df, duration="1ep")
+    est.fit(linear_df, duration="1ep")
+    run, before = est.checkpoint.run_id, _files(tmp_path)
+    shifted = linear_df.withColumn("label", F.col("label") + 1.0)
+    branch = _fsdp(tmp_path).fit(shifted, resume_from=first, duration="1ep").checkpoint
+    after = _files(tmp_path)
+    assert {name: after.get(name) for name in before} == before  # the parent's files, byte for byte
+    assert branch.run_id != run and {name.split("-")[1] for name in set(after) - set(before)} == {branch.run_id[:12]}
+    est.fit(linear_df, duration="1ep")  # the parent reads its epoch-2 shards and goes on
+    assert est.checkpoint.run_id == run and [e["epoch"] for e in est.history] == [1, 2, 3]
+    step = first.checkpoint.progress.global_step
+    assert (branch.parent.run_id, branch.parent.global_step) == (run, step)
+    assert branch.history[1]["branch_of"] == f"{run[:12]}@{step}"
+    assert "branch_of" not in branch.history[0]  # the parent's own epoch, as it was
+    assert est.checkpoint.parent is None and all("branch_of" not in e for e in est.history)
+
+
+def test_a_saved_fsdp_model_resumes_after_its_runs_checkpoint_dir_is_deleted(spark, linear_df, tmp_path, whole):
+    est = _fsdp(tmp_path / "ckpt", hooks={"sizes": ShardSizes()})
+    est.fit(linear_df, duration="2ep").save(str(tmp_path / "model"))
+    shutil.rmtree(tmp_path / "ckpt")
+    loaded = TorchModel.load(str(tmp_path / "model"))
+    resumed = _fsdp(tmp_path / "other", hooks={"sizes": ShardSizes()})
+    resumed.fit(linear_df, resume_from=loaded, duration="2ep")
+    for key, value in whole[0].checkpoint.model_state.items():  # the same as 4 epochs in one fit
+        assert torch.equal(value, resumed.checkpoint.model_state[key]), key
+    assert [e["epoch"] for e in resumed.history] == [1, 2, 3, 4]
+    parent = resumed.checkpoint.parent
+    assert (parent.run_id, parent.global_step) == (est.checkpoint.run_id, est.checkpoint.progress.global_step)
+
+
+def test_a_model_whose_sharded_state_is_gone_is_refused_before_any_job(spark, linear_df, tmp_path, caplog):
+    model = _fsdp(tmp_path / "ckpt").fit(linear_df, duration="1ep")
+    shutil.rmtree(tmp_path / "ckpt")  # pruned by the run's later fits, or deleted
+    est = _fsdp(tmp_path / "other")
+
+    def refused(source) -> None:
+        jobs, started = spark_jobs_started(spark), time.monotonic()
+        with pytest.raises(IncompatibleCheckpointError, match=r"the sharded checkpoint .*ckpt-.*\.dcp is gone "
+                                                              r"\(\.metadata.*TorchModel\.save"):
+            est.fit(linear_df, resume_from=source)
+        assert spark_jobs_started(spark) == jobs and time.monotonic() - started < 10
+        assert est.checkpoint is None
+
+    refused(model)
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
+        model.save(str(tmp_path / "model"))  # still a model for inference
+    assert "cannot be continued" in caplog.text
+    loaded = TorchModel.load(str(tmp_path / "model"))
+    refused(loaded)
+    assert loaded.transform(linear_df.limit(5)).count() == 5

@@ -106,6 +106,42 @@ def test_resume_from_a_saved_model_in_a_fresh_estimator(spark, linear_df, tmp_pa
     _assert_same_weights(whole, from_path)
 
 
+def test_two_continuations_of_one_saved_model_into_one_folder_do_not_overwrite_each_other(spark, linear_df, tmp_path):
+    from pyspark.sql import functions as F
+
+    folder = tmp_path / "ckpt"
+    _estimator(maxEpochs=3, checkpointDir=str(folder)).fit(linear_df, duration="1ep").save(str(tmp_path / "model"))
+    saved = TorchModel.load(str(tmp_path / "model")).checkpoint
+    first = _estimator(maxEpochs=3, checkpointDir=str(folder))
+    first.fit(linear_df, resume_from=TorchModel.load(str(tmp_path / "model")), duration="1ep")
+    written = {p.name: p.read_bytes() for p in folder.glob("ckpt-*.pt")}
+    second = _estimator(maxEpochs=3, checkpointDir=str(folder))
+    second.fit(linear_df.withColumn("label", F.col("label") * 2.0), resume_from=TorchModel.load(str(tmp_path / "model")),
+               duration="1ep")
+    assert {name: (folder / name).read_bytes() for name in written} == written  # the first one's files, untouched
+    runs = {saved.run_id, first.checkpoint.run_id, second.checkpoint.run_id}
+    assert len(runs) == 3  # two branches of the saved run, each with its own files
+    for est in (first, second):
+        parent = est.checkpoint.parent
+        assert (parent.run_id, parent.global_step) == (saved.run_id, saved.progress.global_step)
+        (own,) = folder.glob(f"ckpt-{est.checkpoint.run_id[:12]}-*.pt")  # its epoch 2, under its own name
+        on_disk = Checkpoint.load(str(own)).model_state
+        assert all(torch.equal(value, on_disk[key]) for key, value in est.checkpoint.model_state.items())
+    assert first.history[1]["branch_of"] == second.history[1]["branch_of"] == (
+        f"{saved.run_id[:12]}@{saved.progress.global_step}")
+
+
+def test_a_fit_from_an_earlier_point_of_its_own_run_branches_and_from_its_newest_continues(spark, linear_df):
+    est = _estimator(maxEpochs=3)
+    earlier = est.fit(linear_df, duration="1ep")
+    run = est.checkpoint.run_id
+    est.fit(linear_df, resume_from=est.checkpoint, duration="1ep")  # its newest point: the same run
+    assert est.checkpoint.run_id == run and est.checkpoint.parent is None
+    est.fit(linear_df, resume_from=earlier, duration="1ep")  # an earlier point: a branch
+    assert est.checkpoint.run_id != run and est.checkpoint.parent.run_id == run
+    assert [e["epoch"] for e in est.history] == [1, 2] and est.history[1]["branch_of"].startswith(run[:12])
+
+
 def test_resume_into_a_different_model_names_the_parameters(spark, linear_df):
     est = _estimator(maxEpochs=2)
     est.fit(linear_df, duration="1ep")

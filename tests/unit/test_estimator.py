@@ -106,5 +106,28 @@ def test_an_estimator_saved_before_config_was_a_param_loads_with_its_config():
 
     old = Creators(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), config={"lr": 0.3})
     files = {"creators.pkl": cloudpickle.dumps((old, {}, set()))}  # what creators.pkl held then
-    loaded = TorchEstimator._from_files(files.get)
+    loaded = TorchEstimator._from_files(files.get, "unused: no checkpoint")
     assert loaded.getConfig() == {"lr": 0.3} and loaded._run_creators.config == {"lr": 0.3}
+
+
+def test_a_fit_continues_its_run_only_from_the_runs_newest_point(tmp_path):
+    from spark_torch_est.planning import run_of
+    from spark_torch_est.progress import Parent, Target
+    from spark_torch_est.storage import CheckpointDir
+    from tests.helpers import train_locally
+
+    own = train_locally(Target(epoch=1), rows=64)
+    earlier_step = own.progress.global_step
+    newer = train_locally(Target(epoch=2), own.to_bytes(), rows=64)  # the same run, one epoch on
+    assert run_of(None, None, None)[1] is None
+    assert run_of(own, own, str(tmp_path)) == (own.run_id, None)  # est.fit(df): the same run
+    assert run_of(newer, own, str(tmp_path)) == (own.run_id, None)  # a failed fit's newest file of the run
+    for start, mine in ((own, None), (own, newer)):  # a fresh estimator; an earlier point of its run
+        run_id, parent = run_of(start, mine, str(tmp_path))
+        assert run_id != own.run_id and parent == Parent(own.run_id, earlier_step)
+    CheckpointDir(str(tmp_path), run_id=own.run_id).write(newer.to_bytes(), 2, newer.progress.global_step)
+    run_id, parent = run_of(own, own, str(tmp_path))  # a failed fit went on past it: its files stay
+    assert run_id != own.run_id and parent == Parent(own.run_id, earlier_step)
+    branched = train_locally(Target(epoch=2), own.to_bytes(), rows=64, run_id=run_id, parent=parent)
+    assert run_of(branched, branched, None) == (run_id, parent)  # a branch's next fit keeps its parent
+    assert branched.parent == parent and branched.history[1]["branch_of"] == f"{own.run_id[:12]}@{earlier_step}"
