@@ -188,15 +188,16 @@ class Launcher:
         return shrunk, frame
 
     def _relaunch_spec(self, spec: TaskSpec, start: Progress) -> tuple[TaskSpec, Progress]:
-        """The same target, resumed from the newest checkpoint of this run in checkpointDir
-        when this fit wrote it and it is newer than ``start`` (found by name; only that one
-        is read)."""
-        newest = CheckpointDir(spec.checkpoint_dir, run_id=spec.run_id).newest() if spec.checkpoint_dir else None
-        if newest is not None and newest.global_step > start.global_step:
-            blob = newest.read()
+        """The same target, resumed from the newest checkpoint in checkpointDir that this fit
+        wrote and that is newer than ``start`` (found by name, newest first; a later point of
+        the run that another fit wrote is read and passed over)."""
+        files = CheckpointDir(spec.checkpoint_dir, run_id=spec.run_id).files() if spec.checkpoint_dir else []
+        for file in (f for f in files if f.global_step > start.global_step):
+            blob = file.read()
             checkpoint = Checkpoint.from_bytes(blob)
-            if (checkpoint.run_id, checkpoint.fit_id) == (spec.run_id, spec.fit_id):
+            if (checkpoint.run_id, checkpoint.fit_id) == (spec.run_id, spec.fit_id):  # this fit's newest
                 spec, start = dataclasses.replace(spec, resume=blob, fresh_hooks=()), checkpoint.progress
+                break
         logger.warning("the relaunch resumes from %s", start if spec.resume is not None else "the start of the run")
         return spec, start
 

@@ -175,9 +175,13 @@ class CheckpointDir:
 
     def newest(self) -> CheckpointFile | None:
         """The run's checkpoint with the most optimizer steps, or None (read from names)."""
+        return next(iter(self.files()), None)
+
+    def files(self) -> list[CheckpointFile]:
+        """The run's checkpoints, the most optimizer steps first (read from names)."""
         files = [CheckpointFile(f"{self.url}/{n}", parsed[1], parsed[2])
                  for n in self._names() if (parsed := self._parse(n)) is not None and parsed[0] == self.run]
-        return max(files, key=lambda f: f.global_step, default=None)
+        return sorted(files, key=lambda f: f.global_step, reverse=True)
 
     def latest(self) -> CheckpointFile | None:
         """The checkpoint the ``latest`` pointer names, or None when there is none. A
