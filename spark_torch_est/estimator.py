@@ -32,6 +32,7 @@ from spark_torch_est.params import EstimatorParams, carry_params, param_map_name
 from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, saved_checkpoint
 from spark_torch_est.planning import checked_config, make_creators, plan_fit, plan_frame, resolve_checkpoint
 from spark_torch_est.progress import Progress
+from spark_torch_est.running import fit_logger, running_fit
 from spark_torch_est.spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TorchEstimator"]
 
-logger = logging.getLogger(__name__)
+logger = fit_logger(__name__)
 
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks")
 #: Guards every estimator's ``_fitting`` flag while a fit checks and sets it.
@@ -369,10 +370,12 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                             on_message, min_workers=self.getMinWorkers(),
                             replan=lambda workers: plan_frame(self, dataset, plan.schema, workers),
                             on_ask=lambda epoch: loggers.stop_asked(epoch, spec.stop_wait_s or 0.0))
+        label = name or f"run {spec.run_id[:8]}"
         view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize(),
-                          name or f"run {plan.spec.run_id[:8]}")  # closed below: a view counts as a running fit
+                          label)
         try:
-            checkpoint = _train(launcher, spec, progress)
+            with running_fit(label):
+                checkpoint = _train(launcher, spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)

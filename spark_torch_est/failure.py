@@ -34,6 +34,7 @@ from spark_torch_est.errors import (
     SparkTorchError,
     TrainingFailedError,
 )
+from spark_torch_est.running import fit_logger
 
 __all__ = [
     "USER", "INPUT", "CHECKPOINT", "SYSTEM", "UNREACHABLE", "Failure", "RankFailure", "StoreUnreachableError",
@@ -42,7 +43,7 @@ __all__ = [
     "FailurePolicy",
 ]
 
-logger = logging.getLogger(__name__)
+logger = fit_logger(__name__)
 
 USER = "user"                # user code raised (hook, creator, loss, model, shapes): deterministic, not retried
 INPUT = "input"              # the rows cannot be trained on (nulls, ragged arrays, no rows): not retried

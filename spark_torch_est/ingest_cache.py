@@ -39,11 +39,12 @@ from pyspark.sql import DataFrame, SparkSession
 from spark_torch_est import jvm
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.kept import KEPT_FOLDER, MISSING
+from spark_torch_est.running import fit_logger
 from spark_torch_est.spec import FileSource, KeptPlan, TaskSpec
 
 __all__ = ["KeptIngest", "frame_key"]
 
-logger = logging.getLogger(__name__)
+logger = fit_logger(__name__)
 
 
 @dataclass

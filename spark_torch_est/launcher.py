@@ -15,14 +15,15 @@ from typing import Any, Callable, Iterator
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_torch_est.channel import ChannelServer
-from spark_torch_est.jvm import collect_arrow, task_slots
 from spark_torch_est.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.failure import Decision, FailurePolicy, explain_job_failure, is_spark_error, package_bug
 from spark_torch_est.ingest_cache import KeptIngest
+from spark_torch_est.jvm import collect_arrow, task_slots
 from spark_torch_est.messages import RankMessage
 from spark_torch_est.progress import Progress
 from spark_torch_est.protocol import DELIVERED, RESULT_SCHEMA
+from spark_torch_est.running import fit_logger
 from spark_torch_est.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.spec import FileSource, Launch, TaskSpec
 from spark_torch_est.storage import CheckpointDir
@@ -31,7 +32,7 @@ from spark_torch_est.worker import train_task
 
 __all__ = ["Launcher", "wait_for_slots"]
 
-logger = logging.getLogger(__name__)
+logger = fit_logger(__name__)
 
 _LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
 

@@ -15,6 +15,7 @@ import time
 from spark_torch_est.messages import Kind, RankMessage
 from spark_torch_est.metrics import format_entry
 from spark_torch_est.progress import Progress, Target
+from spark_torch_est.running import tag
 
 __all__ = ["DriverView"]
 
@@ -22,8 +23,6 @@ logger = logging.getLogger("spark_torch_est.progress")
 worker_logger = logging.getLogger("spark_torch_est.worker")
 
 _LOG_EVERY_S = 10.0
-_OPEN: set[DriverView] = set()  # the views of the fits running in this driver now
-_OPEN_LOCK = threading.Lock()
 
 
 class DriverView:
@@ -36,7 +35,7 @@ class DriverView:
     on ``spark_torch_est.progress`` whose ``progress`` attribute holds the message, for
     programs that follow a fit (as :meth:`RankMessage.to_dict` gives it). While more than
     one fit runs in the driver (Optuna's ``n_jobs``, a tuner's ``parallelism``), every line,
-    bar and rank's log line starts with the fit's name.
+    bar and rank's log line starts with the fit's name (see :mod:`spark_torch_est.running`).
 
     Args:
         show: False logs progress at DEBUG only (the ``showProgress`` Param).
@@ -48,8 +47,6 @@ class DriverView:
 
     def __init__(self, show: bool, start: Progress, target: Target, samples_per_step: int, name: str = "") -> None:
         self.name = name
-        with _OPEN_LOCK:
-            _OPEN.add(self)
         self.show = show
         self.start = start
         self.target = target
@@ -73,8 +70,7 @@ class DriverView:
 
     def _tag(self) -> str:
         """``"[name] "`` while another fit runs in this driver too, else nothing."""
-        with _OPEN_LOCK:
-            return f"[{self.name}] " if self.name and len(_OPEN) > 1 else ""
+        return tag(self.name)
 
     def _progress(self, message: RankMessage) -> None:
         at = message.progress
@@ -134,9 +130,7 @@ class DriverView:
                 self._bar.refresh()
 
     def close(self) -> None:
-        """Closes the bar; the fit no longer counts as running."""
-        with _OPEN_LOCK:
-            _OPEN.discard(self)
+        """Closes the bar."""
         with self._lock:
             if self._bar is not None:
                 self._bar.close()

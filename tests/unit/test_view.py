@@ -6,6 +6,7 @@ from spark_torch_est import Progress
 from spark_torch_est.loggers.view import DriverView
 from spark_torch_est.messages import RankMessage
 from spark_torch_est.progress import Target
+from spark_torch_est.running import fit_logger, running_fit
 
 
 def _progress(step, epoch=0, batch=1):
@@ -75,13 +76,19 @@ def test_while_two_fits_run_at_once_every_line_names_its_fit(caplog):
     first = DriverView(True, Progress(), Target(epoch=1), samples_per_step=8, name="lr=0.1")
     second = DriverView(True, Progress(), Target(epoch=1), samples_per_step=8, name="lr=0.01")
     first._interactive = second._interactive = False
+    launcher_log = fit_logger("spark_torch_est.launcher")
     with caplog.at_level(logging.INFO):
-        first.handle(_progress(3, batch=3))
-        second.handle(_epoch({"epoch": 1, "train_loss": 0.5}))
-        second.handle(RankMessage.for_log(0, logging.WARNING, "user", "hello"))
-        second.close()
-        first.handle(_epoch({"epoch": 1, "train_loss": 0.25}))  # alone again: no name needed
+        with running_fit("lr=0.1"):
+            with running_fit("lr=0.01"):  # (the second fit runs in another thread in real life)
+                first.handle(_progress(3, batch=3))
+                second.handle(_epoch({"epoch": 1, "train_loss": 0.5}))
+                second.handle(RankMessage.for_log(0, logging.WARNING, "user", "hello"))
+                launcher_log.warning("relaunching training (%d of %d)", 1, 2)
+            second.close()
+            first.handle(_epoch({"epoch": 1, "train_loss": 0.25}))  # alone again: no name needed
+            launcher_log.warning("relaunching training (%d of %d)", 2, 2)
     first.close()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == [
         "[lr=0.1] step 3/10 of this fit, epoch 1, loss 0.25", "[lr=0.01] epoch 1: train_loss=0.5",
-        "[lr=0.01] [rank 0] user: hello", "epoch 1: train_loss=0.25"]
+        "[lr=0.01] [rank 0] user: hello", "[lr=0.01] relaunching training (1 of 2)", "epoch 1: train_loss=0.25",
+        "relaunching training (2 of 2)"]
