@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Sequence
@@ -48,6 +49,8 @@ _ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
 _INGESTED: dict[str, Shard] = {}
 #: DDP models something still referenced at teardown: never freed (see _teardown).
 _KEPT_ALIVE: list[object] = []
+#: How long a rank lets go of the GIL before destroying its process group (see :func:`_teardown`).
+_GIL_RELEASE_S = 0.05
 #: Modules the loop imports lazily and slowly in a fresh process (see _import_in_background).
 _SLOW_LAZY_IMPORTS = ("torch._dynamo",)
 
@@ -288,9 +291,11 @@ def _teardown(clean: bool, ddp: Sequence[weakref.ref] = (), store: dist.Store | 
     after ``destroy_process_group`` it would hang the worker's next task.
 
     The ranks meet in the store, not with ``dist.barrier()``: gloo's barrier keeps the
-    collectives still in flight, and when a gloo thread drops the last of them while
-    ``destroy_process_group`` holds the GIL (their tensors are Python's), torch up to 2.3
-    deadlocks there.
+    collectives still in flight. A gloo thread that drops the last reference to a finished
+    collective's tensors (Python's, freed with the GIL) while ``destroy_process_group``
+    holds the GIL and joins that thread deadlocks (torch 2.3 and 2.6: seen with a barrier's
+    and an all-gather's work); so before destroying, this thread lets go of the GIL for a
+    moment (:data:`_GIL_RELEASE_S`), with no tensor of the group left to free after it.
 
     Args:
         clean: The ranks finished together (meet first).
@@ -314,5 +319,6 @@ def _teardown(clean: bool, ddp: Sequence[weakref.ref] = (), store: dist.Store | 
             logger.warning("the DDP model is still referenced after training (by a hook or a global?); this worker "
                            "keeps it rather than free it after its process group is gone")
             _KEPT_ALIVE.extend(alive)
+    time.sleep(_GIL_RELEASE_S)  # not an ordering of ours: torch's threads need the GIL to finish
     dist.destroy_process_group()
     logger.debug("process group destroyed (pid %d, clean=%s)", os.getpid(), clean)
