@@ -18,7 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.common import Workload, machine, markdown, run_child, show, write_data
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     needed = {CONTENDERS[key][1] for key in contenders}
     workloads = {name: dataclasses.replace(w, **QUICK[name]) if args.quick else w
                  for name, w in WORKLOADS.items() if name in needed}
-    header = (f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: `python -m benchmarks {shlex.join(sys.argv[1:])}`"
+    header = (f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `python -m benchmarks {shlex.join(sys.argv[1:])}`"
               f"\n\n- {machine()}\n" + "".join(f"- {name}: {w.describe()}\n" for name, w in workloads.items())
               + f"\n{repeat} interleaved round(s): median [min-max]; ratios taken within each round.")
     print(header + "\n", flush=True)

@@ -29,9 +29,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import (RESULT, Clock, Probe, Workload, final_loss, make_model, make_optimizer, peak_rss_mb,
-                               plain_train, prefault, read_columns, read_rank, register_by_value, reset_peak_rss,
-                               spark_session)
+from benchmarks.common import (
+    RESULT,
+    Clock,
+    Probe,
+    Workload,
+    final_loss,
+    make_model,
+    make_optimizer,
+    peak_rss_mb,
+    plain_train,
+    prefault,
+    read_columns,
+    read_rank,
+    register_by_value,
+    reset_peak_rss,
+    spark_session,
+)
 
 #: The ingest fits, in order: (name, on ``df.cache()``?, directRead, how the ranks must have
 #: read the rows, touch the files first so that the ranks read them again). Cached fits

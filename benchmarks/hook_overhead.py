@@ -11,14 +11,12 @@ costs (target: under 2% of a step).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import tempfile
 
-from spark_torch_est import Hook
-
 from benchmarks.common import Probe, Workload, register_by_value, spark_session, write_data
 from benchmarks.contenders import timed_fit, touch
+from spark_torch_est import Hook
 
 
 class NoOp(Hook):

@@ -148,7 +148,7 @@ def cross_validation(df, keep_mb: float, local_dir: str) -> dict:
     estimator = _estimator(probe, keep_mb).setMaxEpochs(1)  # each fit trains one epoch of its fold
     grid = ParamGridBuilder().addGrid(estimator.getParam("config"), [{"lr": 0.01}, {"lr": 0.001}]).build()
     reused = _Count("kept this DataFrame's rows")  # the driver's log line of a fit on kept rows
-    log = logging.getLogger("spark_torch_est.ingest_cache")
+    log = logging.getLogger("spark_torch_est.ingest.kept_registry")
     level = log.level
     log.setLevel(logging.INFO)
     log.addHandler(reused)

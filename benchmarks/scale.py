@@ -16,7 +16,7 @@ import json
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from benchmarks.__main__ import WORKLOADS, write_docs
 from benchmarks.common import machine, markdown, run_child, show, write_data
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     base = dataclasses.replace(WORKLOADS["ingest"], row_group=50_000 if args.quick else 1_000_000)
     sizes = args.rows or (QUICK_SIZES if args.quick else SIZES)
-    header = (f"Run {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: `python -m benchmarks.scale "
+    header = (f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `python -m benchmarks.scale "
               f"{' '.join(sys.argv[1:])}`\n\n- {machine()}\n- {' / '.join(f'{n:,}' for n in sizes)} rows"
               f"{base.describe().split(' rows', 1)[1]}\n\n{args.repeat} round(s) per size.")
     print(header + "\n", flush=True)

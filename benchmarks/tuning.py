@@ -19,10 +19,9 @@ from pyspark.ml.tuning import ParamGridBuilder, TrainValidationSplit
 from pyspark.sql import functions as F
 from torch import nn
 
+from benchmarks.common import machine, make_model, make_optimizer, register_by_value, spark_session
 from spark_torch_est import Logger, TorchEstimator
 from spark_torch_est.tuning import SuccessiveHalving
-
-from benchmarks.common import machine, make_model, make_optimizer, register_by_value, spark_session
 
 FEATURES = 16
 

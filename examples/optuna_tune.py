@@ -19,11 +19,11 @@ import cloudpickle
 import mlflow
 import optuna
 import torch
+import train_regression  # the model, optimizer and data of examples/train_regression.py
 from mlflow import MlflowClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-import train_regression  # the model, optimizer and data of examples/train_regression.py
 from spark_torch_est import MLflowLogger, TorchEstimator, TorchModel
 from spark_torch_est.tuning import OptunaPruning
 

@@ -13,12 +13,12 @@ import sys
 
 import cloudpickle
 import torch
+import train_regression  # the model, optimizer and data of examples/train_regression.py
 from pyspark.ml.evaluation import RegressionEvaluator
 from pyspark.ml.tuning import ParamGridBuilder
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-import train_regression  # the model, optimizer and data of examples/train_regression.py
 from spark_torch_est import TorchEstimator
 from spark_torch_est.tuning import SuccessiveHalving, param_map_name
 

@@ -2,7 +2,7 @@
 
     PYSPARK_PYTHON=$(which python) SPARK_LOCAL_IP=127.0.0.1 python scripts/gpu_smoke.py
 
-1. Copies overlapping steps: ``spark_torch_est.prefetch`` against copying each batch
+1. Copies overlapping steps: ``spark_torch_est.train.prefetch`` against copying each batch
    before its step (pinned memory, ``non_blocking``, a side stream), no Spark.
 2. Fits on ``local-cluster[W,1,4096]`` (W = min(2, GPUs)), whose workers each offer one
    GPU through a discovery script and whose tasks each take one
@@ -33,8 +33,8 @@ if not torch.cuda.is_available():
 from pyspark.sql import SparkSession  # noqa: E402
 
 from spark_torch_est import Hook, TorchEstimator  # noqa: E402
-from spark_torch_est.builtin_hooks import Throughput  # noqa: E402
-from spark_torch_est.prefetch import CudaTransfer, prefetch  # noqa: E402
+from spark_torch_est.train.builtin_hooks import Throughput  # noqa: E402
+from spark_torch_est.train.prefetch import CudaTransfer, prefetch  # noqa: E402
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 GPUS = torch.cuda.device_count()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from spark_torch_est import moved
+
 __all__ = [
     "TorchEstimator", "TorchModel", "Hook", "Control", "Checkpoint", "Duration", "Progress",
     "EarlyStopping", "GradientClipping", "SchedulerPerIteration", "Throughput", "SetHyperparameters",
@@ -16,24 +18,32 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+moved.install()  # the flat layout's module names keep importing (saved models pickle them)
+
 _HOMES = {
-    "TorchEstimator": "estimator", "TorchModel": "model", "Hook": "hooks", "Control": "hooks",
-    "Checkpoint": "checkpoint", "Duration": "duration", "Progress": "progress",
-    "EarlyStopping": "builtin_hooks", "GradientClipping": "builtin_hooks",
-    "SchedulerPerIteration": "builtin_hooks", "Throughput": "builtin_hooks", "SetHyperparameters": "builtin_hooks",
+    "TorchEstimator": "estimator", "TorchModel": "model", "Hook": "train.hooks", "Control": "train.hooks",
+    "Checkpoint": "checkpoints.checkpoint", "Duration": "core.duration", "Progress": "core.progress",
+    "EarlyStopping": "train.builtin_hooks", "GradientClipping": "train.builtin_hooks",
+    "SchedulerPerIteration": "train.builtin_hooks", "Throughput": "train.builtin_hooks",
+    "SetHyperparameters": "train.builtin_hooks",
     "Logger": "loggers", "MLflowLogger": "loggers", "TensorBoardLogger": "loggers", "CSVLogger": "loggers",
 }
 
 if TYPE_CHECKING:
-    from spark_torch_est.builtin_hooks import (EarlyStopping, GradientClipping, SchedulerPerIteration,
-                                               SetHyperparameters, Throughput)
-    from spark_torch_est.checkpoint import Checkpoint
-    from spark_torch_est.duration import Duration
+    from spark_torch_est.checkpoints.checkpoint import Checkpoint
+    from spark_torch_est.core.duration import Duration
+    from spark_torch_est.core.progress import Progress
     from spark_torch_est.estimator import TorchEstimator
-    from spark_torch_est.hooks import Control, Hook
     from spark_torch_est.loggers import CSVLogger, Logger, MLflowLogger, TensorBoardLogger
     from spark_torch_est.model import TorchModel
-    from spark_torch_est.progress import Progress
+    from spark_torch_est.train.builtin_hooks import (
+        EarlyStopping,
+        GradientClipping,
+        SchedulerPerIteration,
+        SetHyperparameters,
+        Throughput,
+    )
+    from spark_torch_est.train.hooks import Control, Hook
 
 
 def __getattr__(name: str) -> Any:

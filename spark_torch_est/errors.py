@@ -79,7 +79,7 @@ class TrainingFailedError(SparkTorchError):
 
 
 _FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+')
-_OWN_FRAME = re.compile(r"[/\\]spark_torch_est[/\\][A-Za-z_]+\.py$")
+_OWN_FRAME = re.compile(r"[/\\]spark_torch_est(?:[/\\][A-Za-z_]+)+\.py$")
 _TRACEBACK = "Traceback (most recent call last):"
 
 

@@ -5,35 +5,35 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import logging
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import cloudpickle
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.sql import DataFrame
 
-from spark_torch_est.checkpoint import Checkpoint
-from spark_torch_est.creators import Creators
-from spark_torch_est.duration import Duration
+from spark_torch_est.checkpoints.checkpoint import Checkpoint
+from spark_torch_est.cluster.launcher import Launcher
+from spark_torch_est.cluster.messages import RankMessage
+from spark_torch_est.core.duration import Duration
+from spark_torch_est.core.progress import Progress
+from spark_torch_est.core.running import fit_logger, running_fit
+from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
-from spark_torch_est.hooks import Hook, HookSet, normalize_hooks, storable_state
-from spark_torch_est.ingest_cache import KeptIngest
-from spark_torch_est.launcher import Launcher
+from spark_torch_est.ingest.kept_registry import KeptIngest
 from spark_torch_est.loggers import Logger
 from spark_torch_est.loggers.base import normalize_loggers
 from spark_torch_est.loggers.dispatch import LoggerDispatch
 from spark_torch_est.loggers.view import DriverView
-from spark_torch_est.messages import RankMessage
 from spark_torch_est.model import TorchModel
-from spark_torch_est.params import EstimatorParams, carry_params, param_map_name
+from spark_torch_est.params.base import EstimatorParams, carry_params, param_map_name
 from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, saved_checkpoint
 from spark_torch_est.planning import checked_config, make_creators, plan_fit, plan_frame, resolve_checkpoint
-from spark_torch_est.progress import Progress
-from spark_torch_est.running import fit_logger, running_fit
-from spark_torch_est.spec import TaskSpec
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.hooks import Hook, HookSet, normalize_hooks, storable_state
 
 if TYPE_CHECKING:
     from pyspark.ml._typing import ParamMap
@@ -144,7 +144,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  memoryBudgetMB: float = 4096.0, keepIngestedMB: float = 8192.0, inferenceBatchSize: int = 4096,
                  allowNonFinite: bool = False, directRead: bool = True, precision: str = "32",
                  compileModel: bool = False, strategy: str = "ddp", shardModules: list[str] | None = None) -> None:
-        super().__init__()  # the Params' defaults: see param_table.py
+        super().__init__()  # the Params' defaults: see params/table.py
         kwargs = dict(self._input_kwargs)
         if "config" in kwargs:
             kwargs["config"] = checked_config(kwargs["config"])

@@ -6,7 +6,8 @@ import dataclasses
 import hashlib
 import io
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 import torch
@@ -16,20 +17,20 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.utils import is_remote
 
-from spark_torch_est import jvm, support
-from spark_torch_est.checkpoint import Checkpoint
-from spark_torch_est.creators import Creators
+from spark_torch_est.checkpoints.checkpoint import Checkpoint
+from spark_torch_est.core import jvm, support
+from spark_torch_est.core.schema import FEATURES_LAYOUT
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.files import over_parts
-from spark_torch_est.frames import check_inputs, input_schema, label_kind, weight_column
-from spark_torch_est.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
-from spark_torch_est.losses import Loss
-from spark_torch_est.metrics import MetricAccumulator
-from spark_torch_est.params import ModelParams
+from spark_torch_est.ingest.frames import check_inputs, input_schema, label_kind, weight_column
+from spark_torch_est.ingest.parquet_plan import parquet_table
+from spark_torch_est.ingest.parquet_read import over_parts
+from spark_torch_est.params.base import ModelParams
 from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, saved_checkpoint
-from spark_torch_est.schema import FEATURES_LAYOUT
-from spark_torch_est.sources import parquet_table
-from spark_torch_est.udf import arrow_predict_function
+from spark_torch_est.scoring.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
+from spark_torch_est.scoring.predict_udf import arrow_predict_function
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.losses import Loss
+from spark_torch_est.train.metrics import MetricAccumulator
 
 __all__ = ["TorchModel"]
 
@@ -55,7 +56,7 @@ class TorchModel(Model, ModelParams, TorchPersistence):
     """
 
     def __init__(self, creators: Creators | None = None, checkpoint: Checkpoint | None = None) -> None:
-        super().__init__()  # the Params' defaults: see param_table.py
+        super().__init__()  # the Params' defaults: see params/table.py
         self._creators = dataclasses.replace(creators, optimizer=None, scheduler=None, hooks={}) \
             if creators is not None else None
         self._checkpoint = checkpoint

@@ -11,17 +11,18 @@ that path (``hdfs://``, ``s3://``, a shared mount), which saving checks.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql.utils import is_remote
 
-from spark_torch_est.checkpoint import Checkpoint
+from spark_torch_est.checkpoints.checkpoint import Checkpoint
+from spark_torch_est.checkpoints.storage import exists, read_bytes, remove, write_atomic
+from spark_torch_est.core.support import installed
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, SparkTorchError
-from spark_torch_est.params import declare_params
-from spark_torch_est.sharding import copy_sharded
-from spark_torch_est.storage import exists, read_bytes, remove, write_atomic
-from spark_torch_est.support import installed
+from spark_torch_est.params.base import declare_params
+from spark_torch_est.train.strategies.fsdp import copy_sharded
 
 __all__ = ["Persistable", "TorchPersistence", "TorchWriter", "TorchReader", "saved_checkpoint", "loaded_checkpoint"]
 

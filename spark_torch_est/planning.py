@@ -9,33 +9,34 @@ Everything here raises :class:`InvalidInputError` (or ``TrainingCompleteError`` 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping
+from typing import Any
 
 import cloudpickle
 import torch
 from pyspark.sql import DataFrame
 from pyspark.sql.utils import is_remote
 
-from spark_torch_est import jvm, support
-from spark_torch_est.checkpoint import Checkpoint, check_compatible
-from spark_torch_est.creators import CreatorError, Creators
-from spark_torch_est.duration import Duration
+from spark_torch_est.checkpoints.checkpoint import Checkpoint, check_compatible
+from spark_torch_est.checkpoints.storage import CheckpointDir, probe_writable, read_bytes
+from spark_torch_est.core import jvm, support
+from spark_torch_est.core.duration import Duration
+from spark_torch_est.core.progress import Interval, Parent, Progress, Target
+from spark_torch_est.core.schema import InputSchema
+from spark_torch_est.core.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
-from spark_torch_est.frames import check_inputs, frame_outputs, input_schema, training_frame
-from spark_torch_est.hooks import HookSet, normalize_hooks
-from spark_torch_est.losses import check_weighted
+from spark_torch_est.ingest.frames import check_inputs, frame_outputs, input_schema, training_frame
+from spark_torch_est.ingest.parquet_plan import parquet_source
 from spark_torch_est.model import TorchModel
-from spark_torch_est.param_table import to_config
-from spark_torch_est.params import EstimatorParams
-from spark_torch_est.precision import PRECISIONS
-from spark_torch_est.progress import Interval, Parent, Progress, Target
-from spark_torch_est.schema import InputSchema
-from spark_torch_est.sharding import STRATEGIES, check_present, check_shardable, model_to_check
-from spark_torch_est.sources import parquet_source
-from spark_torch_est.spec import Columns, FileSource, TaskSpec
-from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
+from spark_torch_est.params.base import EstimatorParams
+from spark_torch_est.params.table import to_config
+from spark_torch_est.train.creators import CreatorError, Creators
+from spark_torch_est.train.hooks import HookSet, normalize_hooks
+from spark_torch_est.train.losses import check_weighted
+from spark_torch_est.train.precision import PRECISIONS
+from spark_torch_est.train.strategies.fsdp import STRATEGIES, check_present, check_shardable, model_to_check
 
 __all__ = ["FitPlan", "plan_fit", "plan_frame", "check_static", "check_params", "check_changes", "check_creators",
            "task_spec", "make_creators", "checked_config", "resolve_checkpoint", "run_of", "check_resumable"]
@@ -259,7 +260,7 @@ def _checked_frame(params: EstimatorParams, creators: Creators, dataset: DataFra
     optimizer in a process imports ``torch._dynamo``, which is slow too). A creator error
     wins over a column error. Under Spark Connect the client plans nothing, so both run in
     turn. A plain Parquet table is read by the ranks themselves (see
-    :mod:`spark_torch_est.sources`): the job's frame is then one empty-handed row per rank."""
+    :mod:`spark_torch_est.ingest.parquet_plan`): the job's frame is then one empty-handed row per rank."""
     def plan() -> tuple[DataFrame, FileSource | None]:
         return plan_frame(params, dataset, schema, params.getNumWorkers())
 

@@ -12,12 +12,12 @@ import torch
 from torch import nn
 
 from spark_torch_est import Hook, TorchEstimator
-from spark_torch_est.creators import Creators
-from spark_torch_est.hooks import normalize_hooks
-from spark_torch_est.progress import Target
-from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
-from spark_torch_est.schema import FEATURES_LAYOUT, InputColumn, InputSchema
-from spark_torch_est.spec import Launch, TaskSpec
+from spark_torch_est.core.progress import Target
+from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL
+from spark_torch_est.core.schema import FEATURES_LAYOUT, InputColumn, InputSchema
+from spark_torch_est.core.spec import Launch, TaskSpec
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.hooks import normalize_hooks
 
 
 def linear_model(config: dict) -> nn.Module:
@@ -125,8 +125,8 @@ def train_locally(target: Target = Target(epoch=1), resume: bytes | None = None,
     """Runs one rank of the real loop in this process (``LocalBarrier``) on
     ``arrow_batches(rows)``; ``fields`` go to :func:`task_spec`. Returns the Checkpoint."""
     from spark_torch_est import Checkpoint
-    from spark_torch_est.barrier import LocalBarrier
-    from spark_torch_est.worker import run_rank
+    from spark_torch_est.cluster.barrier import LocalBarrier
+    from spark_torch_est.cluster.worker import run_rank
 
     spec = task_spec(target, resume=resume, **fields)
     return Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter(arrow_batches(rows)), LocalBarrier()))

@@ -12,7 +12,7 @@ One module per concept:
 - :mod:`~spark_torch_est.loggers.view`: the progress bar and log lines the driver shows.
 
 The dispatcher and the view read the same stream: the ranks' messages
-(:class:`~spark_torch_est.messages.RankMessage`), decoded once by the channel.
+(:class:`~spark_torch_est.cluster.messages.RankMessage`), decoded once by the channel.
 """
 
 from __future__ import annotations

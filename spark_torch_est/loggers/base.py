@@ -23,10 +23,11 @@ only the arguments it wants.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.hooks import bind_keywords
+from spark_torch_est.train.hooks import bind_keywords
 
 __all__ = ["Logger", "EVENT_ARGUMENTS", "normalize_loggers", "plan_events", "scalars", "tracked_params"]
 

@@ -7,8 +7,8 @@ import json
 import os
 from typing import Any
 
+from spark_torch_est.checkpoints.storage import short_run_id
 from spark_torch_est.loggers.base import Logger, tracked_params
-from spark_torch_est.storage import short_run_id
 
 __all__ = ["CSVLogger"]
 

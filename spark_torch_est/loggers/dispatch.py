@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from spark_torch_est.checkpoint import Checkpoint
+from spark_torch_est.checkpoints.checkpoint import Checkpoint
+from spark_torch_est.cluster.messages import Kind, RankMessage
+from spark_torch_est.core.progress import Progress
 from spark_torch_est.loggers.base import Logger, plan_events
-from spark_torch_est.messages import Kind, RankMessage
-from spark_torch_est.progress import Progress
 
 __all__ = ["LoggerDispatch"]
 

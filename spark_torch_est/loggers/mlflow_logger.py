@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import tempfile
 import threading
 import time
-import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from spark_torch_est.core.schema import FEATURES_LAYOUT
+from spark_torch_est.core.support import installed
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.loggers.base import Logger, scalars, tracked_params
-from spark_torch_est.schema import FEATURES_LAYOUT
-from spark_torch_est.support import installed
 
 if TYPE_CHECKING:
     from spark_torch_est.model import TorchModel

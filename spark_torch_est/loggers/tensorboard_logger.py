@@ -6,9 +6,9 @@ import importlib.util
 import os
 from typing import Any
 
+from spark_torch_est.checkpoints.storage import short_run_id
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.loggers.base import Logger, scalars, tracked_params
-from spark_torch_est.storage import short_run_id
 
 __all__ = ["TensorBoardLogger"]
 

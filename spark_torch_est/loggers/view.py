@@ -12,15 +12,15 @@ import sys
 import threading
 import time
 
-from spark_torch_est.messages import Kind, RankMessage
-from spark_torch_est.metrics import format_entry
-from spark_torch_est.progress import Progress, Target
-from spark_torch_est.running import tag
+from spark_torch_est.cluster.messages import Kind, RankMessage
+from spark_torch_est.core.progress import Progress, Target
+from spark_torch_est.core.running import tag
+from spark_torch_est.train.metrics import format_entry
 
 __all__ = ["DriverView"]
 
-logger = logging.getLogger("spark_torch_est.progress")
-worker_logger = logging.getLogger("spark_torch_est.worker")
+logger = logging.getLogger("spark_torch_est.core.progress")
+worker_logger = logging.getLogger("spark_torch_est.cluster.worker")
 
 _LOG_EVERY_S = 10.0
 
@@ -28,14 +28,14 @@ _LOG_EVERY_S = 10.0
 class DriverView:
     """Turns the ranks' messages into a tqdm bar (interactive) or INFO log lines.
 
-    Lines go to the ``spark_torch_est.progress`` logger when logging is set up (a handler
+    Lines go to the ``spark_torch_est.core.progress`` logger when logging is set up (a handler
     anywhere on its way to the root logger: the program's levels then decide), else, while
     ``show``, straight to stderr: a spark-submit job or a plain script shows them without
     any setup, and nothing is shown twice. Every progress message is also a DEBUG record
-    on ``spark_torch_est.progress`` whose ``progress`` attribute holds the message, for
+    on ``spark_torch_est.core.progress`` whose ``progress`` attribute holds the message, for
     programs that follow a fit (as :meth:`RankMessage.to_dict` gives it). While more than
     one fit runs in the driver (Optuna's ``n_jobs``, a tuner's ``parallelism``), every line,
-    bar and rank's log line starts with the fit's name (see :mod:`spark_torch_est.running`).
+    bar and rank's log line starts with the fit's name (see :mod:`spark_torch_est.core.running`).
 
     Args:
         show: False logs progress at DEBUG only (the ``showProgress`` Param).

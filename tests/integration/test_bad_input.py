@@ -14,8 +14,7 @@ import torch
 from pyspark.sql import functions as F
 
 from spark_torch_est import TorchEstimator
-from spark_torch_est.errors import (IncompatibleCheckpointError, InvalidInputError, SparkTorchError,
-                                    TrainingFailedError)
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, SparkTorchError, TrainingFailedError
 from tests.helpers import linear_estimator, linear_model, sgd, spark_jobs_started
 
 pytestmark = pytest.mark.spark

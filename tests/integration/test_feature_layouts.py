@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spark_torch_est import TorchEstimator, TorchModel
-from tests.helpers import FEATURE_LAYOUTS, layout_data, layout_frame, linear_model, tasks_read_files, sgd
+from tests.helpers import FEATURE_LAYOUTS, layout_data, layout_frame, linear_model, sgd, tasks_read_files
 
 pytestmark = pytest.mark.spark
 

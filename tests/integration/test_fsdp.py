@@ -18,9 +18,9 @@ import torch
 from pyspark.sql import functions as F
 
 from spark_torch_est import Hook, TorchModel
+from spark_torch_est.checkpoints.storage import CheckpointDir
+from spark_torch_est.core.support import FSDP_CPU, installed
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
-from spark_torch_est.storage import CheckpointDir
-from spark_torch_est.support import FSDP_CPU, installed
 from tests.helpers import CrashOnce, estimator, sgd, spark_jobs_started
 
 pytestmark = [pytest.mark.spark,

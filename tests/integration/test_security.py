@@ -22,9 +22,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_torch_est import Hook
+from spark_torch_est.cluster import launcher as launcher_module
 from spark_torch_est.errors import TrainingFailedError
 from tests.helpers import STORE_FLOOD, estimator, listening_ports, rss_mb
-from spark_torch_est import launcher as launcher_module
 
 pytestmark = pytest.mark.spark
 
@@ -59,8 +59,9 @@ class StoreSpy(threading.Thread):
 
     @staticmethod
     def _probe(port: int, stores: dict[int, object]) -> None:
-        import torch.distributed as dist
         from datetime import timedelta
+
+        import torch.distributed as dist
 
         try:
             if not _speaks_first(port):  # the driver's channel challenges whoever connects; the store waits
@@ -144,7 +145,7 @@ IMPOSTOR = textwrap.dedent("""
     import os, sys
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from spark_torch_est.rendezvous import authenticate_peers
+    from spark_torch_est.cluster.rendezvous import authenticate_peers
 
     class Payload:
         def __reduce__(self):
@@ -330,8 +331,9 @@ def test_a_store_client_cannot_read_a_failure_reports_text(spark, linear_df, ann
         threading.Thread(target=poll, daemon=True).start()
 
     def through_the_gate() -> None:
-        import torch.distributed as dist
         from datetime import timedelta
+
+        import torch.distributed as dist
 
         while not announced and not spy.done.is_set():
             time.sleep(0.01)

@@ -15,8 +15,8 @@ from pyspark.sql import functions as F
 
 from spark_torch_est import Hook, TorchModel
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.frames import frame_outputs, input_schema
-from spark_torch_est.sources import parquet_source
+from spark_torch_est.ingest.frames import frame_outputs, input_schema
+from spark_torch_est.ingest.parquet_plan import parquet_source
 from tests.helpers import CrashOnce, estimator, linear_estimator, tasks_read_files
 
 pytestmark = pytest.mark.spark

@@ -10,9 +10,9 @@ from importlib.metadata import version
 import pyarrow as pa
 import pytest
 
-from spark_torch_est import jvm
+from spark_torch_est.core import jvm
+from spark_torch_est.core.support import FSDP, FSDP_CPU, installed
 from spark_torch_est.errors import InvalidInputError, TrainingFailedError
-from spark_torch_est.support import FSDP, FSDP_CPU, installed
 from tests.helpers import estimator, spark_jobs_started
 
 pytestmark = [pytest.mark.spark, pytest.mark.compat]
@@ -60,7 +60,7 @@ def test_every_reach_into_the_jvm_answers_on_this_spark(spark, tmp_path):
 def test_a_bug_of_the_package_on_the_driver_fails_at_once_and_is_not_retried(spark, linear_df, monkeypatch):
     """What pyspark 3.5 did to the 0.1 release: ``DataFrame.toArrow`` is missing. Such an
     error of the package's own code is reported as a bug, not relaunched as a system failure."""
-    import spark_torch_est.launcher as launcher
+    import spark_torch_est.cluster.launcher as launcher
 
     def collect_arrow(df):
         return df.toArrowTable()  # no such method: an AttributeError raised in this test's code

@@ -19,7 +19,7 @@ from torch import nn
 
 from spark_torch_est import Hook, TorchEstimator, TorchModel
 from spark_torch_est.errors import InputDataError, InvalidInputError, TrainingFailedError
-from tests.helpers import CrashOnce, tasks_read_files, spark_jobs_started
+from tests.helpers import CrashOnce, spark_jobs_started, tasks_read_files
 
 pytestmark = pytest.mark.spark
 

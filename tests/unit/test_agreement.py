@@ -4,9 +4,9 @@ to the model's output."""
 import pytest
 import torch
 
-from spark_torch_est.agreement import LAYOUT_SIZE, agree, conform, layout, shape_labels
-from spark_torch_est.columns import DenseRows, RaggedRows
 from spark_torch_est.errors import InputDataError
+from spark_torch_est.ingest.agreement import LAYOUT_SIZE, agree, conform, layout, shape_labels
+from spark_torch_est.ingest.rows import DenseRows, RaggedRows
 
 
 def _layouts(*columns):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from spark_torch_est.balance import transfer_plan
+from spark_torch_est.ingest.balance import transfer_plan
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -32,9 +32,9 @@ def _rank(rank: int, store_path: str, spill: bool, results) -> None:
     import torch
     import torch.distributed as dist
 
-    from spark_torch_est.balance import rebalance, transfer_plan
-    from spark_torch_est.columns import Budget, DenseRows, RowsBuilder
-    from spark_torch_est.data import Table
+    from spark_torch_est.ingest.balance import rebalance, transfer_plan
+    from spark_torch_est.ingest.rows import Budget, DenseRows, RowsBuilder
+    from spark_torch_est.ingest.shard import Table
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
                             timeout=timedelta(seconds=20))

@@ -6,9 +6,9 @@ from multiprocessing.connection import AuthenticationError
 
 import pytest
 
-from spark_torch_est.channel import ChannelClient, ChannelServer
-from spark_torch_est.messages import Kind, RankMessage
-from spark_torch_est.progress import Progress
+from spark_torch_est.cluster.channel import ChannelClient, ChannelServer
+from spark_torch_est.cluster.messages import Kind, RankMessage
+from spark_torch_est.core.progress import Progress
 
 SECRET = b"c" * 32
 
@@ -51,7 +51,7 @@ def test_a_message_the_driver_cannot_read_is_dropped_and_the_next_one_arrives(ra
     malformed = [{"type": "epoch", "entry": {"train_loss": 0.5}, "time": 0.0}, {"type": "progress", "time": 0.0},
                  {"type": "log", "rank": "0", "level": 30, "logger": "x", "message": "m", "time": 0.0},
                  {"type": "ack", "time": 0.0}, [1, 2], "text"]
-    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.channel"):
+    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.cluster.channel"):
         for message in malformed:
             client._connection.send_bytes(json.dumps(message).encode())
         sent = _epoch()
@@ -221,18 +221,18 @@ def test_one_blob_per_job_within_the_size_limit():
 def test_a_note_from_rank_0_reaches_the_drivers_log_once_and_other_ranks_send_none(rank_channel, caplog):
     import logging
 
-    from spark_torch_est.channel import ProgressReporter
+    from spark_torch_est.cluster.channel import ProgressReporter
     from spark_torch_est.loggers.view import DriverView
 
     _, client, received = rank_channel
-    ProgressReporter(client, rank=1).note("spark_torch_est.loop", "from rank 1")
-    ProgressReporter(client, rank=0).note("spark_torch_est.loop", "compileModel: took 4.9s")
+    ProgressReporter(client, rank=1).note("spark_torch_est.train.loop", "from rank 1")
+    ProgressReporter(client, rank=0).note("spark_torch_est.train.loop", "compileModel: took 4.9s")
     assert _wait_for(lambda: len(received) == 1)
     view = DriverView(False, None, None, 1)
-    with caplog.at_level(logging.INFO, logger="spark_torch_est.worker"):
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.cluster.worker"):
         view.handle(received[0])
     view.close()
-    assert caplog.messages == ["[rank 0] spark_torch_est.loop: compileModel: took 4.9s"]
+    assert caplog.messages == ["[rank 0] spark_torch_est.train.loop: compileModel: took 4.9s"]
 
 
 def test_rank_0_asks_whether_to_stop_after_an_epoch_and_gets_the_drivers_answer():
@@ -263,7 +263,7 @@ def test_no_answer_in_time_goes_on_and_closes_the_channel(caplog):
     client = ChannelClient(server.address, server.secret)
     try:
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="spark_torch_est.channel"):
+        with caplog.at_level(logging.WARNING, logger="spark_torch_est.cluster.channel"):
             assert client.ask_stop(1, timeout=0.5) is False
         assert time.monotonic() - started < 5
         assert "did not say whether to stop after epoch 1" in caplog.text

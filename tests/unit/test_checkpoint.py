@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from spark_torch_est import Checkpoint, Progress, rng
-from tests.helpers import features_schema
-from spark_torch_est.checkpoint import FORMAT_VERSION, check_compatible, iter_chunks
+from spark_torch_est.checkpoints.checkpoint import FORMAT_VERSION, check_compatible, iter_chunks
 from spark_torch_est.errors import IncompatibleCheckpointError
+from tests.helpers import features_schema
 
 
 def _checkpoint(**override) -> Checkpoint:

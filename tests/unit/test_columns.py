@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from spark_torch_est.columns import Budget, DenseRows, RaggedRows, RowsBuilder, SpilledRows
-from spark_torch_est.data import read_shard
+from spark_torch_est.ingest.rows import Budget, DenseRows, RaggedRows, RowsBuilder, SpilledRows
+from spark_torch_est.ingest.shard import read_shard
 from tests.helpers import features_batches, features_schema
 
 
@@ -79,7 +79,7 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
         import json, sys, torch
         sys.path.insert(0, ".")
         from tests.helpers import features_batches, features_schema
-        from spark_torch_est.data import read_shard
+        from spark_torch_est.ingest.shard import read_shard
         budget = None if sys.argv[1] == "none" else int(sys.argv[1])
         def hwm():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
@@ -122,9 +122,9 @@ def test_an_image_column_takes_a_quarter_of_the_memory_of_the_same_pixels_as_flo
         import json, sys
         import numpy as np, pyarrow as pa
         sys.path.insert(0, ".")
-        from spark_torch_est.data import read_shard
-        from spark_torch_est.protocol import LABEL, input_column
-        from spark_torch_est.schema import INPUTS_LAYOUT, InputColumn, InputSchema
+        from spark_torch_est.ingest.shard import read_shard
+        from spark_torch_est.core.protocol import LABEL, input_column
+        from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
         def hwm():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
         as_bytes = sys.argv[1] == "bytes"

@@ -7,13 +7,20 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spark_torch_est.columns import DenseRows, RaggedRows
-from spark_torch_est.data import (EpochPlan, arrow_values, epoch_order, list_column_to_matrix, read_shard,
-                                  stack_columns, vectors_to_matrix)
+from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
+from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
+from spark_torch_est.core.spec import Columns
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
-from spark_torch_est.schema import INPUTS_LAYOUT, InputColumn, InputSchema
-from spark_torch_est.spec import Columns
+from spark_torch_est.ingest.rows import DenseRows, RaggedRows
+from spark_torch_est.ingest.shard import (
+    EpochPlan,
+    arrow_values,
+    epoch_order,
+    list_column_to_matrix,
+    read_shard,
+    stack_columns,
+    vectors_to_matrix,
+)
 from tests.helpers import features_schema
 
 

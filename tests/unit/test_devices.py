@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from spark_torch_est.devices import TaskGpu, choose_device, cpu_despite_gpus, task_gpu, task_gpus, to_cpu
 from spark_torch_est.errors import InputDataError
+from spark_torch_est.train.devices import TaskGpu, choose_device, cpu_despite_gpus, task_gpu, task_gpus, to_cpu
 
 
 @pytest.mark.parametrize("use_gpu, gpus, cuda, rank, visible, expected", [
@@ -52,7 +52,7 @@ def test_an_address_past_the_gpus_torch_sees_is_a_clear_error():
 
 
 def test_a_task_given_several_gpus_uses_the_first_and_says_so(caplog):
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.devices"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.train.devices"):
         assert task_gpu(["1", "0"], None) == TaskGpu(1, "1")
     assert "gave this task 2 GPUs ['1', '0']; a rank uses one" in caplog.text
 

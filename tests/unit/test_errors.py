@@ -2,8 +2,14 @@
 
 import pickle
 
-from spark_torch_est.errors import (IncompatibleCheckpointError, InputDataError, InvalidInputError, SparkTorchError,
-                                    TrainingCompleteError, TrainingFailedError)
+from spark_torch_est.errors import (
+    IncompatibleCheckpointError,
+    InputDataError,
+    InvalidInputError,
+    SparkTorchError,
+    TrainingCompleteError,
+    TrainingFailedError,
+)
 
 
 def test_every_error_is_in_the_tree():
@@ -21,9 +27,9 @@ def test_errors_pickle_with_their_fields():
 
 
 _REMOTE = """Traceback (most recent call last):
-  File "/x/site-packages/spark_torch_est/loop.py", line 319, in _train_step
+  File "/x/site-packages/spark_torch_est/train/loop.py", line 319, in _train_step
     self._call("after_train_iter", batch_idx, **step)
-  File "/x/site-packages/spark_torch_est/hooks.py", line 199, in <lambda>
+  File "/x/site-packages/spark_torch_est/train/hooks.py", line 199, in <lambda>
     return lambda context: method(context[key])
                            ^^^^^^^^^^^^^^^^^^^^
   File "/home/me/train.py", line 8, in after_train_iter

@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from spark_torch_est import TorchEstimator
+from spark_torch_est.core.progress import Target
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.planning import check_creators, check_params, task_spec
-from spark_torch_est.progress import Target
 from tests.helpers import features_schema, linear_model, sgd
+
 
 def _est(**kw):
     settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss())
@@ -102,7 +103,7 @@ def test_a_config_that_cannot_be_a_param_is_refused_by_name(config, message):
 def test_an_estimator_saved_before_config_was_a_param_loads_with_its_config():
     import cloudpickle
 
-    from spark_torch_est.creators import Creators
+    from spark_torch_est.train.creators import Creators
 
     old = Creators(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), config={"lr": 0.3})
     files = {"creators.pkl": cloudpickle.dumps((old, {}, set()))}  # what creators.pkl held then
@@ -111,9 +112,9 @@ def test_an_estimator_saved_before_config_was_a_param_loads_with_its_config():
 
 
 def test_a_fit_continues_its_run_only_from_the_runs_newest_point(tmp_path):
+    from spark_torch_est.checkpoints.storage import CheckpointDir
+    from spark_torch_est.core.progress import Parent, Target
     from spark_torch_est.planning import run_of
-    from spark_torch_est.progress import Parent, Target
-    from spark_torch_est.storage import CheckpointDir
     from tests.helpers import train_locally
 
     own = train_locally(Target(epoch=1), rows=64)

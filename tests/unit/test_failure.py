@@ -6,10 +6,25 @@ import logging
 import pytest
 import torch.distributed as dist
 
+from spark_torch_est.cluster.failure import (
+    _BEGIN,
+    _END,
+    CHECKPOINT,
+    INPUT,
+    SYSTEM,
+    USER,
+    Decision,
+    Failure,
+    FailurePolicy,
+    PeerAuthenticationError,
+    StoreUnreachableError,
+    _tag,
+    describe,
+    explain_job_failure,
+    is_spark_error,
+    package_bug,
+)
 from spark_torch_est.errors import IncompatibleCheckpointError, InputDataError, InvalidInputError, TrainingFailedError
-from spark_torch_est.failure import (_BEGIN, _END, CHECKPOINT, INPUT, SYSTEM, USER, Decision, Failure, FailurePolicy,
-                                     PeerAuthenticationError, StoreUnreachableError, _tag, describe,
-                                     explain_job_failure, is_spark_error, package_bug)
 
 SECRET = b"k" * 32
 CRASH = ("org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "
@@ -127,7 +142,7 @@ def test_result_size_missing_modules_and_unsupported_barrier_jobs():
 def test_the_policy_relaunches_system_failures_while_retries_last_and_logs_why(caplog):
     policy = FailurePolicy(max_retries=1)
     system = TrainingFailedError("peer died", retryable=True)
-    with caplog.at_level(logging.INFO, logger="spark_torch_est.failure"):
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.cluster.failure"):
         assert policy.decide(system) is Decision.RELAUNCH
         assert policy.decide(system) is Decision.RAISE
         assert policy.decide(TrainingFailedError("hook raised")) is Decision.RAISE
@@ -169,11 +184,11 @@ def _raised_by(call) -> BaseException:
 
 
 def test_an_attribute_error_of_the_packages_own_code_says_it_is_a_bug_and_is_not_retried():
-    from spark_torch_est import support
+    from spark_torch_est.core import support
 
     ours = describe(_raised_by(lambda: support.require(None)), rank=0, stage="setup", hook=None)  # None.package
     assert ours.kind == USER and not ours.to_error().retryable
-    assert "a bug in spark_torch_est" in ours.message and "spark_torch_est/support.py:" in ours.message
+    assert "a bug in spark_torch_est" in ours.message and "spark_torch_est/core/support.py:" in ours.message
     theirs = describe(_raised_by(lambda: None.weight), rank=0, stage="forward", hook=None)  # the user's code
     assert theirs.kind == USER and "a bug" not in theirs.message
 

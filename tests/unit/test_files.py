@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from spark_torch_est.core.protocol import FEATURES, LABEL, input_column
+from spark_torch_est.core.spec import FilePart, FileSource, How
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.files import file_stamp, footer_digest, read_part
-from spark_torch_est.protocol import FEATURES, LABEL, input_column
-from spark_torch_est.spec import FilePart, FileSource, How
+from spark_torch_est.ingest.parquet_read import file_stamp, footer_digest, read_part
 
 
 def _table(path, rows=100, group=30):
@@ -101,10 +101,10 @@ def test_wide_rows_keep_a_rank_near_its_memory_budget(tmp_path):
         import json, sys
         import fsspec
         sys.path.insert(0, ".")
-        from spark_torch_est.data import read_shard
-        from spark_torch_est.files import file_stamp, footer_digest, read_part
-        from spark_torch_est.protocol import LABEL, input_column
-        from spark_torch_est.spec import Columns, FilePart, FileSource, How
+        from spark_torch_est.ingest.shard import read_shard
+        from spark_torch_est.ingest.parquet_read import file_stamp, footer_digest, read_part
+        from spark_torch_est.core.protocol import LABEL, input_column
+        from spark_torch_est.core.spec import Columns, FilePart, FileSource, How
         from tests.helpers import features_schema
         path = {path!r}
         size, times = file_stamp(fsspec.filesystem("file"), path)

@@ -5,7 +5,7 @@ from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import types as T
 
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.frames import check_validation_col, features_kind, label_kind
+from spark_torch_est.ingest.frames import check_validation_col, features_kind, label_kind
 
 SCHEMA = T.StructType([
     T.StructField("vec", VectorUDT()), T.StructField("arr", T.ArrayType(T.DoubleType())),

@@ -2,7 +2,7 @@ import pytest
 
 from spark_torch_est import Hook
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.hooks import STAGE_ARGUMENTS, HookSet, normalize_hooks
+from spark_torch_est.train.hooks import STAGE_ARGUMENTS, HookSet, normalize_hooks
 
 
 class Recorder(Hook):

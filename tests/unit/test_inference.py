@@ -10,10 +10,10 @@ import pytest
 import torch
 import torchmetrics
 
-from spark_torch_est.creators import Creators
-from spark_torch_est.inference import ScoringSpec, evaluate_task, load_model, predict_task
-from spark_torch_est.metrics import MetricAccumulator
-from spark_torch_est.schema import INPUTS_LAYOUT, InputColumn, InputSchema
+from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
+from spark_torch_est.scoring.inference import ScoringSpec, evaluate_task, load_model, predict_task
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.metrics import MetricAccumulator
 from tests.helpers import adam, features_schema, mlp
 
 

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spark_torch_est import kept
-from spark_torch_est.spec import KeptPlan
+from spark_torch_est.core.spec import KeptPlan
+from spark_torch_est.ingest import kept
 from tests.helpers import features_batches, features_schema, task_spec
 
 
@@ -84,7 +84,7 @@ def test_what_a_rank_that_died_writing_a_part_left_goes_and_what_a_live_one_writ
 def test_two_fits_writing_one_part_at_once_both_keep_it_without_warnings(caplog):
     plan = KeptPlan("a" * 32, "write", 1 << 30)
     first, second = (kept._tee(features_batches(3000, seed=0), plan, 0, 1) for _ in range(2))
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.kept"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.ingest.kept"):
         next(first)  # the first fit's rank is writing the part...
         next(second)  # ...when the second fit's rank starts writing it too
         for _ in first:

@@ -5,11 +5,11 @@ from multiprocessing.connection import Client
 
 import torch.distributed as dist
 
-from spark_torch_est.channel import ChannelServer
-from spark_torch_est.failure import USER, Failure
-from spark_torch_est.spec import Launch
-from spark_torch_est.store_gate import StoreGate
-from spark_torch_est.worker import _report
+from spark_torch_est.cluster.channel import ChannelServer
+from spark_torch_est.cluster.failure import USER, Failure
+from spark_torch_est.cluster.store_gate import StoreGate
+from spark_torch_est.cluster.worker import _report
+from spark_torch_est.core.spec import Launch
 
 LAUNCH = Launch(job_id="ste-abc", secret=b"j" * 32)
 
@@ -59,11 +59,11 @@ def _seconds(n: float):
 def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
     import torch
 
-    from spark_torch_est.checkpoint import Checkpoint
-    from spark_torch_est.launcher import Launcher
-    from spark_torch_est.progress import Progress, Target
-    from spark_torch_est import rng
-    from spark_torch_est.storage import CheckpointDir
+    from spark_torch_est.checkpoints.checkpoint import Checkpoint
+    from spark_torch_est.checkpoints.storage import CheckpointDir
+    from spark_torch_est.cluster.launcher import Launcher
+    from spark_torch_est.core import rng
+    from spark_torch_est.core.progress import Progress, Target
     from tests.helpers import features_schema, task_spec
 
     def checkpoint(fit_id: str, step: int) -> bytes:
@@ -87,7 +87,7 @@ def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
 def test_a_fit_rerouted_through_allgather_leaves_the_next_fit_on_the_store():
     """The reroute is decided per fit: a store unreachable once (descriptors exhausted by
     idle connections, say) does not send every later fit of the session through allGather."""
-    from spark_torch_est.launcher import Launcher
+    from spark_torch_est.cluster.launcher import Launcher
 
     rerouted = Launcher(None, None, max_retries=1, slot_wait_s=1)
     rerouted._store_unreachable.add("127.0.0.1")

@@ -12,12 +12,12 @@ import time
 import pytest
 
 from spark_torch_est import CSVLogger, Logger, TorchEstimator
-from tests.helpers import features_schema
-from spark_torch_est.checkpoint import Checkpoint
+from spark_torch_est.checkpoints.checkpoint import Checkpoint
+from spark_torch_est.cluster.messages import Kind, RankMessage
+from spark_torch_est.core.progress import Progress
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.loggers.dispatch import LoggerDispatch
-from spark_torch_est.messages import Kind, RankMessage
-from spark_torch_est.progress import Progress
+from tests.helpers import features_schema
 
 
 class Recorder(Logger):

@@ -10,16 +10,25 @@ import pytest
 import torch
 
 from spark_torch_est import Checkpoint, Hook
-from spark_torch_est.barrier import LocalBarrier
-from spark_torch_est.creators import Creators
-from spark_torch_est.failure import INPUT, USER, RankFailure
-from spark_torch_est.hooks import STAGES, STAGE_ARGUMENTS
-from spark_torch_est.progress import Target
-from spark_torch_est.protocol import FEATURES, IS_VALIDATION, LABEL
-from spark_torch_est.worker import run_rank
-from tests.helpers import (LOCAL_LAUNCH, CountSteps, adam, arrow_batches, flat_weights, mlp, sgd, step_lr, task_spec,
-                           train_locally)
-
+from spark_torch_est.cluster.barrier import LocalBarrier
+from spark_torch_est.cluster.failure import INPUT, USER, RankFailure
+from spark_torch_est.cluster.worker import run_rank
+from spark_torch_est.core.progress import Target
+from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.hooks import STAGE_ARGUMENTS, STAGES
+from tests.helpers import (
+    LOCAL_LAUNCH,
+    CountSteps,
+    adam,
+    arrow_batches,
+    flat_weights,
+    mlp,
+    sgd,
+    step_lr,
+    task_spec,
+    train_locally,
+)
 
 _run = train_locally
 
@@ -320,7 +329,7 @@ def test_a_compiled_model_trains_keeps_plain_keys_and_resumes_exactly(caplog):
 
     from torch._dynamo.utils import counters
 
-    with caplog.at_level(logging.INFO, logger="spark_torch_est.loop"):
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.train.loop"):
         whole = _compiled(Target(epoch=2))
     assert counters["stats"]["unique_graphs"] >= 1, "dynamo compiled the model"
     compiled_logs = [r.getMessage() for r in caplog.records if "compileModel" in r.getMessage()]

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from spark_torch_est.messages import Kind, RankMessage
-from spark_torch_est.progress import Progress
+from spark_torch_est.cluster.messages import Kind, RankMessage
+from spark_torch_est.core.progress import Progress
 
 
 @pytest.mark.parametrize("message", [

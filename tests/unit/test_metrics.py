@@ -4,7 +4,7 @@ import pytest
 import torch
 import torchmetrics
 
-from spark_torch_est.metrics import MetricAccumulator, is_stateful
+from spark_torch_est.train.metrics import MetricAccumulator, is_stateful
 
 CPU = torch.device("cpu")
 

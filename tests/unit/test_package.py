@@ -105,6 +105,62 @@ def test_only_jvm_py_reaches_into_sparks_jvm_or_pyspark_internals():
     matrix checks on every Spark release it lists."""
     reach = re.compile(r"\._(?:jvm|jsc|jdf|jsparkSession|jconf|gateway|collect_as_arrow)\b")
     for name, path in MODULES.items():
-        if name != "spark_torch_est.jvm":
+        if name != "spark_torch_est.core.jvm":
             found = reach.findall(path.read_text())
-            assert not found, f"{name} reaches into Spark's JVM ({found}): go through spark_torch_est.jvm"
+            assert not found, f"{name} reaches into Spark's JVM ({found}): go through spark_torch_est.core.jvm"
+
+
+def _unit(name: str) -> str:
+    """The folder a module lives in under the package, or the top-level module itself."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+FOLDERS = sorted({path.parent.relative_to(PACKAGE).parts[0] for path in PACKAGE.rglob("*/__init__.py")})
+
+
+def test_folders_by_concept_and_few_modules_at_the_top():
+    assert {"core", "params", "ingest", "train", "checkpoints", "cluster", "scoring", "tuning", "loggers"} <= set(FOLDERS)
+    top = sorted(path.stem for path in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, f"{len(top)} modules at the top ({top}): each belongs in the folder of its concept"
+    assert {path.stem for path in (PACKAGE / "train" / "strategies").glob("*.py")} >= {"ddp", "fsdp"}
+
+
+def test_no_import_circle_between_folders():
+    """Folders (and the top-level modules) import each other in one direction only: ``core``
+    below everything, the estimator and the model above the parts they put together."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        if name == "spark_torch_est":
+            continue
+        graph.setdefault(_unit(name), set()).update(
+            _unit(imported) for imported in _imports(path)
+            if imported.startswith("spark_torch_est.") and _unit(imported) != _unit(name))
+    finished: set[str] = set()
+
+    def visit(unit: str, trail: list[str]) -> None:
+        if unit in trail:
+            pytest.fail("circle between folders: " + " -> ".join(trail[trail.index(unit):] + [unit]))
+        if unit not in finished:
+            for imported in sorted(graph.get(unit, ())):
+                visit(imported, trail + [unit])
+            finished.add(unit)
+
+    for unit in sorted(graph):
+        visit(unit, [])
+    assert not {unit for unit in graph.get("core", ()) if unit in FOLDERS}, "core imports another folder"
+
+
+def test_old_module_names_still_import_for_saved_pickles():
+    import importlib
+    import pickle
+
+    from spark_torch_est.moved import MOVED
+
+    for old, new in MOVED.items():
+        module = importlib.import_module(f"spark_torch_est.{old}")
+        assert module is importlib.import_module(f"spark_torch_est.{new}")
+        assert module.__spec__.name == f"spark_torch_est.{new}"
+    hook = pickle.loads(pickle.dumps(importlib.import_module("spark_torch_est.train.builtin_hooks").EarlyStopping(), protocol=0)
+                        .replace(b"spark_torch_est.train.builtin_hooks", b"spark_torch_est.builtin_hooks"))
+    assert type(hook).__module__ == "spark_torch_est.train.builtin_hooks"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from spark_torch_est import TorchEstimator, TorchModel
-from spark_torch_est.param_codegen import module_path, render
-from spark_torch_est.param_table import FAMILIES, PARAMS
+from spark_torch_est.params.codegen import module_path, render
+from spark_torch_est.params.table import FAMILIES, PARAMS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "spark_torch_est"
 
@@ -24,7 +24,7 @@ def test_every_param_has_getx_and_setx_with_types_a_checker_sees(stage):
         for method in (f"get{cap}", f"set{cap}"):
             declared = next((vars(c)[method] for c in stage.__mro__ if method in vars(c)), None)
             assert declared is not None and "return" in declared.__annotations__, \
-                f"{stage.__name__}.{method} must be declared with types (generated from param_table.py)"
+                f"{stage.__name__}.{method} must be declared with types (generated from params/table.py)"
 
 
 def test_a_type_checker_sees_fit_return_a_model_or_a_list_and_typed_accessors(tmp_path):
@@ -59,7 +59,7 @@ def test_a_type_checker_sees_fit_return_a_model_or_a_list_and_typed_accessors(tm
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_generated_param_modules_are_up_to_date_with_the_table(family):
     assert module_path(family).read_text() == render(family), \
-        f"{module_path(family).name} is stale: run `make params` (python -m spark_torch_est.param_codegen)"
+        f"{module_path(family).name} is stale: run `make params` (python -m spark_torch_est.params.codegen)"
 
 
 @pytest.mark.parametrize("stage", [TorchEstimator, TorchModel])

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from spark_torch_est import Checkpoint, Hook
-from spark_torch_est.barrier import LocalBarrier
-from spark_torch_est.builtin_hooks import GradientClipping
-from spark_torch_est.creators import Creators
-from spark_torch_est.hooks import normalize_hooks
-from spark_torch_est.progress import Target
-from spark_torch_est.protocol import IS_VALIDATION
-from spark_torch_est.worker import run_rank
+from spark_torch_est.cluster.barrier import LocalBarrier
+from spark_torch_est.cluster.worker import run_rank
+from spark_torch_est.core.progress import Target
+from spark_torch_est.core.protocol import IS_VALIDATION
+from spark_torch_est.train.builtin_hooks import GradientClipping
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.hooks import normalize_hooks
 from tests.helpers import LOCAL_LAUNCH, adam, arrow_batches, flat_weights, mlp, task_spec, train_locally
 
 pytestmark = pytest.mark.compat  # each torch of the support matrix: autocast, GradScaler, exact resume

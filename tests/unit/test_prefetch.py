@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from spark_torch_est.prefetch import map_tensors, prefetch, transfer_for
+from spark_torch_est.train.prefetch import map_tensors, prefetch, transfer_for
 
 
 class Recording:

@@ -3,8 +3,8 @@
 import pytest
 
 from spark_torch_est import Duration, Progress
+from spark_torch_est.core.progress import Interval, Target
 from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
-from spark_torch_est.progress import Interval, Target
 
 
 def test_progress_advances_by_steps_and_epochs_without_changing_in_place():

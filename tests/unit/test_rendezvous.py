@@ -6,7 +6,7 @@ import multiprocessing
 
 import pytest
 
-from spark_torch_est.rendezvous import parse_address
+from spark_torch_est.cluster.rendezvous import parse_address
 
 
 def _rank(rank: int, secret: bytes, store_path: str, results) -> None:
@@ -15,7 +15,7 @@ def _rank(rank: int, secret: bytes, store_path: str, results) -> None:
     import torch
     import torch.distributed as dist
 
-    from spark_torch_est.rendezvous import authenticate_peers
+    from spark_torch_est.cluster.rendezvous import authenticate_peers
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
                             timeout=timedelta(seconds=20))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from spark_torch_est import rng
+from spark_torch_est.core import rng
 
 CPU = torch.device("cpu")
 

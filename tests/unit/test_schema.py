@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spark_torch_est.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema, call_model
+from spark_torch_est.core.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema, call_model
 
 
 def test_features_are_one_tensor_and_typed_inputs_a_tuple_reshaped_by_input_shapes():

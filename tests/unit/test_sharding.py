@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 from spark_torch_est import Checkpoint
+from spark_torch_est.checkpoints.storage import CheckpointDir
+from spark_torch_est.cluster.failure import RankFailure
+from spark_torch_est.core.progress import Interval, Target
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
-from spark_torch_est.failure import RankFailure
-from spark_torch_est.progress import Interval, Target
-from spark_torch_est.sharding import _MetadataUnpickler, check_shardable, shard_targets
-from spark_torch_est.storage import CheckpointDir
+from spark_torch_est.train.strategies.fsdp import _MetadataUnpickler, check_shardable, shard_targets
 from tests.helpers import mlp, train_locally
 
 
@@ -143,8 +143,8 @@ def test_ranks_resume_from_the_shards_without_the_full_weights_the_driver_keeps(
 
 
 def test_the_driver_checks_an_fsdp_model_without_allocating_its_weights():
-    from spark_torch_est.creators import Creators
-    from spark_torch_est.sharding import model_to_check
+    from spark_torch_est.train.creators import Creators
+    from spark_torch_est.train.strategies.fsdp import model_to_check
 
     huge = Creators(model=lambda config: nn.Linear(20_000, 20_000), optimizer=None, loss=None)  # 1.6 GB of float32
     assert {p.device.type for p in model_to_check(huge).parameters()} == {"meta"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spark_torch_est.step import Batch, Stage
+from spark_torch_est.train.step import Batch, Stage
 
 
 def test_a_stage_comes_back_when_its_region_ends_and_stays_when_it_raises():

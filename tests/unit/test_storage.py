@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from spark_torch_est.storage import CheckpointDir, probe_writable, read_bytes
+from spark_torch_est.checkpoints.storage import CheckpointDir, probe_writable, read_bytes
 
 RUN = "3f9c0a1b2d4e5f60"
 
@@ -73,7 +73,7 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path):
     probe = textwrap.dedent(f"""
         import resource, signal, sys
         sys.path.insert(0, ".")
-        from spark_torch_est.storage import CheckpointDir
+        from spark_torch_est.checkpoints.storage import CheckpointDir
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
         try:
@@ -88,7 +88,7 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path):
 
 def test_a_pointer_or_checkpoint_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, caplog):
     os.mkfifo(tmp_path / "latest")
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.storage"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.checkpoints.storage"):
         assert CheckpointDir(str(tmp_path)).latest() is None
     assert "latest: it is not a regular file" in caplog.text
     os.mkfifo(tmp_path / "ckpt.pt")

@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from spark_torch_est.spec import Launch
-from spark_torch_est.store_gate import StoreGate, open_relay
+from spark_torch_est.cluster.store_gate import StoreGate, open_relay
+from spark_torch_est.core.spec import Launch
 from tests.helpers import STORE_FLOOD, rss_mb
 
 SECRET = b"g" * 32
@@ -97,7 +97,7 @@ def test_an_outsider_can_hold_neither_memory_nor_descriptors_of_the_driver(gate)
 
 
 def _rank(rank: int, address: tuple[str, int], results) -> None:
-    from spark_torch_est.rendezvous import authenticate_peers, connect_store
+    from spark_torch_est.cluster.rendezvous import authenticate_peers, connect_store
 
     class Barrier:
         world_size = 2

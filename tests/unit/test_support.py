@@ -7,8 +7,8 @@ from importlib.metadata import version
 
 import pytest
 
+from spark_torch_est.core.support import Feature, installed, require
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.support import Feature, installed, require
 
 
 def test_installed_reads_major_and_minor_whatever_the_local_label():

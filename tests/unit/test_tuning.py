@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_torch_est.tuning import SuccessiveHalving, _Trial
+from spark_torch_est.tuning.halving import SuccessiveHalving, _Trial
 
 
 class FakeRun:

@@ -8,7 +8,7 @@ import pytest
 def test_slow_imports_run_in_the_background_only_when_missing():
     import sys
 
-    from spark_torch_est.worker import _import_in_background
+    from spark_torch_est.cluster.worker import _import_in_background
 
     assert _import_in_background(("torch", "pyarrow")) is None  # a reused worker starts no thread
     sys.modules.pop("colorsys", None)
@@ -41,7 +41,7 @@ def test_teardown_frees_a_model_that_only_old_garbage_still_reaches(lone_process
 
     import torch.distributed as dist
 
-    from spark_torch_est import worker
+    from spark_torch_est.cluster import worker
 
     old = _Held()
     old.cycle = old  # cyclic garbage-to-be that predates training: frozen below
@@ -64,7 +64,7 @@ def test_teardown_keeps_a_model_a_global_still_holds_instead_of_freeing_it_later
 
     import torch.distributed as dist
 
-    from spark_torch_est import worker
+    from spark_torch_est.cluster import worker
 
     holder = [_Held()]  # a hook's global, say
     ref = weakref.ref(holder[0])
@@ -82,9 +82,9 @@ def test_a_worker_reuses_the_table_part_it_read_until_the_files_change(tmp_path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from spark_torch_est import worker
-    from spark_torch_est.protocol import FEATURES, LABEL
-    from spark_torch_est.spec import FilePart, FileSource, How
+    from spark_torch_est.cluster import worker
+    from spark_torch_est.core.protocol import FEATURES, LABEL
+    from spark_torch_est.core.spec import FilePart, FileSource, How
     from tests.helpers import features_schema, task_spec
 
     path = str(tmp_path / "t.parquet")

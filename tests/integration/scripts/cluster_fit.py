@@ -14,8 +14,8 @@ from pyspark.sql import SparkSession
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 from spark_torch_est import Hook, TorchEstimator  # noqa: E402
-from spark_torch_est.devices import task_gpu, task_gpus  # noqa: E402
 from spark_torch_est.errors import InvalidInputError  # noqa: E402
+from spark_torch_est.train.devices import task_gpu, task_gpus  # noqa: E402
 from tests.helpers import linear_model, sgd, spark_jobs_started  # noqa: E402
 
 out_dir, discovery = sys.argv[1], sys.argv[2]

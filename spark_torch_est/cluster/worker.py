@@ -1,0 +1,325 @@
+"""[executor] Barrier-task entry point: ingest, rendezvous, process group, loop, teardown, result.
+
+Runs in the Spark task's own Python worker (one rank per task). Imports nothing from the
+driver side. The teardown order matters in a reused Python worker: every object that
+holds the process group (the DDP Reducer above all) must be gone before
+``destroy_process_group``, or the next fit in the session hangs (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import importlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import cloudpickle
+import fsspec
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from spark_torch_est.checkpoints.checkpoint import iter_chunks
+from spark_torch_est.cluster.barrier import Barrier, SparkBarrier
+from spark_torch_est.cluster.channel import EXECUTOR_ONLY, ChannelClient, LogForwarder, ProgressReporter
+from spark_torch_est.cluster.failure import Failure, RankFailure, describe
+from spark_torch_est.cluster.rendezvous import authenticate_peers, connect_store
+from spark_torch_est.core.file_identity import file_stamp
+from spark_torch_est.core.protocol import DELIVERED
+from spark_torch_est.core.spec import Launch, TaskSpec
+from spark_torch_est.ingest.kept import forget_held, keep_while_reading, take_kept
+from spark_torch_est.ingest.parquet_read import read_part
+from spark_torch_est.ingest.shard import Shard, read_shard
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.devices import cpu_despite_gpus, task_device
+
+__all__ = ["train_task", "run_rank"]
+
+logger = logging.getLogger(__name__)
+
+_ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
+#: The last part of a table this worker read itself, by :func:`_part_key` (see :func:`_ingest`).
+_INGESTED: dict[str, Shard] = {}
+#: DDP models something still referenced at teardown: never freed (see _teardown).
+_KEPT_ALIVE: list[object] = []
+#: How long a rank lets go of the GIL before destroying its process group (see :func:`_teardown`).
+_GIL_RELEASE_S = 0.05
+#: Modules the loop imports lazily and slowly in a fresh process (see _import_in_background).
+_SLOW_LAZY_IMPORTS = ("torch._dynamo",)
+
+
+def train_task(spec: TaskSpec | Any, launch: Launch) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Returns the ``mapInArrow`` function for one job (a top-level function, no closure
+    over driver objects). ``spec`` may come as a Spark broadcast of it (see
+    ``launcher._shipped``): the function itself then stays small."""
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        barrier = SparkBarrier()
+        torch.set_num_threads(max(1, barrier.cpus()))
+        result = run_rank(spec if isinstance(spec, TaskSpec) else spec.value, launch, batches, barrier)
+        if isinstance(result, str):
+            yield _result_row(DELIVERED, result.encode())
+        elif result is not None:
+            for seq, chunk in enumerate(iter_chunks(result)):
+                yield _result_row(seq, bytes(chunk))
+
+    return task
+
+
+def _result_row(seq: int, data: bytes) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array([seq], pa.int64()), pa.array([data], pa.binary())],
+                                      schema=_ARROW_RESULT)
+
+
+def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], barrier: Barrier) -> bytes | str | None:
+    """Runs one rank of the job. Rank 0 returns the checkpoint: its SHA-256 (hex) when the
+    driver acknowledged it over the channel, else its bytes, for result rows. Other
+    ranks return None.
+
+    Raises:
+        RankFailure: Anything failed; carries a sealed :class:`Failure` for the driver.
+    """
+    rank = barrier.rank
+    stage = "ingest"
+    importing = _import_in_background(_SLOW_LAZY_IMPORTS)
+    store: dist.Store | None = None
+    try:
+        if spec.kept is not None and spec.kept.mode == "read":  # the ranks tell which parts they kept
+            store = connect_store(launch, barrier, spec.timeout_s)
+            _INGESTED.clear()
+            rank, shard = take_kept(spec, batches, store, rank)
+        else:
+            shard = _ingest(spec, batches, rank)
+        stage = "rendezvous"
+        device = _device(spec, barrier)
+        if store is None:
+            store = connect_store(launch, barrier, spec.timeout_s)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+            world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s),
+        )
+        authenticate_peers(launch.secret, rank, spec.world_size, device)
+    except BaseException as error:  # noqa: B036 - reported, then re-raised as RankFailure
+        failure = describe(error, rank, stage, None)
+        del error
+        _teardown(clean=False)
+        _report(launch, failure)
+        raise RankFailure(failure, launch.secret) from None
+    if importing is not None:
+        importing.join()  # before the creators are unpickled: one importer at a time from here
+    channel = _open_channel(launch, rank)
+    forwarder = LogForwarder(channel, rank) if channel is not None else None
+    if forwarder is not None:
+        logging.getLogger().addHandler(forwarder)
+    note = cpu_despite_gpus(device, barrier.gpus(), spec.use_gpu)
+    if note is not None:
+        logger.warning("rank %d: %s", rank, note)  # now the driver sees it
+    try:
+        gc.freeze()  # everything older than the trainer: the teardown's collection skips it
+        failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
+        _teardown(clean=failure is None, ddp=ddp, store=store)
+        if failure is not None:
+            _report(launch, failure, channel)
+        delivered = channel.send_blob(launch.job_id, blob) if blob is not None and channel is not None else None
+        if delivered is not None:
+            return delivered
+    finally:
+        gc.unfreeze()
+        if forwarder is not None:
+            logging.getLogger().removeHandler(forwarder)
+        if channel is not None:
+            channel.close()
+    if failure is not None:
+        raise RankFailure(failure, launch.secret)
+    return blob
+
+
+def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Shard:
+    """This rank's rows: from the job's input, or read from the table's files (see
+    :mod:`spark_torch_est.ingest.parquet_plan`). A worker keeps the last part of a table it read: the
+    next fit that gives this worker the same part of the same unchanged files (same size,
+    modification time and footer), columns and budget trains on it again without reading."""
+    if spec.source is None:
+        _INGESTED.clear()  # a worker holds one fit's rows at a time
+        if spec.kept is not None:
+            return keep_while_reading(spec, batches, rank)
+        forget_held()
+        shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
+        pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system
+        return shard
+    for _ in batches:  # the job's input: one row per rank, nothing to train on
+        pass
+    key = _part_key(spec, rank)
+    shard = _INGESTED.get(key)
+    if shard is not None:
+        logger.info("rank %d: training on the rows this worker read in an earlier fit (the files are unchanged)", rank)
+        return shard
+    _INGESTED.clear()  # at most one part per worker
+    forget_held()
+    rows = sum(part.stop - part.start for part in spec.source.parts[rank])
+    shard = read_shard(read_part(spec.source, rank), spec.schema, spec.columns, spec.memory_budget, rows)
+    pa.default_memory_pool().release_unused()
+    _INGESTED[key] = shard
+    return shard
+
+
+def _part_key(spec: TaskSpec, rank: int) -> str:
+    """What a rank's part depends on: its rows, the files' identities (now) and
+    footers (as planned), the input schema, the label and weight columns and the memory budget."""
+    part = spec.source.parts[rank]
+    files = []
+    for path in sorted({p.path for p in part}):
+        fs, local = fsspec.core.url_to_fs(path)
+        files.append([path, *file_stamp(fs, local)])
+    planned = [stamp for stamp in spec.source.files if stamp[0] in {p.path for p in part}]  # footers as planned
+    described = [spec.source.outputs, [[p.path, p.row_group, p.start, p.stop] for p in part], files, planned,
+                 spec.schema.to_dict(), [spec.columns.label, spec.columns.weight], spec.memory_budget]
+    return hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()
+
+
+def _import_in_background(modules: tuple[str, ...]) -> threading.Thread | None:
+    """Imports ``modules`` in a thread while the rank waits for its rows and its peers.
+
+    In a fresh Python worker the first optimizer imports ``torch._dynamo`` (through
+    ``torch._disable_dynamo``), ~1.5 s before the first step; here that overlaps with
+    ingest and rendezvous, which mostly wait on the JVM and the network. Reused workers
+    have it already and start no thread.
+    """
+    missing = [name for name in modules if name not in sys.modules]
+    if not missing:
+        return None
+
+    def run() -> None:
+        for name in missing:
+            try:
+                importlib.import_module(name)
+            except Exception:  # an optimization only: the loop imports what it needs itself
+                logger.debug("background import of %s failed", name, exc_info=True)
+
+    thread = threading.Thread(target=run, name="spark_torch_est-imports", daemon=True)
+    thread.start()
+    return thread
+
+
+def _open_channel(launch: Launch, rank: int) -> ChannelClient | None:
+    """Connects to the driver's channel; training goes on without it."""
+    if launch.channel_address is None:
+        return None
+    try:
+        return ChannelClient(launch.channel_address, launch.secret)
+    except Exception as error:  # unreachable driver or refused key: no live view, same result
+        logger.info("rank %d: no channel to the driver (%s)", rank, error)
+        return None
+
+
+def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
+           reporter: ProgressReporter) -> tuple[Failure | None, bytes | None, list[weakref.ref]]:
+    """Runs the loop; returns plain data only, so no exception or frame keeps the DDP
+    model alive into the teardown, and weak references to the DDP model and its Reducer
+    for the teardown to check."""
+    from spark_torch_est.train.loop import Trainer
+
+    trainer = None
+    try:
+        creators: Creators = cloudpickle.loads(spec.payload)  # from the driver, inside the Spark task
+        trainer = Trainer(creators, spec, shard, rank, spec.world_size, device, reporter)
+        blob = trainer.run()
+        return None, blob, _ddp_refs(trainer)
+    except BaseException as error:  # noqa: B036 - turned into plain data for the driver
+        stage = trainer.stage if trainer is not None else "setup"
+        hook = trainer.hooks.current_hook if trainer is not None else None
+        failure = describe(error, rank, stage, hook)
+        logger.error("rank %d failed at %s: %s", rank, stage, failure.message,
+                     extra={EXECUTOR_ONLY: True})  # the driver raises it: not forwarded
+        error.__traceback__ = None
+        return failure, None, _ddp_refs(trainer)
+
+
+def _ddp_refs(trainer: object) -> list[weakref.ref]:
+    """Weak references to the trainer's DDP wrapper and its Reducer (none without DDP)."""
+    ddp = getattr(trainer, "ddp_model", None)
+    if ddp is None or ddp is getattr(trainer, "model", None):
+        return []
+    refs = [weakref.ref(ddp)]
+    try:
+        refs.append(weakref.ref(ddp.reducer))
+    except (AttributeError, TypeError):  # no Reducer, or not weakly referenceable
+        pass
+    return refs
+
+
+def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:
+    device = task_device(spec.use_gpu, barrier.gpus(), barrier.rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def _report(launch: Launch, failure: Failure, channel: ChannelClient | None = None) -> None:
+    """Sends the failure to the driver over the channel (a connection of its own when
+    the rank has none yet) and waits until the driver holds it: the driver looks there
+    for the root cause once Spark tells it the job failed. Only the job's ranks and the
+    driver can read it (not the rendezvous store, which more can reach)."""
+    client = channel if channel is not None else _open_channel(launch, failure.rank)
+    if client is None:
+        return
+    try:
+        if not client.report(failure):
+            logger.warning("rank %d: the driver did not acknowledge the failure report", failure.rank)
+    finally:
+        if client is not channel:
+            client.close()
+
+
+def _teardown(clean: bool, ddp: Sequence[weakref.ref] = (), store: dist.Store | None = None) -> None:
+    """Destroys the process group in the order that cannot hang a reused Python worker.
+
+    DDP holds reference cycles, so only a garbage collection frees it (and its Reducer's
+    hold on the process group) before ``destroy_process_group``. The caller froze the
+    objects that predate training (``gc.freeze``), so the collection scans the training's
+    own objects only: milliseconds instead of ~0.2 s with torch loaded. Should an older
+    object still reach the DDP model, the full collection runs; should anything still hold
+    it after that (a hook's global, say), it is kept for the life of the worker: freed
+    after ``destroy_process_group`` it would hang the worker's next task.
+
+    The ranks meet in the store, not with ``dist.barrier()``: gloo's barrier keeps the
+    collectives still in flight. A gloo thread that drops the last reference to a finished
+    collective's tensors (Python's, freed with the GIL) while ``destroy_process_group``
+    holds the GIL and joins that thread deadlocks (torch 2.3 and 2.6: seen with a barrier's
+    and an all-gather's work); so before destroying, this thread lets go of the GIL for a
+    moment (:data:`_GIL_RELEASE_S`), with no tensor of the group left to free after it.
+
+    Args:
+        clean: The ranks finished together (meet first).
+        ddp: Weak references to the DDP model and its Reducer (see :func:`_ddp_refs`).
+        store: The job's store, where the ranks meet.
+    """
+    if not dist.is_initialized():
+        return
+    if clean and store is not None:
+        try:
+            store.set(f"teardown/{dist.get_rank()}", "1")
+            store.wait([f"teardown/{peer}" for peer in range(dist.get_world_size())])
+        except (RuntimeError, dist.DistError):
+            clean = False
+    gc.collect()
+    if any(ref() is not None for ref in ddp):
+        gc.unfreeze()
+        gc.collect()
+        alive = [obj for obj in (ref() for ref in ddp) if obj is not None]
+        if alive:
+            logger.warning("the DDP model is still referenced after training (by a hook or a global?); this worker "
+                           "keeps it rather than free it after its process group is gone")
+            _KEPT_ALIVE.extend(alive)
+    time.sleep(_GIL_RELEASE_S)  # not an ordering of ours: torch's threads need the GIL to finish
+    dist.destroy_process_group()
+    logger.debug("process group destroyed (pid %d, clean=%s)", os.getpid(), clean)

@@ -1,0 +1,8 @@
+"""[both] From a DataFrame or Parquet files to each rank's tensors.
+
+Driver side: which columns a fit reads and how (:mod:`.frames`), Parquet read directly
+(:mod:`.parquet_plan`), and the registry of rows kept between fits (:mod:`.kept_registry`).
+Rank side: Arrow batches to a shard of contiguous rows (:mod:`.shard`, :mod:`.rows`),
+Parquet parts (:mod:`.parquet_read`), kept rows (:mod:`.kept`), and the ranks' agreement on
+shapes and steps (:mod:`.agreement`, :mod:`.balance`).
+"""

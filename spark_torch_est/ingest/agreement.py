@@ -1,0 +1,256 @@
+"""[executor] What the ranks agree on before the first step, and labels shaped to the model.
+
+Each rank shares its row counts and the layout of each of its columns (see :func:`layout`)
+in one all-reduce. Every column then takes one layout on all ranks (:func:`agree`,
+:func:`conform`: arrays padded per batch where lengths differ), the training rows are
+evened out (see :mod:`spark_torch_est.ingest.balance`) and all ranks take the same steps per
+epoch (:func:`agree_on_rows`). Once the model's output shape is known, labels take the
+shape the loss expects beside it, never by broadcasting (:func:`shape_labels`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from spark_torch_est.core.ranks import Ranks
+from spark_torch_est.core.schema import FEATURES_LAYOUT
+from spark_torch_est.core.spec import TaskSpec
+from spark_torch_est.errors import InputDataError
+from spark_torch_est.ingest.balance import rebalance, transfer_plan
+from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows
+from spark_torch_est.ingest.shard import TORCH_DTYPES, EpochPlan, Shard, Table
+
+__all__ = ["AgreedRows", "agree_on_rows", "layout", "agree", "conform", "Agreed", "shape_labels", "LAYOUT_SIZE"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgreedRows:
+    """A rank's rows once every rank agreed on them.
+
+    Attributes:
+        train: This rank's training rows, each column in its agreed layout.
+        validation: This rank's validation rows (maybe none), in the same layouts.
+        train_rows: Training rows of every rank, evened out.
+        val_rows: Validation rows of all ranks together.
+        steps_per_epoch: Optimizer steps of a whole epoch, the same on every rank.
+    """
+
+    train: Table
+    validation: Table
+    train_rows: list[int]
+    val_rows: int
+    steps_per_epoch: int
+
+    def shape_labels(self, output_shape: list[int], label_name: str, as_held: bool = False) -> None:
+        """Gives both tables' labels the shape the loss expects beside a model output of
+        ``output_shape`` per row (see :func:`shape_labels`)."""
+        for table in (self.train, self.validation):
+            table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
+
+
+def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks) -> AgreedRows:
+    """Collective: shares every rank's row counts and column layouts, gives each column one
+    layout on all ranks, evens the training rows out and fixes the steps per epoch.
+
+    Raises:
+        InputDataError: Ranks hold rows that cannot take one layout, rows do not fit
+            ``inputShapes``, or a rank has no training rows.
+    """
+    schema, columns = spec.schema, spec.columns
+    tables = (shard.train, shard.validation)
+    names = [f"featuresCol {c.name!r}" if schema.layout == FEATURES_LAYOUT else f"inputCols column {c.name!r}"
+             for c in schema.columns] + [f"labelCol {columns.label!r}", f"weightCol {columns.weight!r}"]
+    width = len(schema.columns) + 1 + (columns.weight is not None)
+    info = ranks.all_reduce(_local_layouts(tables, width, ranks), dist.ReduceOp.SUM)
+    agreed = [agree(info[:, :, 2 + c * LAYOUT_SIZE:2 + (c + 1) * LAYOUT_SIZE].reshape(-1, LAYOUT_SIZE), names[c],
+                    may_be_ragged=schema.layout != FEATURES_LAYOUT and c < len(schema.columns))
+              for c in range(width)]
+    dtypes = [TORCH_DTYPES[c.dtype] for c in schema.columns]
+    dtypes += [torch.int64 if agreed[len(schema.columns)].integer else torch.float32, torch.float32]
+
+    def conformed(table: Table | None) -> Table:
+        rows = table.columns() if table is not None else [None] * width
+        done = [conform(r, a, d, schema.padding_value) for r, a, d in zip(rows, agreed, dtypes)]
+        count = len(schema.columns)
+        return Table(done[:count], done[count], done[count + 1] if columns.weight is not None else None)
+
+    train, validation = conformed(tables[0]), conformed(tables[1])
+    for column, rows in zip(schema.columns, train.inputs):
+        if column.shape is not None:
+            if rows.row_shape is None:
+                raise InputDataError(f"inputShapes[{column.name!r}] needs rows of one size, but column "
+                                     f"{column.name!r} holds arrays of different lengths")
+            column.check_row_size(math.prod(rows.row_shape))
+    train, train_rows = _evened(train, [int(n) for n in info[:, 0, 0]], ranks)
+    return AgreedRows(train, validation, train_rows, int(info[:, 1, 0].sum()),
+                      EpochPlan(train_rows, spec.batch_size).steps)
+
+
+def _local_layouts(tables: tuple[Table | None, Table | None], width: int, ranks: Ranks) -> torch.Tensor:
+    """This rank's row counts and column layouts, in its own row of a tensor of every rank's
+    (zeros elsewhere, for the all-reduce that fills them in)."""
+    info = torch.zeros(ranks.world_size, 2, 2 + width * LAYOUT_SIZE, dtype=torch.int64)
+    for role, table in enumerate(tables):
+        info[ranks.rank, role, 0] = len(table) if table is not None else 0
+        for c, rows in enumerate(table.columns() if table is not None else [None] * width):
+            info[ranks.rank, role, 2 + c * LAYOUT_SIZE:2 + (c + 1) * LAYOUT_SIZE] = torch.tensor(layout(rows))
+    return info
+
+
+def _evened(train: Table, train_rows: list[int], ranks: Ranks) -> tuple[Table, list[int]]:
+    """Collective: the training rows evened out over the ranks (see :mod:`balance`), and
+    every rank's row count after.
+
+    Raises:
+        InputDataError: A rank has no training rows.
+    """
+    plan = transfer_plan(train_rows)
+    if plan:
+        train = rebalance(train, plan, ranks.rank, ranks.device)
+        logger.info("rank %d: evened out %s training rows per rank", ranks.rank, train_rows)
+        for source, destination, rows in plan:
+            train_rows[source] -= rows
+            train_rows[destination] += rows
+    empty = [r for r, n in enumerate(train_rows) if n == 0]
+    if empty:
+        raise InputDataError(
+            f"rank(s) {empty} received no training rows (rows per rank: {train_rows}); "
+            "give the DataFrame at least numWorkers training rows, or lower numWorkers"
+        )
+    return train, train_rows
+
+
+#: Values describing one column on one rank (see :func:`layout`).
+LAYOUT_SIZE = 8
+_MAX_DIMS = LAYOUT_SIZE - 4
+
+
+def layout(rows: Rows | None) -> list[int]:
+    """``[has rows, ragged, integer dtype, row dims, dim 1, ...]`` of a rank's column, to
+    share with the other ranks."""
+    if rows is None or len(rows) == 0:
+        return [0] * LAYOUT_SIZE
+    integer = int(not rows.dtype.is_floating_point)
+    if rows.row_shape is None:
+        return [1, 1, integer, 1] + [0] * _MAX_DIMS
+    shape = list(rows.row_shape)
+    if len(shape) > _MAX_DIMS:
+        raise InputDataError(f"rows of {len(shape)} dimensions are not supported (at most {_MAX_DIMS})")
+    return [1, 0, integer, len(shape)] + shape + [0] * (_MAX_DIMS - len(shape))
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """The layout every rank gives one column.
+
+    Attributes:
+        row_shape: The shape of a row, or None for arrays padded per batch.
+        integer: Whether the column holds integers (for a label, class indices).
+    """
+
+    row_shape: tuple[int, ...] | None
+    integer: bool
+
+
+def agree(layouts: torch.Tensor, what: str, may_be_ragged: bool) -> Agreed:
+    """The one layout for a column from every rank's :func:`layout` (rows of ``layouts``).
+
+    Raises:
+        InputDataError: Ranks hold rows of different shapes that cannot be padded.
+    """
+    present = [[int(v) for v in row] for row in layouts if int(row[0])]
+    if not present:
+        return Agreed((), False)
+    integer = any(row[2] for row in present)
+    shapes = {tuple(row[4:4 + row[3]]) if not row[1] else None for row in present}
+    if may_be_ragged and all(shape is None or len(shape) == 1 for shape in shapes):
+        return Agreed(None if len(shapes) > 1 or None in shapes else shapes.pop(), integer)
+    if None in shapes:
+        raise InputDataError(f"{what} holds arrays of different lengths; every row needs the same length")
+    if len(shapes) == 1:
+        return Agreed(shapes.pop(), integer)
+    sizes = sorted(shapes)
+    raise InputDataError(
+        f"{what} holds rows of {_size(sizes[0])} values in some partitions and of {_size(sizes[-1])} in others; "
+        "every row needs the same number of values"
+    )
+
+
+def _size(shape: tuple[int, ...]) -> str:
+    return str(shape[0]) if len(shape) == 1 else str(list(shape)) if shape else "1"
+
+
+def conform(rows: Rows | None, agreed: Agreed, dtype: torch.dtype, padding: float) -> Rows:
+    """``rows`` in the agreed layout (no rows: an empty column of it)."""
+    if rows is None or len(rows) == 0:
+        if agreed.row_shape is None:
+            return RaggedRows(DenseRows(torch.empty(0, dtype=dtype)), torch.zeros(1, dtype=torch.int64), padding)
+        return DenseRows(torch.empty(0, *agreed.row_shape, dtype=dtype))
+    if agreed.row_shape is None and not isinstance(rows, RaggedRows):
+        return rows.to_ragged(padding)
+    return rows
+
+
+def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
+                 as_held: bool = False) -> torch.Tensor:
+    """Gives labels the shape the loss expects beside the model's output, never by
+    broadcasting: integer labels of a one-output model become float32 regression targets
+    shaped like the output, integer labels of a k-output model stay int64 class indices,
+    as do whole-number float labels (Spark ML's indexers give doubles: 0.0, 1.0, ...),
+    float labels take the output's shape when they hold as many values per row.
+
+    Args:
+        labels: One batch's or one table's labels, as read from the column.
+        output_shape: The model's output shape per row.
+        label_name: ``labelCol``, for messages.
+        as_held: A callable loss: labels of another width than the output are the loss's
+            business and come as the column holds them (a weight beside a target, say).
+
+    Raises:
+        InputDataError: The labels cannot match the output without broadcasting, or one
+            number per row for a k-output model is not a whole number.
+    """
+    per_row, width = list(labels.shape[1:]), math.prod(output_shape)
+    if as_held and per_row and math.prod(per_row) != width:
+        return labels
+    if labels.is_floating_point() and width > 1 and labels.dim() == 1:
+        return _class_indices(labels, output_shape, label_name)
+    if not labels.is_floating_point():
+        if width > 1 and labels.dim() == 1:
+            return labels  # class indices
+        labels = labels.float()
+    if per_row == list(output_shape):
+        return labels
+    if math.prod(per_row) == width:
+        return labels.reshape(len(labels), *output_shape)
+    held = f"{math.prod(per_row)} values" if per_row else "one number"
+    raise InputDataError(
+        f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {held} per row; "
+        "make the model's output match the label, or the label the output"
+    )
+
+
+def _class_indices(labels: torch.Tensor, output_shape: list[int], label_name: str) -> torch.Tensor:
+    """Float labels, one per row, of a model with several outputs: class indices when
+    every one is a whole number (as integer labels are).
+
+    Raises:
+        InputDataError: A label has a fraction (or is negative, NaN or infinite).
+    """
+    whole = torch.isfinite(labels) & (labels >= 0) & (labels == torch.round(labels))
+    if bool(whole.all()):
+        return labels.long()
+    bad = float(labels[~whole][0])
+    raise InputDataError(
+        f"labelCol {label_name!r} holds {bad:g}, but the model returns {output_shape} values per row, so it takes "
+        f"one class index per row (a whole number from 0 to {math.prod(output_shape) - 1}, as StringIndexer gives) "
+        "or as many values per row as it returns (an array or Vector label); index or round the label, or give "
+        "the model one output per row for regression"
+    )

@@ -1,0 +1,310 @@
+"""[executor] Rows kept between fits: each rank's part of a DataFrame, as the rank received
+it from Spark, on its executor's local disk, and the last part a Python worker trained on
+in its memory. A later fit on the same unchanged DataFrame (the driver says so with the
+same key, see :mod:`spark_torch_est.ingest.kept_registry`) runs no scan and no shuffle: its ranks
+tell each other which parts they hold and take the rank numbers that match.
+
+On disk, under the executor's first Spark local directory (``SPARK_LOCAL_DIRS``: Spark's
+block manager directory, removed when the executor or the session stops)::
+
+    spark_torch_est-kept/<key>/part-00001-of-00002.arrow   # an Arrow IPC file of the part's batches
+
+A part is written beside the ingest to a temporary file of its own writer
+(``part-....arrow.tmp-<pid>-<random>``), renamed into place once complete, and the key's
+folder is touched on every use; past ``keepIngestedMB`` on one executor the least recently
+used keys are removed. Two fits that write one part at once (two estimators' first fits of
+one cached DataFrame) each write their own file; the last rename wins, and both are whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from spark_torch_est.core.spec import KeptPlan, TaskSpec
+from spark_torch_est.errors import InputDataError
+from spark_torch_est.ingest.rows import spark_local_dir
+from spark_torch_est.ingest.shard import Shard, read_shard
+
+__all__ = ["KEPT_FOLDER", "MISSING", "KeptPartMissing", "kept_root", "part_path", "assign", "keep_while_reading",
+           "take_kept", "forget_held", "drop"]
+
+logger = logging.getLogger(__name__)
+
+KEPT_FOLDER = "spark_torch_est-kept"
+#: Starts the message of :class:`KeptPartMissing`: the driver reads the rows through Spark again.
+MISSING = "the kept rows of this DataFrame are gone"
+#: The last part this Python worker trained on through Spark: ``{memory key: shard}``, at most one.
+_HELD: dict[str, Shard] = {}
+
+
+class KeptPartMissing(InputDataError):
+    """No rank of the job holds a part the driver expected kept (evicted, or its executor
+    is gone); the driver then reads the DataFrame through Spark again."""
+
+
+def kept_root() -> str:
+    """Where this executor keeps parts."""
+    return os.path.join(spark_local_dir(), KEPT_FOLDER)
+
+
+def part_path(key: str, part: int, parts: int) -> str:
+    """The file of part ``part`` of ``parts`` of the rows under ``key``."""
+    return os.path.join(kept_root(), key, f"part-{part:05d}-of-{parts:05d}.arrow")
+
+
+def forget_held() -> None:
+    """Lets the part this worker holds in memory go (the worker is about to read another)."""
+    _HELD.clear()
+
+
+def drop(keys: tuple[str, ...]) -> None:
+    """Removes what this executor keeps under ``keys`` (their DataFrames' caches are gone)."""
+    for key in keys:
+        shutil.rmtree(os.path.join(kept_root(), key), ignore_errors=True)
+    if any(held.startswith(key) for held in _HELD for key in keys):
+        forget_held()
+
+
+def _memory_key(spec: TaskSpec, plan: KeptPlan, part: int) -> str:
+    """The key's rows converted for this fit: the schema, columns and budget shape the tensors."""
+    return f"{plan.key}/{part}/{spec.world_size}/" + json.dumps(
+        [spec.schema.to_dict(), [spec.columns.label, spec.columns.weight, spec.columns.features],
+         spec.memory_budget], default=str)
+
+
+def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: int) -> Shard:
+    """This rank's rows from the job's input, written to the executor's local disk as they
+    come (a write that fails only costs the next fit its reuse) and, once kept there
+    within the bound, held in this worker's memory too."""
+    plan = _plan(spec)
+    forget_held()
+    _drop_requested(plan)
+    shard = read_shard(_tee(batches, plan, part, spec.world_size), spec.schema, spec.columns, spec.memory_budget)
+    if os.path.exists(part_path(plan.key, part, spec.world_size)):  # kept within the bound: held as well
+        _HELD[_memory_key(spec, plan, part)] = shard
+    return shard
+
+
+def _plan(spec: TaskSpec) -> KeptPlan:
+    if spec.kept is None:
+        raise ValueError("this fit keeps no rows (TaskSpec.kept is None)")
+    return spec.kept
+
+
+def _drop_requested(plan: KeptPlan) -> None:
+    if plan.drop:
+        drop(plan.drop)
+
+
+def _tee(batches: Iterator[pa.RecordBatch], plan: KeptPlan, part: int, parts: int) -> Iterator[pa.RecordBatch]:
+    """``batches``, each also appended to the part's file; the file is renamed into place
+    only once every batch is in it (a failed or abandoned ingest leaves none; what a rank
+    that died meanwhile left goes when the part is written again; what a live process is
+    writing, another fit's rank, stays)."""
+    path = part_path(plan.key, part, parts)
+    temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+    writer: Any = None
+    sink: Any = None
+    complete = False
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        for stale in glob.glob(f"{glob.escape(path)}.tmp-*"):
+            if not _writer_alive(stale):  # a rank that died writing this part
+                with contextlib.suppress(FileNotFoundError):  # another writer removed it first
+                    os.remove(stale)
+        sink = open(temporary, "wb")
+    except OSError as error:
+        logger.warning("cannot keep this part's rows for later fits (%s)", error)
+    try:
+        for batch in batches:
+            if sink is not None:
+                try:
+                    if writer is None:
+                        writer = pa.ipc.new_file(sink, batch.schema)
+                    writer.write_batch(batch)
+                except (OSError, pa.ArrowException) as error:  # a full disk: train on, keep nothing
+                    logger.warning("cannot keep this part's rows for later fits (%s)", error)
+                    sink.close()
+                    sink = None
+            yield batch
+        if sink is not None:
+            try:
+                if writer is None:  # an empty partition
+                    writer = pa.ipc.new_file(sink, pa.schema([]))
+                writer.close()
+                sink.close()
+                sink = None
+                os.replace(temporary, path)
+                complete = True
+            except (OSError, pa.ArrowException) as error:
+                logger.warning("cannot keep this part's rows for later fits (%s)", error)
+            if complete:
+                _evict(plan.limit, keep=plan.key)
+    finally:
+        if sink is not None:
+            sink.close()
+        if not complete:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+
+
+def _writer_alive(temporary: str) -> bool:
+    """Whether the process that writes ``temporary`` (named by :func:`_tee`) still runs; a
+    name without a process id (an older version's) counts as left by a dead one."""
+    pid, separator, _ = temporary.rsplit(".tmp-", 1)[-1].partition("-")
+    if not (separator and pid.isdigit()):
+        return False
+    if int(pid) == os.getpid() or os.name == "nt":  # Windows has no harmless probe (os.kill terminates)
+        return True
+    try:
+        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+    except PermissionError:  # another user's process
+        return True
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
+
+
+def _read(path: str) -> Iterator[pa.RecordBatch]:
+    """The batches of a kept part, memory-mapped (the page cache holds them, not the
+    process); the mapping lasts as long as a batch or a view of it does."""
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    for index in range(reader.num_record_batches):
+        yield reader.get_batch(index)
+
+
+def _evict(limit: int, keep: str) -> None:
+    """Removes the complete parts of the least recently used keys (their folders'
+    modification times) until the executor keeps at most ``limit`` bytes; ``keep`` goes
+    last, when it alone is past it. Parts being written (another rank's, beside this one)
+    are left alone."""
+    root = kept_root()
+    parts: dict[str, list[tuple[str, int]]] = {}
+    used: dict[str, float] = {}
+    for path in glob.glob(os.path.join(root, "*", "part-*.arrow")):
+        try:
+            size = os.path.getsize(path)
+            key = os.path.basename(os.path.dirname(path))
+            used.setdefault(key, os.path.getmtime(os.path.dirname(path)))
+        except OSError:  # removed meanwhile by another rank of this executor
+            continue
+        parts.setdefault(key, []).append((path, size))
+    total = sum(size for files in parts.values() for _, size in files)
+    for key in sorted(parts, key=lambda k: (k == keep, used[k])):
+        if total <= limit:
+            break
+        for path, size in parts[key]:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            total -= size
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(root, key))  # unless a part is being written there
+        logger.info("removed the kept rows %s (keepIngestedMB: %d MB per executor)", key[:12], limit >> 20)
+
+
+def assign(offers: list[dict[str, list[int]]], parts: int) -> list[int] | None:
+    """Which part each task trains on (its rank): a perfect matching of tasks to parts that
+    they hold, with as many parts held in memory as can be kept so; None when the parts
+    the tasks hold cannot cover every part.
+
+    >>> assign([{"memory": [], "disk": [0, 1]}, {"memory": [0], "disk": [0, 1]}], 2)
+    [1, 0]
+    """
+    if len(offers) != parts:
+        return None
+    memory = [[p for p in offer.get("memory", ()) if 0 <= p < parts] for offer in offers]
+    held = [[p for tier in ("memory", "disk") for p in offer.get(tier, ()) if 0 <= p < parts] for offer in offers]
+    owner = _match(held, _match(memory, {}))  # memory holders keep their parts, the rest match around them
+    if len(owner) < parts:
+        owner = _match(held, {})
+    if len(owner) < parts:
+        return None
+    ranks = [0] * parts
+    for part, task in owner.items():
+        ranks[task] = part
+    return ranks
+
+
+def _match(edges: list[list[int]], fixed: dict[int, int]) -> dict[int, int]:
+    """A maximum matching ``{part: task}`` of ``edges`` (each task's parts) that keeps the
+    pairs of ``fixed`` (augmenting paths; a handful of tasks)."""
+    owner = dict(fixed)
+
+    def place(task: int, seen: set[int]) -> bool:
+        for part in edges[task]:
+            if part not in seen and part not in fixed:
+                seen.add(part)
+                if part not in owner or place(owner[part], seen):
+                    owner[part] = task
+                    return True
+        return False
+
+    placed = set(fixed.values())
+    for task in range(len(edges)):
+        if task not in placed:
+            place(task, set())
+    return owner
+
+
+def _offer(spec: TaskSpec, plan: KeptPlan) -> dict[str, list[int]]:
+    """The parts of the key this task holds: in this worker's memory, on this executor's disk."""
+    memory = [part for part in range(spec.world_size) if _memory_key(spec, plan, part) in _HELD]
+    disk = [part for part in range(spec.world_size) if os.path.exists(part_path(plan.key, part, spec.world_size))]
+    return {"memory": memory, "disk": disk}
+
+
+def _parse_offer(raw: bytes) -> dict[str, list[int]]:
+    """An offer read from the store, which anyone who reaches it can write: checked, and
+    empty when malformed (the worst a forged offer does is fail the job)."""
+    try:
+        offer = json.loads(raw.decode())
+        return {tier: [int(p) for p in offer.get(tier, []) if isinstance(p, int) and not isinstance(p, bool)]
+                for tier in ("memory", "disk")}
+    except (ValueError, AttributeError, TypeError, UnicodeDecodeError):
+        return {"memory": [], "disk": []}
+
+
+def take_kept(spec: TaskSpec, batches: Iterator[pa.RecordBatch], store: Any, task: int) -> tuple[int, Shard]:
+    """The rank this task takes and its rows, from what the tasks hold of the key: each
+    task says which parts it holds (through the job's rendezvous store), every task
+    computes the same :func:`assign`, and loads its part from memory or disk.
+
+    Raises:
+        KeptPartMissing: The tasks do not hold every part between them.
+    """
+    for _ in batches:  # the job's input: one row per task, nothing to train on
+        pass
+    plan = _plan(spec)
+    _drop_requested(plan)
+    store.set(f"kept-offer/{task}", json.dumps(_offer(spec, plan)))
+    offers = [_parse_offer(store.get(f"kept-offer/{other}")) for other in range(spec.world_size)]
+    ranks = assign(offers, spec.world_size)
+    if ranks is None:
+        raise KeptPartMissing(f"{MISSING} (the tasks hold {offers} of {spec.world_size} parts)")
+    rank = ranks[task]
+    memory_key = _memory_key(spec, plan, rank)
+    shard = _HELD.get(memory_key)
+    if shard is not None:
+        logger.info("rank %d: training on the rows this worker holds from an earlier fit", rank)
+    else:
+        path = part_path(plan.key, rank, spec.world_size)
+        forget_held()
+        shard = read_shard(_read(path), spec.schema, spec.columns, spec.memory_budget)
+        pa.default_memory_pool().release_unused()
+        _HELD[memory_key] = shard
+        logger.info("rank %d: training on the rows this executor kept on disk from an earlier fit", rank)
+    try:
+        os.utime(os.path.dirname(part_path(plan.key, rank, spec.world_size)))  # recently used: evicted last
+    except OSError:
+        pass
+    return rank, shard

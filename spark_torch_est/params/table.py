@@ -1,0 +1,206 @@
+"""[driver] The one table of the Params of TorchEstimator and TorchModel, and the converters it names.
+
+Every Param is one :class:`ParamSpec` row of :data:`PARAMS`: name, doc, type, converter,
+default and family. Everything else comes from the table: ``python -m
+spark_torch_est.params.codegen`` (``make params``) writes the typed Param declarations, their
+defaults and their ``getX``/``setX`` accessors into one module per family (``params/columns.py``,
+``params/training.py``, ``params/runtime.py``), and tests/unit/test_params.py checks that those
+modules are up to date and that ``TorchEstimator``'s signature and docstring agree with the
+table. docs/params.md says how to add a Param.
+
+>>> [spec.default for spec in PARAMS if spec.name in ("batchSize", "maxEpochs")]
+[64, 10]
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.ml.param import TypeConverters
+
+__all__ = ["Family", "ParamSpec", "FAMILIES", "PARAMS", "to_config", "to_optional_bool", "to_optional_int",
+           "to_optional_string", "to_optional_string_list", "to_shapes"]
+
+
+def to_optional_bool(value: object) -> bool | None:
+    """None, or ``value`` as a bool (as ``TypeConverters.toBoolean``)."""
+    return None if value is None else TypeConverters.toBoolean(value)
+
+
+def to_optional_int(value: object) -> int | None:
+    """None, or ``value`` as an int (as ``TypeConverters.toInt``)."""
+    return None if value is None else TypeConverters.toInt(value)
+
+
+def to_optional_string(value: object) -> str | None:
+    """None, or ``value`` as a str (as ``TypeConverters.toString``)."""
+    return None if value is None else TypeConverters.toString(value)
+
+
+def to_optional_string_list(value: object) -> list[str] | None:
+    """None, or ``value`` as a list of str (as ``TypeConverters.toListString``)."""
+    return None if value is None else TypeConverters.toListString(value)
+
+
+def to_shapes(value: object) -> dict[str, list[int]] | None:
+    """``{column: [sizes]}``, JSON-serializable; None for no reshaping."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"inputShapes must be a dict of column name -> list of sizes, got {type(value).__name__}")
+    return {str(name): TypeConverters.toListInt(shape) for name, shape in value.items()}
+
+
+def to_config(value: object) -> dict[str, Any]:
+    """A copy of a config dict (None is ``{}``), checked to be a plain JSON-serializable dict,
+    as every Param value is (so estimators save their Params as JSON and tuners vary it).
+
+    Raises:
+        TypeError: ``value`` is not a dict, or not JSON-serializable; the message shows it.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"config must be a dict, got {type(value).__name__}: {value!r}"[:500])
+    try:
+        json.dumps(dict(value), allow_nan=True)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"config must be a plain dict of JSON values (numbers, strings, booleans, None, lists, "
+                        f"dicts with string keys), so it saves with the Params; got {dict(value)!r} ({error}). "
+                        "Pass a name in config and look the object up in your creator"[:1000]) from None
+    return copy.deepcopy(dict(value))
+
+
+@dataclass(frozen=True)
+class Family:
+    """Params generated into one mixin class, in one module.
+
+    Attributes:
+        cls: The mixin's name, e.g. ``"TrainingParams"``.
+        module: Its module in the package, e.g. ``"training"`` (``params/training.py``).
+        doc: What its Params are about (the mixin's and the module's docstring).
+        carried_by: The stages whose class declares them (TorchModel gets the others of its
+            estimator when fitted, see :func:`spark_torch_est.params.base.carry_params`).
+    """
+
+    cls: str
+    module: str
+    doc: str
+    carried_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One Param.
+
+    Attributes:
+        name: camelCase, as Spark ML names Params; the accessors are ``get<Name>``/``set<Name>``.
+        doc: The Param's doc (lower case, no final period, as pyspark's).
+        type: The value's type as the accessors annotate it, e.g. ``"int | None"``.
+        converter: The Param's ``typeConverter``: a ``TypeConverters`` method or a converter
+            of this module.
+        default: The default value (JSON-serializable, as every Param value).
+        family: A key of :data:`FAMILIES`.
+        copy: ``get<Name>`` returns a deep copy (a mutable value, e.g. config).
+    """
+
+    name: str
+    doc: str
+    type: str
+    converter: Callable[[Any], Any]
+    default: object
+    family: str
+    copy: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    "columns": Family("ColumnParams", "columns",
+                      "the columns a model reads and writes, and how transform reads them",
+                      ("TorchEstimator", "TorchModel")),
+    "training": Family("TrainingParams", "training",
+                       "what is trained, on which rows, and how", ("TorchEstimator",)),
+    "runtime": Family("RuntimeParams", "runtime",
+                      "where and how a fit runs: ranks, slots, retries, checkpoints, memory, progress",
+                      ("TorchEstimator",)),
+}
+
+_T = TypeConverters
+
+PARAMS: tuple[ParamSpec, ...] = (
+    # ---- columns: TorchEstimator and TorchModel
+    ParamSpec("featuresCol", "Vector, array<numeric> or numeric column; None to use featureCols",
+              "str | None", to_optional_string, "features", "columns"),
+    ParamSpec("featureCols", "numeric columns to use as features, instead of featuresCol",
+              "list[str] | None", to_optional_string_list, None, "columns"),
+    ParamSpec("inputCols", "columns given to the model as separate typed inputs, model(*inputs), in this order "
+              "(instead of featuresCol/featureCols): integers as int64 (ids stay exact), floats as float32, booleans, "
+              "binary as uint8, arrays and Vectors with their shapes, arrays of different lengths padded per batch",
+              "list[str] | None", to_optional_string_list, None, "columns"),
+    ParamSpec("labelCol", "label column; integer labels with several outputs are class indices",
+              "str", _T.toString, "label", "columns"),
+    ParamSpec("weightCol", "numeric column of per-row sample weights: losses and metrics become weighted means; "
+              "None = unweighted", "str | None", to_optional_string, None, "columns"),
+    ParamSpec("predictionCol", "output column of the model; for classifiers (integer labels, several outputs) the "
+              "class index", "str", _T.toString, "prediction", "columns"),
+    ParamSpec("rawPredictionCol", "for classifiers (integer labels, several outputs): Vector column of the model's "
+              "outputs (logits); '' = omit", "str", to_optional_string, "rawPrediction", "columns"),
+    ParamSpec("probabilityCol", "for classifiers (integer labels, several outputs): Vector column of the softmax of "
+              "the outputs; '' = omit", "str", to_optional_string, "probability", "columns"),
+    ParamSpec("inferenceBatchSize", "rows per forward pass in transform()", "int", _T.toInt, 4096, "columns"),
+    ParamSpec("directRead", "a plain Parquet table on a local or mounted filesystem is read by the tasks themselves "
+              "with pyarrow, not through the JVM: in fit; in evaluate, and in transform where a join's broadcast "
+              "decision stays as on the table, when pyarrow reads its columns exactly as Spark would pass them "
+              "(False: always through Spark)", "bool", _T.toBoolean, True, "columns"),
+    # ---- training: TorchEstimator
+    ParamSpec("config", "plain dict handed to every creator (model, optimizer, scheduler); JSON values only",
+              "dict[str, Any]", to_config, {}, "training", copy=True),
+    ParamSpec("batchSize", "rows per worker per step", "int", _T.toInt, 64, "training"),
+    ParamSpec("maxEpochs", "the run never trains past this many epochs", "int", _T.toInt, 10, "training"),
+    ParamSpec("seed", "seed of initialization, shuffles and RNG streams", "int", _T.toInt, 0, "training"),
+    ParamSpec("validationIndicatorCol", "boolean column, True for validation rows; None = no validation",
+              "str | None", to_optional_string, None, "training"),
+    ParamSpec("inputShapes", "{column: [sizes]}: reshape each row of an inputCols column, e.g. {'image': [1, 8, 8]} "
+              "for 64 bytes; None = rows as they are", "dict[str, list[int]] | None", to_shapes, None, "training"),
+    ParamSpec("paddingValue", "what arrays shorter than the longest row of their batch are padded with",
+              "float", _T.toFloat, 0.0, "training"),
+    ParamSpec("allowNonFinite", "train on when the loss is NaN or infinite (default False: the fit fails at that "
+              "step and the run keeps its last good state)", "bool", _T.toBoolean, False, "training"),
+    ParamSpec("precision", "'32' (float32), 'bf16-mixed' (bfloat16 autocast) or '16-mixed' (float16 autocast and a "
+              "gradient scaler): the forward pass and loss of training, validation, evaluate and transform; weights "
+              "stay float32", "str", _T.toString, "32", "training"),
+    ParamSpec("compileModel", "compile each rank's model with torch.compile (one graph per batch shape)",
+              "bool", _T.toBoolean, False, "training"),
+    ParamSpec("strategy", "'ddp' (every rank holds the whole model) or 'fsdp' (FSDP2: each rank holds its shard of "
+              "the parameters and optimizer state; sharded checkpoints; needs checkpointDir)",
+              "str", _T.toString, "ddp", "training"),
+    ParamSpec("shardModules", "with strategy='fsdp': class names of the submodules sharded on their own before the "
+              "root, e.g. ['TransformerBlock']; None = every direct child holding parameters",
+              "list[str] | None", to_optional_string_list, None, "training"),
+    # ---- runtime: TorchEstimator
+    ParamSpec("numWorkers", "barrier tasks, i.e. DDP ranks", "int", _T.toInt, 2, "runtime"),
+    ParamSpec("minWorkers", "fewest ranks a launch may train with when fewer than numWorkers task slots are free "
+              "after slotWaitTimeout (the global batch stays batchSize * numWorkers); None = numWorkers (no "
+              "elasticity)", "int | None", to_optional_int, None, "runtime"),
+    ParamSpec("useGpu", "True/False, or None to use GPUs when tasks have them",
+              "bool | None", to_optional_bool, None, "runtime"),
+    ParamSpec("timeout", "seconds before a rendezvous or collective that does not complete fails the fit",
+              "float", _T.toFloat, 600.0, "runtime"),
+    ParamSpec("slotWaitTimeout", "seconds to wait for executors to offer numWorkers task slots",
+              "float", _T.toFloat, 60.0, "runtime"),
+    ParamSpec("maxRetries", "relaunches of a failed job from the newest checkpoint", "int", _T.toInt, 1, "runtime"),
+    ParamSpec("checkpointDir", "fsspec URL for periodic checkpoints (None = only the driver's copy)",
+              "str | None", to_optional_string, None, "runtime"),
+    ParamSpec("checkpointInterval", "how often to write to checkpointDir, e.g. '1ep' or '500ba'",
+              "str", _T.toString, "1ep", "runtime"),
+    ParamSpec("memoryBudgetMB", "MB of a partition's rows a rank keeps in RAM; beyond that they spill to local files "
+              "read per batch (0: never spill)", "float", _T.toFloat, 4096.0, "runtime"),
+    ParamSpec("keepIngestedMB", "MB of a DataFrame's rows each executor keeps on its local disk, as the ranks received "
+              "them, so that later fits on the same unchanged DataFrame skip Spark's scan and shuffle; the least recently "
+              "used are evicted past it (0: keep nothing)", "float", _T.toFloat, 8192.0, "runtime"),
+    ParamSpec("showProgress", "show a progress bar (a terminal or notebook), else progress and epoch lines on stderr "
+              "(through logging where it is set up)", "bool", _T.toBoolean, True, "runtime"),
+)

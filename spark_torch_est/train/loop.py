@@ -1,0 +1,425 @@
+"""[executor] The training loop of one rank in three levels, as mmengine's loops: the run
+(:meth:`Trainer.run`), the epoch (:meth:`Trainer.run_epoch`) and the step
+(:meth:`Trainer.run_step`), each with its hooks around it. Every rank runs the same
+collectives in the same order.
+
+The rows come agreed on by the ranks (:mod:`~spark_torch_est.ingest.agreement`); a checkpoint is
+built from one :class:`~spark_torch_est.train.run_state.RunState`. Hook arguments are passed at
+each call: the run's objects, the progress as it is, the step's :class:`~step.Batch`,
+outputs and loss. The stage is set only by :meth:`~step.Stage.at`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from spark_torch_est.checkpoints.checkpoint import Checkpoint, check_compatible
+from spark_torch_est.core import rng
+from spark_torch_est.core.progress import Progress
+from spark_torch_est.core.ranks import Ranks
+from spark_torch_est.core.spec import TaskSpec
+from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
+from spark_torch_est.ingest.shard import EpochPlan, Shard, epoch_order
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.hooks import Control, HookSet
+from spark_torch_est.train.losses import Loss, scalar_loss, zero_through
+from spark_torch_est.train.metrics import MetricAccumulator, format_entry
+from spark_torch_est.train.precision import Precision
+from spark_torch_est.train.prefetch import prefetch, transfer_for
+from spark_torch_est.train.reporter import SILENT, Reporter
+from spark_torch_est.train.run_state import RunState
+from spark_torch_est.train.step import Batch, Stage, forward, non_finite_loss
+from spark_torch_est.train.strategies.fsdp import shard_model
+
+if TYPE_CHECKING:
+    from spark_torch_est.core.schema import ModelInputs
+
+__all__ = ["Trainer"]
+
+logger = logging.getLogger(__name__)
+
+
+class _ProfilerNotice(logging.Filter):
+    """Drops dynamo's "Profiler (record) function ... will be ignored": DDP's
+    ``record_function`` spans, which a compiled graph leaves out, are the package's doing, not
+    the user's; the warning came once per rank per fit."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Profiler function", "Profiler record function"))
+
+
+_PROFILER_NOTICE = _ProfilerNotice()
+#: Where dynamo logs it (torch 2.3 to 2.13).
+_PROFILER_LOGS = ("torch._dynamo.variables.torch", "torch._dynamo.variables.ctx_manager")
+
+
+class Trainer:
+    """Runs one fit on one rank.
+
+    Args:
+        creators: The user's creators and hooks, unpickled on this rank.
+        spec: The fit's description.
+        shard: This rank's rows.
+        rank: This rank.
+        world_size: Number of ranks.
+        device: Where the model lives.
+        reporter: Sends progress to the driver (rank 0); the default sends nothing.
+
+    Attributes:
+        hooks: The fit's hooks (``hooks.current_hook`` names a hook while it runs).
+        rows: The rows as the ranks agreed on them; ``state``: the run's state (from setup).
+        model: The model; ``ddp_model``: the module a step calls (DDP-wrapped, compiled).
+    """
+
+    def __init__(self, creators: Creators, spec: TaskSpec, shard: Shard, rank: int,
+                 world_size: int, device: torch.device, reporter: Reporter = SILENT) -> None:
+        self.creators, self.spec, self.shard, self.device = creators, spec, shard, device
+        self.ranks = Ranks(rank, world_size, device)
+        self.reporter = reporter
+        self.hooks = HookSet(creators.hooks)
+        self.control = Control()
+        self.rows: AgreedRows
+        self.state: RunState | None = None
+        self._stage = Stage("setup")
+        self._batch_idx = 0  # the index of the last training batch in its epoch
+        self._run_args: dict[str, Any] = {"rank": rank, "world_size": world_size, "control": self.control,
+                                          "device": device, "config": dict(creators.config)}
+        self._sync_flags = world_size > 1 and (bool(self.hooks) or spec.stop_wait_s is not None)
+        self._sync_step_flags = world_size > 1 and self.hooks.controls_steps
+        self._transfer = transfer_for(device)
+        self._compiling = False  # until the first step of a compiled model has run
+
+    @property
+    def stage(self) -> str:
+        """The stage running now, reported if something raises."""
+        return self._stage.name
+
+    # ---------------------------------------------------------------- the three levels
+
+    def run(self) -> bytes | None:
+        """Trains to the spec's target; returns the checkpoint bytes on rank 0, else None."""
+        resume = Checkpoint.from_bytes(self.spec.resume) if self.spec.resume is not None else None
+        try:
+            self._setup(resume)
+            self._call("before_run")
+            if resume is not None:
+                rng.restore(resume.rng_states[self.ranks.rank % len(resume.rng_states)], self.device)
+            else:
+                rng.seed_all(self.spec.seed, self.ranks.rank)
+            self._agree_on_flags()
+            self.model.train()
+            with self._stage.at("train"):
+                while not (self.control.stop_training or self.spec.target.reached(self.state.progress)):
+                    self.run_epoch()
+            self._call("after_run", metrics=self.state.history[-1] if self.state.history else {})
+            with self._stage.at("checkpoint"):
+                return self.state.result()
+        except BaseException as error:  # the final checkpoint's too: a hook that alerts or cleans up hears of it
+            self._on_exception(error)
+            raise
+
+    def run_epoch(self) -> None:
+        """The rest of the current epoch: its steps, then its end (validation, history,
+        checkpoint) unless the fit stops in the middle of it."""
+        self.control.stop_epoch = False
+        if self.state.progress.batch_in_epoch == 0:
+            self._call("before_train_epoch", batch_idx=0)
+            if self.hooks.has("before_train_epoch"):  # else the flags are as last combined
+                self._agree_on_flags()
+            if self.control.stop_training:  # asked before the epoch's first step: none of it runs
+                return
+        train = self.rows.train
+        plan = EpochPlan(self.rows.train_rows, self.spec.batch_size, self.state.offset)
+        order = epoch_order(len(train), self.spec.seed, self.state.progress.epoch, self.ranks.rank)
+        batches = prefetch((train.take(plan.positions(order, step)) for step in range(plan.steps)), self._transfer)
+        for step in range(plan.steps):
+            if self.spec.target.reached(self.state.progress):
+                return
+            self.run_step(self._on_device(*next(batches)), plan.samples(step))
+            self._checkpoint_if_due("ba")
+            if self._sync_step_flags:
+                self._agree_on_flags()
+            if self.control.stop_training and step < plan.steps - 1:  # the epoch stays open
+                return
+            if self.control.stop_training or self.control.stop_epoch:
+                break
+        self._end_epoch()
+
+    def run_step(self, batch: Batch, samples: int) -> None:
+        """One optimizer step on ``batch`` (``samples`` rows of all ranks) with the hooks
+        around it: the default step, or the ``train_step`` of a hook."""
+        self._batch_idx = self.state.progress.batch_in_epoch
+        started = time.perf_counter()
+        replaced = self._call("before_train_iter", batch)
+        if replaced is not None:
+            batch = batch.replaced(replaced)
+        if self.hooks.train_step is not None:
+            loss, outputs = self._hook_step(batch, samples)
+        else:
+            loss, outputs = self._default_step(batch, samples)
+        if self._compiling:
+            self._report_compile(time.perf_counter() - started)
+        self._account(batch, loss)
+        self._call("after_train_iter", batch, outputs=outputs, loss=loss)
+        self.reporter.step(self.state.progress, loss.detach(), self.rows.steps_per_epoch)
+
+    # ------------------------------------------------------------------------ setup
+
+    def _setup(self, resume: Checkpoint | None) -> None:
+        """Agrees on the rows; builds the model (with the run's weights), the module a step
+        calls, the optimizer, scheduler, loss and metrics; then the run's state."""
+        spec, creators = self.spec, self.creators
+        with self._stage.at("collective"):
+            self.rows = agree_on_rows(self.shard, spec, self.ranks)
+        self.shard = None  # the rows above hold them from here on
+        torch.manual_seed(spec.seed)
+        model = self.model = creators.build_model().to(self.device)
+        if resume is not None and resume.sharded is None:
+            check_compatible(model.state_dict(), resume.model_state)
+            model.load_state_dict(resume.model_state)
+        output_shape = self._shape_labels(model)
+        self.precision = Precision(spec.precision, self.device)
+        self.ddp_model = self._wrap(model, resumed=resume is not None)
+        self.optimizer = creators.build_optimizer(model)
+        made = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self.scheduler = creators.build_scheduler(self.optimizer)
+        self.loss_fn = Loss(creators.build_loss())
+        self.val_metrics = MetricAccumulator(self.loss_fn, creators.metrics, self.device)
+        self.state = RunState(spec, self.ranks, self.rows, output_shape, model, self.optimizer, made, self.scheduler,
+                              self.precision, self.hooks)
+        if resume is not None:
+            self.state.restore(resume)
+        self._batch_idx = max(self.state.progress.batch_in_epoch - 1, 0)
+        self._run_args.update(model=model, ddp_model=self.ddp_model, optimizer=self.optimizer,
+                              scheduler=self.scheduler, loss_fn=self.loss_fn, scaler=self.precision.scaler)
+
+    def _shape_labels(self, model: nn.Module) -> list[int]:
+        """Runs the model on two rows (eval mode, no RNG drawn) to learn its output shape,
+        and shapes the labels to match (see :meth:`AgreedRows.shape_labels`)."""
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            inputs = self.rows.train.slice(0, 2)[0]
+            try:
+                output_shape = list(self._forward(self._model_inputs(inputs), model).shape[1:])
+            except Exception as error:  # say what the model was given (the failure report adds notes)
+                note = self.spec.schema.describe(inputs, self.spec.columns.features)
+                error.__notes__ = [*getattr(error, "__notes__", ()), note]
+                raise
+        model.train(was_training)
+        self.rows.shape_labels(output_shape, self.spec.columns.label, self.creators.loss_reads_labels_as_held)
+        return output_shape
+
+    def _wrap(self, model: nn.Module, resumed: bool) -> nn.Module:
+        """The module a step calls: the model sharded in place under "fsdp", else wrapped in
+        DDP on several ranks; compiled with ``compileModel``."""
+        wrapped = model
+        if self.spec.strategy == "fsdp":
+            shard_model(model, self.spec.shard_modules, self.device)
+        elif self.ranks.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # Resumed, every rank has just loaded the same checked state: DDP's broadcast of
+            # all parameters and buffers from rank 0 would only copy it again.
+            skip_sync = resumed and "init_sync" in inspect.signature(DistributedDataParallel).parameters
+            wrapped = DistributedDataParallel(model, device_ids=ids, **({"init_sync": False} if skip_sync else {}))
+        return self._compile(wrapped) if self.spec.compile_model else wrapped
+
+    def _compile(self, model: nn.Module) -> nn.Module:
+        """The training module compiled (the DDP wrapper, as torch recommends). The model
+        stays as it is: its state keeps plain keys (no ``_orig_mod.``), validation runs it
+        uncompiled. One graph per batch shape (``dynamic=False``), so a resumed run equals an
+        uninterrupted one. Each fit compiles afresh and logs its first step's time."""
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        for name in _PROFILER_LOGS:
+            logging.getLogger(name).addFilter(_PROFILER_NOTICE)  # once: a logger keeps a filter once
+        self._compiling = True
+        return torch.compile(model, dynamic=False)
+
+    # ------------------------------------------------------------------------ steps
+
+    def _default_step(self, batch: Batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss, backward and optimizer step, with the hooks between them."""
+        with self.precision.autocast():
+            with self._stage.at("forward"):
+                self.optimizer.zero_grad(set_to_none=True)
+                outputs = self._forward(batch.inputs)
+            with self._stage.at("loss"):
+                loss = scalar_loss(self.loss_fn(outputs, batch.labels, batch.weights))
+        replaced = self._call("before_backward", batch, outputs=outputs, loss=loss)
+        if replaced is not None:
+            # A constant loss still runs backward through the parameters (not the outputs,
+            # which may be NaN), so DDP's gradient all-reduce happens on every rank and the
+            # step simply has zero gradients.
+            loss = replaced if replaced.requires_grad else replaced + zero_through(self.ddp_model)
+        with self._stage.at("backward"):
+            self.precision.backward(loss)
+            self.precision.unscale(self.optimizer)  # hooks see (and clip) the true gradients
+        self._call("after_backward", batch, outputs=outputs, loss=loss)
+        self._call("before_optimizer_step", batch, outputs=outputs, loss=loss)
+        with self._stage.at("optimizer_step"):
+            self.precision.step(self.optimizer)
+        self.state.step_done(samples)
+        self._call("after_optimizer_step", batch, outputs=outputs, loss=loss)
+        return loss, outputs
+
+    def _hook_step(self, batch: Batch, samples: int) -> tuple[Any, torch.Tensor | None]:
+        """The ``train_step`` of a hook in place of the default step: ``(loss, outputs)``."""
+        with self._stage.at("train_step"), self.precision.autocast():
+            result = self.hooks.run_train_step(self._arguments(batch, model=self.ddp_model))
+            loss, outputs = result if isinstance(result, tuple) else (result, None)
+        self.state.step_done(samples)
+        return loss, outputs
+
+    def _report_compile(self, seconds: float) -> None:
+        """Reports the first compiled step's time once per fit, from rank 0, in the driver's log."""
+        self._compiling = False
+        if self.ranks.rank == 0:
+            note = f"compileModel: the first step, compiling the model, took {seconds:.1f}s"
+            logger.info("rank 0: %s", note)
+            self.reporter.note(__name__, note)
+
+    def _model_inputs(self, inputs: list[torch.Tensor]) -> ModelInputs:
+        """A batch's column tensors on the rank's device, as the model takes them."""
+        return self.spec.schema.model_inputs([x.to(self.device, non_blocking=True) for x in inputs])
+
+    def _on_device(self, inputs: list[torch.Tensor], labels: torch.Tensor, weights: torch.Tensor | None) -> Batch:
+        """A batch of the tables' rows on the rank's device."""
+        return Batch(self._model_inputs(inputs), labels.to(self.device, non_blocking=True),
+                     weights.to(self.device, non_blocking=True) if weights is not None else None)
+
+    def _forward(self, inputs: ModelInputs, model: nn.Module | None = None) -> torch.Tensor:
+        """The model (by default the module a step calls) on one batch."""
+        return forward(model if model is not None else self.ddp_model, inputs, self.spec.schema,
+                       self.spec.batch_size, self.rows.train_rows)
+
+    def _account(self, batch: Batch, loss: Any) -> None:
+        """Adds the step's loss to the epoch's mean (weighted by the rows' weights); a NaN or
+        infinite loss fails the fit (unless ``allowNonFinite``), before it can reach a
+        checkpoint."""
+        with self._stage.at("loss"):
+            value = float(scalar_loss(loss).detach())
+            if not math.isfinite(value) and not self.spec.allow_non_finite:
+                progress = self.state.progress
+                raise non_finite_loss(value, batch, self.spec.schema, self.spec.columns.label,
+                                      f"epoch {progress.epoch + 1}, batch {self._batch_idx} (global step "
+                                      f"{progress.global_step}) on rank {self.ranks.rank}")
+        self.state.add_loss(value, float(batch.weights.sum()) if batch.weights is not None else len(batch.labels))
+
+    # ------------------------------------------------------------ end of an epoch
+
+    def _end_epoch(self) -> None:
+        """The epoch's history entry (with validation), its hooks, scheduler step and checkpoint."""
+        with self._stage.at("collective"):
+            entry = self.state.epoch_entry()
+        if self.rows.val_rows:
+            entry.update(self._validate())
+        self.state.end_epoch(entry)
+        self._call("after_train_epoch", metrics=entry)  # hooks may add to the entry
+        self.reporter.epoch(entry)
+        if self.scheduler is not None and self.control.step_scheduler_per_epoch:
+            with self._stage.at("scheduler_step"):
+                self.scheduler.step()
+        self._ask_driver_to_go_on(entry["epoch"])
+        self._agree_on_flags()
+        self._checkpoint_if_due("ep")
+        logger.info("rank %d: epoch %d %s", self.ranks.rank, entry["epoch"], format_entry(entry))
+
+    def _validate(self) -> dict[str, float]:
+        """Loss and metrics over every rank's validation rows, weighted by rows (or by
+        their weights)."""
+        self._call("before_val_epoch")
+        with self._stage.at("validation"):
+            totals = self._validation_totals()
+        with self._stage.at("collective"):
+            values = {f"val_{name}": value
+                      for name, value in self.val_metrics.results(self.ranks.all_reduce(totals)).items()}
+        self._call("after_val_epoch", metrics=values)  # hooks may add to the entry
+        return values
+
+    def _validation_totals(self) -> torch.Tensor:
+        """This rank's sums of the validation loss and metrics, with the hooks around each batch."""
+        model, table, size, metrics = self.model, self.rows.validation, self.spec.batch_size, self.val_metrics
+        metrics.reset()
+        model.eval()
+        starts = range(0, len(table), size)
+        most = len(starts)
+        if self.state.sharded is not None:  # every rank makes as many forward passes: each gathers the parameters
+            with self._stage.at("collective"):
+                most = int(self.ranks.all_reduce(torch.tensor([most]), dist.ReduceOp.MAX)[0])
+        with torch.no_grad():
+            for start, rows in zip(starts, prefetch((table.slice(s, s + size) for s in starts), self._transfer)):
+                batch = self._on_device(*rows)
+                self._call("before_val_iter", batch, batch_idx=start // size)
+                with self.precision.autocast():
+                    outputs = self._forward(batch.inputs, model)
+                    loss = metrics.update(outputs, batch.labels, batch.weights)
+                self._call("after_val_iter", batch, batch_idx=start // size, outputs=outputs, loss=loss)
+            extra = most - len(starts)
+            inputs = self._model_inputs(self.rows.train.slice(0, 1)[0]) if extra > 0 else None
+            for _ in range(extra):
+                with self.precision.autocast():
+                    self._forward(inputs, model)
+        model.train()
+        return metrics.totals()
+
+    # --------------------------------------------------------- hooks, flags, checkpoints
+
+    def _arguments(self, batch: Batch | None = None, **extra: Any) -> dict[str, Any]:
+        """Every argument on offer now: the run's objects, the progress as it is, the batch,
+        and the stage's extras."""
+        progress = self.state.progress if self.state is not None else Progress()
+        return {**self._run_args, "epoch": progress.epoch, "global_step": progress.global_step, "state": progress,
+                "batch_idx": self._batch_idx, **(batch.arguments() if batch is not None else {}), **extra}
+
+    def _call(self, stage: str, batch: Batch | None = None, **extra: Any) -> Any:
+        """Calls every hook's ``stage``; returns the last value one of them returned."""
+        if not self.hooks.has(stage):
+            return None
+        with self._stage.at(stage):
+            return self.hooks.call(stage, self._arguments(batch, **extra))
+
+    def _agree_on_flags(self) -> None:
+        """Combines stop requests of all ranks so every rank stops at the same step."""
+        if not self._sync_flags:
+            return
+        with self._stage.at("collective"):
+            flags = torch.tensor([self.control.stop_training, self.control.stop_epoch], dtype=torch.int32)
+            flags = self.ranks.all_reduce(flags, dist.ReduceOp.MAX)
+        self.control.stop_training, self.control.stop_epoch = bool(flags[0]), bool(flags[1])
+
+    def _ask_driver_to_go_on(self, epoch: int) -> None:
+        """Rank 0 asks whether a driver-side logger stops the fit at the end of ``epoch``
+        (when one may, and the fit goes on after it); the flag agreement that follows tells
+        every rank."""
+        wait = self.spec.stop_wait_s
+        if wait is None or self.spec.target.reached(self.state.progress):
+            return
+        if self.reporter.stop_asked(epoch, wait):
+            logger.info("rank %d: a logger on the driver stops the fit after epoch %d", self.ranks.rank, epoch)
+            self.control.stop_training = True
+
+    def _on_exception(self, error: BaseException) -> None:
+        if not self.hooks.has("on_exception"):
+            return
+        failed_hook = self.hooks.current_hook
+        try:
+            self.hooks.call("on_exception", self._arguments(exception=error, stage=self.stage))
+        except Exception:  # the original error is the one to report
+            logger.exception("rank %d: an on_exception hook raised", self.ranks.rank)
+        self.hooks.current_hook = failed_hook
+
+    def _checkpoint_if_due(self, unit: str) -> None:
+        with self._stage.at("checkpoint"):
+            self.state.write_if_due(unit)

@@ -1,0 +1,1 @@
+"""[executor] How a rank's model is distributed: DDP or FSDP."""
