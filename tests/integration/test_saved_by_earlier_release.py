@@ -1,0 +1,69 @@
+"""What the release before the move to folders by concept (3b72a3f) saved still works with
+this code: its TorchModel and TorchEstimator load (their pickles name the old flat module
+paths, e.g. ``spark_torch_est.builtin_hooks.EarlyStopping``), predict exactly what the old
+code predicted, and continue their run where it stopped, as the old code continued it. The
+samples and the script that made them are in tests/data/saved_3b72a3f/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from spark_torch_est import CSVLogger, EarlyStopping, TorchEstimator, TorchModel
+
+pytestmark = pytest.mark.spark
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data" / "saved_3b72a3f"
+PREDICTED = json.loads((SAMPLES / "predictions.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def rows_df(spark):
+    """The rows the samples were trained on, in the same two partitions as then (no shuffle:
+    the order of rows a shuffle gives need not repeat)."""
+    rows = json.loads((SAMPLES / "rows.json").read_text())
+    return spark.createDataFrame(rows).select("id", "features", "label")
+
+
+@pytest.fixture
+def samples(tmp_path, monkeypatch) -> Path:
+    """A copy of the samples (a fit writes checkpoints beside them), with the working
+    directory in tmp_path (the pickled CSVLogger writes to its relative ``csv_logs``)."""
+    shutil.copytree(SAMPLES, tmp_path / "samples", ignore=shutil.ignore_patterns("*.py"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "samples"
+
+
+def _predictions(model: TorchModel, df) -> list[float]:
+    return [r.prediction for r in model.transform(df).orderBy("id").select("prediction").collect()]
+
+
+def test_the_saved_model_and_estimator_load_and_predict_exactly_as_before(rows_df, samples):
+    model = TorchModel.load(str(samples / "model"))
+    assert _predictions(model, rows_df) == PREDICTED["epoch2"]
+    assert [e["epoch"] for e in model.history] == [1, 2]
+
+    est = TorchEstimator.load(str(samples / "estimator"))
+    assert est.progress.epoch == 2 and est.getMaxEpochs() == 4
+    assert isinstance(next(iter(est.hooks.values())), EarlyStopping)
+    assert isinstance(est.loggers[0], CSVLogger)
+    assert _predictions(est._model(est.checkpoint), rows_df) == PREDICTED["epoch2"]
+
+
+@pytest.mark.parametrize("resume", ["estimator", "model", "checkpointDir"])
+def test_the_saved_run_continues_to_its_fourth_epoch_as_the_old_code_continued_it(rows_df, samples, resume):
+    est = TorchEstimator.load(str(samples / "estimator"))
+    est.setCheckpointDir(str(samples / "continued"))
+    if resume == "estimator":
+        model = est.fit(rows_df)
+    else:
+        source = TorchModel.load(str(samples / "model")) if resume == "model" else str(samples / "checkpoints")
+        model = est.reset().fit(rows_df, resume_from=source)
+
+    assert [e["epoch"] for e in model.history] == [1, 2, 3, 4]
+    assert _predictions(model, rows_df) == PREDICTED["epoch4"]
+    assert any(path.name.startswith("ckpt-") and "-ep000004-" in path.name
+               for path in (samples / "continued").iterdir())
