@@ -46,14 +46,10 @@ CONTENDERS = {
 
 #: (figure, ours (contender, field), reference (contender, field[, label]), target on the ratio).
 COMPARISONS = [
-    ("fit wall time, cold", ("te", "cold_wall_s"), ("td_local", "cold_wall_s"), "<=0.7"),
-    ("fit wall time, warm", ("te", "warm_wall_s"), ("td_local", "warm_wall_s"), "<=0.5"),
-    ("fit wall time, cold", ("te", "cold_wall_s"), ("td_barrier", "cold_wall_s"), "<=0.7"),
-    ("fit wall time, warm", ("te", "warm_wall_s"), ("td_barrier", "warm_wall_s"), "<=0.5"),
-    ("call to first step, cold", ("te", "cold_first_step_s"), ("td_local", "cold_first_step_s"), ""),
-    ("call to first step, warm", ("te", "warm_first_step_s"), ("td_local", "warm_first_step_s"), ""),
-    ("call to first step, cold", ("te", "cold_first_step_s"), ("td_barrier", "cold_first_step_s"), ""),
-    ("call to first step, warm", ("te", "warm_first_step_s"), ("td_barrier", "warm_first_step_s"), ""),
+    *[(f"fit wall time, {when}", ("te", f"{when}_wall_s"), (peer, f"{when}_wall_s"), target)
+      for peer in ("td_local", "td_barrier") for when, target in (("cold", "<=0.7"), ("warm", "<=0.5"))],
+    *[(f"call to first step, {when}", ("te", f"{when}_first_step_s"), (peer, f"{when}_first_step_s"), "")
+      for peer in ("td_local", "td_barrier") for when in ("cold", "warm")],
     ("loop samples/s (warm fit)", ("te", "warm_samples_per_s"), ("ddp", "samples_per_s"), ">=0.95"),
     ("loop CPU us per sample, rank 0", ("te", "warm_cpu_us_per_sample"), ("ddp", "cpu_us_per_sample"), ""),
     ("loop samples/s against one process", ("te", "warm_samples_per_s"), ("plain", "samples_per_s"), ""),

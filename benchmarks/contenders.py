@@ -16,6 +16,7 @@ Every ``TorchEstimator`` fit carries a :class:`~benchmarks.common.Probe` (public
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -131,15 +132,11 @@ def _distributor(workload: Workload, scratch: str, local_mode: bool) -> dict:
     return result
 
 
-def td_local(workload: Workload, scratch: str) -> dict:
-    return _distributor(workload, scratch, local_mode=True)
+td_local = functools.partial(_distributor, local_mode=True)
+td_barrier = functools.partial(_distributor, local_mode=False)
 
 
-def td_barrier(workload: Workload, scratch: str) -> dict:
-    return _distributor(workload, scratch, local_mode=False)
-
-
-def estimator(workload: Workload, hooks: list, **params):
+def estimator(workload: Workload, hooks: list | dict, **params):
     """The workload's ``TorchEstimator``, as a user writes it."""
     from spark_torch_est import TorchEstimator
 

@@ -23,6 +23,7 @@ under another path (a hard link), which no cache covers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import logging
@@ -32,14 +33,14 @@ import shutil
 import tempfile
 import time
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
+from benchmarks.common import Workload, markdown, register_by_value, spark_session, write_data
+from benchmarks.contenders import estimator, pyarrow
 from spark_torch_est import Hook, TorchEstimator
 
-FEATURES = 32
+#: One file of 1M-row row groups; an MLP 32-64-64-1, batches of 512, fits of one step.
+WORKLOAD = Workload(rows=4_000_000, features=32, hidden=64, batch_size=512, epochs=1000, files=0)
 
 
 class FirstStep(Hook):
@@ -78,61 +79,24 @@ class FirstStep(Hook):
         self.at, self.rss_mb, self.peak_mb = state["at"], list(state["rss_mb"]), list(state["peak_mb"])
 
 
-def _model(config: dict) -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-
-
-def _optimizer(model: torch.nn.Module, config: dict) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.01))
-
-
-def write_table(path: str, rows: int, seed: int = 0) -> str:
-    """One Parquet file of ``rows`` rows in row groups of 1M rows; returns its folder."""
-    os.makedirs(path)
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal(FEATURES, dtype=np.float32) / np.sqrt(FEATURES)
-    schema = pa.schema([("features", pa.list_(pa.float32())), ("label", pa.float32())])
-    with pq.ParquetWriter(os.path.join(path, "part-0.parquet"), schema) as writer:
-        for start in range(0, rows, 1_000_000):
-            n = min(1_000_000, rows - start)
-            x = rng.standard_normal((n, FEATURES), dtype=np.float32)
-            y = x @ w
-            features = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES).cast(schema[0].type)
-            writer.write_table(pa.table([features, pa.array(y)], schema=schema), row_group_size=n)
-    return path
-
-
-def pyarrow_read(path: str) -> float:
-    """Seconds for pyarrow to read the table into numpy (features matrix and labels)."""
-    started = time.perf_counter()
-    table = pq.read_table(path)
-    features = table.column("features").combine_chunks()
-    matrix = features.flatten().to_numpy().reshape(len(features), -1)
-    labels = table.column("label").to_numpy()
-    assert matrix.shape[1] == FEATURES and len(labels) == len(matrix)
-    return time.perf_counter() - started
-
-
 def kept_on_disk(local_dir: str) -> int:
     """Bytes the executors keep under the session's local directory."""
     return sum(os.path.getsize(f) for f in glob.glob(os.path.join(local_dir, "*", "spark_torch_est-kept", "*", "*")))
 
 
-def _estimator(probe: FirstStep, keep_mb: float, **params) -> TorchEstimator:
-    return TorchEstimator(model=_model, optimizer=_optimizer, loss=torch.nn.MSELoss(), hooks={"probe": probe},
-                          featuresCol="features", labelCol="label", batchSize=512, maxEpochs=1000, numWorkers=2,
-                          showProgress=False, keepIngestedMB=keep_mb, **params)
+def _estimator(probe: FirstStep, keep_mb: float) -> TorchEstimator:
+    return estimator(WORKLOAD, {"probe": probe}, keepIngestedMB=keep_mb)
 
 
 def three_fits(df, keep_mb: float, local_dir: str) -> list[dict]:
     """The first three fits of one run (one step each) on ``df``."""
     probe = FirstStep()
-    estimator = _estimator(probe, keep_mb)
+    est = _estimator(probe, keep_mb)
     fits = []
     for _ in range(3):
         called = time.time()
-        estimator.fit(df, duration="1ba")
-        state = estimator.hooks["probe"]
+        est.fit(df, duration="1ba")
+        state = est.hooks["probe"]
         fits.append({"first_step_s": round(state.at - called, 2), "done_s": round(time.time() - called, 2),
                      "rss_mb": state.rss_mb, "peak_mb": state.peak_mb,
                      "kept_mb": round(kept_on_disk(local_dir) / 2 ** 20)})
@@ -145,8 +109,9 @@ def cross_validation(df, keep_mb: float, local_dir: str) -> dict:
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
     probe = FirstStep()
-    estimator = _estimator(probe, keep_mb).setMaxEpochs(1)  # each fit trains one epoch of its fold
-    grid = ParamGridBuilder().addGrid(estimator.getParam("config"), [{"lr": 0.01}, {"lr": 0.001}]).build()
+    est = _estimator(probe, keep_mb).setMaxEpochs(1)  # each fit trains one epoch of its fold
+    configs = [WORKLOAD.config, {**WORKLOAD.config, "lr": 0.001}]
+    grid = ParamGridBuilder().addGrid(est.getParam("config"), configs).build()
     reused = _Count("kept this DataFrame's rows")  # the driver's log line of a fit on kept rows
     log = logging.getLogger("spark_torch_est.ingest.kept_registry")
     level = log.level
@@ -154,7 +119,7 @@ def cross_validation(df, keep_mb: float, local_dir: str) -> dict:
     log.addHandler(reused)
     started = time.time()
     try:
-        CrossValidator(estimator=estimator, estimatorParamMaps=grid, numFolds=2, seed=0, parallelism=1,
+        CrossValidator(estimator=est, estimatorParamMaps=grid, numFolds=2, seed=0, parallelism=1,
                        evaluator=RegressionEvaluator(labelCol="label", predictionCol="prediction")).fit(df)
     finally:
         log.removeHandler(reused)
@@ -191,28 +156,22 @@ def main() -> None:
 
 
 def _run(rows: int, only: list[str], scratch: str) -> None:
-    from pyspark.sql import SparkSession
-
+    register_by_value()
     local_dir = os.path.join(scratch, "local")
-    table = write_table(os.path.join(scratch, "table"), rows)
+    workload = write_data(dataclasses.replace(WORKLOAD, rows=rows), scratch)
     # 4 GB: the 4M-row cache (about 520 MB) and a fold's caches besides it; under the default
     # 1 GB the CrossValidator's shuffles thrash for many minutes.
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.driver.memory", "4g").config("spark.local.dir", local_dir)
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        results = _scenarios(spark, rows, only, scratch, table, local_dir)
-    finally:
-        spark.stop()
+    with spark_session(2, "bench-ingest-once", **{"spark.driver.memory": "4g", "spark.local.dir": local_dir}) as spark:
+        results = _scenarios(spark, workload, only, scratch, local_dir)
     print(json.dumps(results, indent=1))
     _table(results)
 
 
-def _scenarios(spark, rows: int, only: list[str], scratch: str, table: str, local_dir: str) -> dict:
+def _scenarios(spark, workload: Workload, only: list[str], scratch: str, local_dir: str) -> dict:
     from pyspark.sql import functions as F
 
-    results: dict = {"rows": rows, "load_average": os.getloadavg()[0], "pyarrow_s": []}
+    table = workload.path
+    results: dict = {"rows": workload.rows, "load_average": os.getloadavg()[0], "pyarrow_s": []}
     plain = os.path.join(scratch, "plain")  # the same file under another path: no cache of the table covers it
     os.makedirs(plain)
     os.link(os.path.join(table, "part-0.parquet"), os.path.join(plain, "part-0.parquet"))
@@ -230,7 +189,7 @@ def _scenarios(spark, rows: int, only: list[str], scratch: str, table: str, loca
     for name, df in frames.items():
         if name not in only:
             continue
-        results["pyarrow_s"].append(round(pyarrow_read(table), 2))
+        results["pyarrow_s"].append(round(pyarrow(workload, scratch)["read_s"], 2))
         for label, keep_mb in (("before", 0.0), ("after", 8192.0)):
             results[f"{name}/{label}"] = three_fits(df, keep_mb, local_dir)
             print(json.dumps({f"{name}/{label}": results[f"{name}/{label}"]}), flush=True)
@@ -238,25 +197,20 @@ def _scenarios(spark, rows: int, only: list[str], scratch: str, table: str, loca
         for label, keep_mb in (("before", 0.0), ("after", 8192.0)):
             results[f"cv/{label}"] = cross_validation(cached, keep_mb, local_dir)
             print(json.dumps({f"cv/{label}": results[f"cv/{label}"]}), flush=True)
-    results["pyarrow_s"].append(round(pyarrow_read(table), 2))
+    results["pyarrow_s"].append(round(pyarrow(workload, scratch)["read_s"], 2))
     return results
 
 
 def _table(results: dict) -> None:
-    pyarrow = min(results["pyarrow_s"])
-    print(f"\n{results['rows']:,} rows x {FEATURES} float32, local[2], load average {results['load_average']:.1f}; "
-          f"pyarrow reads the table in {pyarrow:.2f} s (best of {len(results['pyarrow_s'])})")
-    print("| DataFrame | keeping | fit 1 | fit 2 | fit 3 | fit 2 / pyarrow | RSS at step 1 (ranks, MB) "
-          "| kept on disk |")
-    print("|---|---|---|---|---|---|---|---|")
-    for key, fits in results.items():
-        if "/" not in key or key.startswith("cv/"):
-            continue
-        name, label = key.split("/")
-        steps = [f"{fit['first_step_s']:.2f} s" for fit in fits]
-        print(f"| {name} | {'off' if label == 'before' else 'on'} | {' | '.join(steps)} | "
-              f"{fits[1]['first_step_s'] / pyarrow:.1f}x | {fits[1]['rss_mb']} (peak {fits[1]['peak_mb']}) | "
-              f"{fits[-1]['kept_mb']} MB |")
+    read_s, reads = min(results["pyarrow_s"]), len(results["pyarrow_s"])
+    print(f"\n{results['rows']:,} rows x {WORKLOAD.features} float32, local[2], load average "
+          f"{results['load_average']:.1f}; pyarrow reads the table in {read_s:.2f} s (best of {reads})")
+    rows = [[*key.split("/"), *[f"{fit['first_step_s']:.2f} s" for fit in fits],
+             f"{fits[1]['first_step_s'] / read_s:.1f}x", f"{fits[1]['rss_mb']} (peak {fits[1]['peak_mb']})",
+             f"{fits[-1]['kept_mb']} MB"] for key, fits in results.items() if "/" in key and not key.startswith("cv/")]
+    header = ["DataFrame", "keeping", "fit 1", "fit 2", "fit 3", "fit 2 / pyarrow", "RSS at step 1 (ranks, MB)",
+              "kept on disk"]
+    print(markdown(header, [[name, "off" if label == "before" else "on", *rest] for name, label, *rest in rows]))
     for label in ("before", "after"):
         if f"cv/{label}" in results:
             cv = results[f"cv/{label}"]

@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
+
+from benchmarks.common import RESULT, peak_rss_mb, register_by_value, run_child, spark_session
 
 __all__ = ["main"]
 
@@ -40,10 +39,6 @@ def _adam(model, config: dict):
     return torch.optim.Adam(model.parameters(), lr=1e-4)
 
 
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _hook(folder: str):
     from spark_torch_est import Hook
 
@@ -58,7 +53,7 @@ def _hook(folder: str):
 
         def after_run(self, rank) -> None:
             with open(os.path.join(folder, f"rank{rank}.json"), "w") as handle:
-                json.dump({"peak_rss_mb": _peak_mb(), "checkpoint_s": time.perf_counter() - self.ended}, handle)
+                json.dump({"peak_rss_mb": peak_rss_mb(), "checkpoint_s": time.perf_counter() - self.ended}, handle)
 
     return Measure()
 
@@ -67,31 +62,30 @@ def run_one(strategy: str, layers: int, width: int) -> dict:
     """One fit in this process; returns the figures."""
     import numpy as np
     import torch
-    from pyspark.sql import SparkSession
 
     from spark_torch_est import TorchEstimator
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.python.worker.reuse", "false").config("spark.driver.memory", "4g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    register_by_value()
     out, ckpt = tempfile.mkdtemp(), tempfile.mkdtemp()
+    conf = {"spark.python.worker.reuse": "false", "spark.driver.memory": "4g"}
     try:
-        rows = np.random.default_rng(0).normal(size=(64, width)).astype(np.float32)
-        df = spark.createDataFrame([(r.tolist(), r.tolist()) for r in rows], ["features", "label"])
-        est = TorchEstimator(model=_model, optimizer=_adam, loss=torch.nn.MSELoss(),
-                             config={"layers": layers, "width": width}, hooks=[_hook(out)], batchSize=16,
-                             maxEpochs=1, numWorkers=2, strategy=strategy, checkpointDir=ckpt, showProgress=False)
-        started = time.perf_counter()
-        est.fit(df)
+        with spark_session(2, "bench-sharding", **conf) as spark:
+            rows = np.random.default_rng(0).normal(size=(64, width)).astype(np.float32)
+            df = spark.createDataFrame([(r.tolist(), r.tolist()) for r in rows], ["features", "label"])
+            est = TorchEstimator(model=_model, optimizer=_adam, loss=torch.nn.MSELoss(),
+                                 config={"layers": layers, "width": width}, hooks=[_hook(out)], batchSize=16,
+                                 maxEpochs=1, numWorkers=2, strategy=strategy, checkpointDir=ckpt, showProgress=False)
+            started = time.perf_counter()
+            est.fit(df)
+            fit_s = time.perf_counter() - started
         ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(2)]
         written = sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(ckpt) for name in names)
-        return {"strategy": strategy, "fit_s": time.perf_counter() - started,
+        return {"strategy": strategy, "fit_s": fit_s,
                 "weights_mb": layers * (width * width + width) * 4 / 2 ** 20,
                 "rank_peak_rss_mb": [r["peak_rss_mb"] for r in ranks],
                 "checkpoint_s": [r["checkpoint_s"] for r in ranks],
-                "checkpoint_dir_mb": written / 2 ** 20, "driver_peak_rss_mb": _peak_mb()}
+                "checkpoint_dir_mb": written / 2 ** 20, "driver_peak_rss_mb": peak_rss_mb()}
     finally:
-        spark.stop()
         for folder in (out, ckpt):
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -103,16 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategy", choices=("ddp", "fsdp"), help="run one strategy in this process")
     args = parser.parse_args(argv)
     if args.strategy:
-        print(json.dumps(run_one(args.strategy, args.layers, args.width)))
+        print(RESULT + json.dumps(run_one(args.strategy, args.layers, args.width)))
         return
     print("| strategy | weights MB | rank peak RSS MB (0, 1) | checkpoint s (0, 1) | checkpointDir MB | "
           "driver peak RSS MB | fit s |")
     print("|---|---|---|---|---|---|---|")
     for strategy in ("ddp", "fsdp"):
-        done = subprocess.run([sys.executable, "-m", "benchmarks.sharding", "--strategy", strategy, "--layers",
-                               str(args.layers), "--width", str(args.width)], capture_output=True, text=True,
-                              check=True)
-        r = json.loads(done.stdout.strip().splitlines()[-1])
+        r = run_child("sharding", "--strategy", strategy, "--layers", str(args.layers), "--width", str(args.width))
         print(f"| {strategy} | {r['weights_mb']:.0f} | {r['rank_peak_rss_mb'][0]:.0f}, {r['rank_peak_rss_mb'][1]:.0f} "
               f"| {r['checkpoint_s'][0]:.2f}, {r['checkpoint_s'][1]:.2f} | {r['checkpoint_dir_mb']:.0f} | "
               f"{r['driver_peak_rss_mb']:.0f} | {r['fit_s']:.1f} |")
