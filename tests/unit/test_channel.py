@@ -116,12 +116,13 @@ def test_silent_connections_that_come_back_when_dropped_do_not_lock_the_ranks_ou
 
     received = []
     server = ChannelServer("127.0.0.1", SECRET, received.append, handshake_timeout=2.0)
-    stop = threading.Event()
+    stop, connected = threading.Event(), threading.Event()
 
     def attacker():
         sockets = [socket.create_connection(server.address) for _ in range(40)]
         for sock in sockets:
             sock.settimeout(0.05)
+        connected.set()
         while not stop.is_set():
             for i, sock in enumerate(sockets):
                 try:
@@ -141,7 +142,7 @@ def test_silent_connections_that_come_back_when_dropped_do_not_lock_the_ranks_ou
     thread = threading.Thread(target=attacker, daemon=True)
     thread.start()
     try:
-        time.sleep(0.5)
+        assert connected.wait(10), "the attacker's 40 connections are open before any rank connects"
         for step in range(3):
             started = time.monotonic()
             client = ChannelClient(server.address, server.secret)

@@ -119,8 +119,9 @@ else:
     result["kill"] = json.load(open(os.path.join(out_dir, "killed.json")))
     result["steps"] = [line.split() for line in open(os.path.join(out_dir, "steps.log"))]
     open(os.path.join(out_dir, "fit1-done"), "w").close()
-    while not os.path.exists(os.path.join(out_dir, "restarted")):
-        time.sleep(0.2)  # polling: the test restarts the worker
+    deadline = time.monotonic() + 300
+    while not os.path.exists(os.path.join(out_dir, "restarted")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # polling, with a deadline: the test restarts the worker
     elastic.setMaxEpochs(5).setSlotWaitTimeout(180.0)
     elastic.fit(df)  # grows back: the restarted worker's executor registers within slotWaitTimeout
     result["grown"] = summary(elastic)
