@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
+from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -42,8 +44,11 @@ def step_lr(optimizer: torch.optim.Optimizer, config: dict):
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
 
 
-def flat_weights(model: nn.Module) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()]).numpy()
+def flat_weights(source) -> np.ndarray:
+    """Every weight in one flat array, from a module, a Checkpoint, or what holds one
+    (a TorchModel, a fitted TorchEstimator)."""
+    state = source.state_dict() if isinstance(source, nn.Module) else getattr(source, "checkpoint", source).model_state
+    return torch.cat([v.detach().reshape(-1) for v in state.values()]).numpy()
 
 
 class DumpWeights(Hook):
@@ -78,33 +83,62 @@ class CountSteps(Hook):
 
 class CrashOnce(Hook):
     """Hard-exits rank 1's Python worker after batch ``batch`` of epoch ``epoch`` (0-based
-    completed epochs), the first time only (``marker`` remembers it)."""
+    completed epochs), the first time only (``marker`` remembers it); with ``wait_for``,
+    only once that file exists (or after 20 s)."""
 
-    def __init__(self, marker: str, epoch: int = 2, batch: int = 4) -> None:
-        self.marker, self.epoch, self.batch = marker, epoch, batch
+    def __init__(self, marker: str, epoch: int = 2, batch: int = 4, wait_for: str | None = None) -> None:
+        self.marker, self.epoch, self.batch, self.wait_for = marker, epoch, batch, wait_for
 
     def after_train_iter(self, rank, state):
         if (rank == 1 and state.epoch == self.epoch and state.batch_in_epoch == self.batch
                 and not os.path.exists(self.marker)):
+            deadline = time.monotonic() + 20
+            while self.wait_for and not os.path.exists(self.wait_for) and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling the other side's file, with a deadline
             open(self.marker, "w").close()
             os._exit(3)
 
 
-def estimator(**params) -> TorchEstimator:
+class SeenRows(Hook):
+    """Appends the ids of the rows each rank trains on (the labels, or with ``first_input``
+    the first input column, as integers) to ``<directory>/epoch<e>-rank<r>-<pid>``; read
+    them back with :func:`seen_rows`."""
+
+    def __init__(self, directory: str, first_input: bool = False) -> None:
+        self.directory, self.first_input = directory, first_input
+
+    def after_train_iter(self, labels, inputs, rank, epoch):
+        ids = inputs[0] if self.first_input else labels
+        with open(os.path.join(self.directory, f"epoch{epoch}-rank{rank}-{os.getpid()}"), "a") as out:
+            out.write("".join(f"{int(v)}\n" for v in ids.reshape(-1).tolist()))
+
+
+def seen_rows(directory, epoch: int) -> list[int]:
+    """The sorted ids :class:`SeenRows` saw in ``epoch``, all ranks and processes together."""
+    return sorted(int(line) for path in Path(directory).glob(f"epoch{epoch}-*") for line in path.read_text().split())
+
+
+def estimator(*presets: dict, **params) -> TorchEstimator:
     """The tests' estimator: an MLP on 8 features with Adam and a StepLR schedule, 2 ranks,
-    no progress bar; ``params`` override any argument."""
+    no progress bar; ``presets`` (a test module's settings), then ``params``, override any
+    argument."""
     settings = dict(model=mlp, optimizer=adam, scheduler=step_lr, loss=torch.nn.MSELoss(),
                     config={"dropout": 0.2, "lr": 0.01}, batchSize=128, maxEpochs=4, numWorkers=2, seed=11,
                     showProgress=False)
-    settings.update(params)
-    return TorchEstimator(**settings)
+    for preset in presets:
+        settings.update(preset)
+    return TorchEstimator(**{**settings, **params})
 
 
-def linear_estimator(**params) -> TorchEstimator:
-    """The tests' linear regression: ``Linear(8, 1)`` with SGD, 2 ranks, batches of 64, 4
-    epochs, no progress bar; ``params`` override any argument."""
-    return TorchEstimator(**{**dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64,
-                                    maxEpochs=4, numWorkers=2, showProgress=False), **params})
+def linear_estimator(*presets: dict, **params) -> TorchEstimator:
+    """The tests' linear regression: ``Linear(8, 1)`` (``config["in_features"]`` inputs) with
+    SGD, 2 ranks, batches of 64, 4 epochs, no progress bar; ``presets`` (a test module's
+    settings), then ``params``, override any argument."""
+    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64, maxEpochs=4,
+                    numWorkers=2, showProgress=False)
+    for preset in presets:
+        settings.update(preset)
+    return TorchEstimator(**{**settings, **params})
 
 
 def task_spec(target: Target = Target(epoch=1), *, hooks=None, creators: Creators | None = None,

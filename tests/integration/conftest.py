@@ -42,6 +42,16 @@ def linear_df(spark, linear_data):
     return spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x, y)], ["features", "label"])
 
 
+@pytest.fixture(scope="session")
+def wide_df(linear_df):
+    """The linear data with its features in columns ``f0`` to ``f7``, beside an ``id`` and
+    the label."""
+    from pyspark.sql import functions as F
+
+    columns = [F.col("features")[i].alias(f"f{i}") for i in range(8)]
+    return linear_df.select(F.monotonically_increasing_id().alias("id"), *columns, "label")
+
+
 @pytest.fixture
 def store(tmp_path):
     """A sqlite MLflow tracking store with an experiment "tests" whose artifacts stay in

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import pytest
 import torch
 from pyspark.sql import functions as F
 
-from spark_torch_est import Hook
 from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
-from tests.helpers import CountSteps, estimator, spark_jobs_started
+from tests.helpers import CountSteps, SeenRows, estimator, seen_rows, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -26,21 +24,6 @@ def indexed_df(spark):
     return spark.createDataFrame([(row.tolist(), float(i)) for i, row in enumerate(x)], ["features", "label"])
 
 
-class SeenRows(Hook):
-    """Appends the labels each rank trains on to ``<directory>/epoch<e>-rank<r>``."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-
-    def after_train_iter(self, labels, rank, epoch):
-        with open(os.path.join(self.directory, f"epoch{epoch}-rank{rank}-{os.getpid()}"), "a") as out:
-            out.write("".join(f"{int(v)}\n" for v in labels.reshape(-1).tolist()))
-
-
-def _seen(directory, epoch) -> list[int]:
-    return sorted(int(line) for path in directory.glob(f"epoch{epoch}-*") for line in path.read_text().split())
-
-
 def test_a_new_batch_size_continues_the_epoch_from_the_same_sample(spark, indexed_df, tmp_path):
     est = estimator(batchSize=64, maxEpochs=4, hooks=[SeenRows(str(tmp_path))])
     est.fit(indexed_df, duration="10ba")
@@ -48,7 +31,7 @@ def test_a_new_batch_size_continues_the_epoch_from_the_same_sample(spark, indexe
     est.setBatchSize(256)
     est.fit(indexed_df, duration="1ep")
     assert (est.progress.epoch, est.progress.global_step, est.progress.samples) == (1, 12, ROWS)
-    assert _seen(tmp_path, 0) == list(range(ROWS)), "every row exactly once in the epoch"
+    assert seen_rows(tmp_path, 0) == list(range(ROWS)), "every row exactly once in the epoch"
 
 
 def test_other_data_mid_epoch_continues_from_the_same_fraction_and_says_so(spark, indexed_df, caplog):

@@ -12,15 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from spark_torch_est import Checkpoint, EarlyStopping, Hook, TorchEstimator
+from spark_torch_est import Checkpoint, EarlyStopping, Hook
 from spark_torch_est.errors import InvalidInputError, TrainingFailedError
 from tests.helpers import flat_weights, linear_estimator, spark_jobs_started
 
 pytestmark = pytest.mark.spark
-
-
-def _estimator(hooks, **params) -> TorchEstimator:
-    return linear_estimator(hooks=hooks, **params)
 
 
 class Observer(Hook):
@@ -51,7 +47,7 @@ class Observer(Hook):
 
 def test_hooks_see_the_step_and_keep_state_across_fits(spark, linear_df, tmp_path):
     observer = Observer(str(tmp_path))
-    est = _estimator([observer])
+    est = linear_estimator(hooks=[observer])
     est.fit(linear_df, duration="1ep")
     first = est.progress.global_step
     assert observer.steps == first  # loaded back into the driver's object
@@ -78,7 +74,7 @@ class StopFromRank1(Hook):
 
 
 def test_a_stop_request_from_one_rank_stops_every_rank_at_the_same_step(spark, linear_df, tmp_path):
-    est = _estimator([StopFromRank1(str(tmp_path), at_step=7)])
+    est = linear_estimator(hooks=[StopFromRank1(str(tmp_path), at_step=7)])
     est.fit(linear_df)
     assert est.progress.global_step == 7
     assert (tmp_path / "stopped0").read_text() == (tmp_path / "stopped1").read_text() == "7"
@@ -93,7 +89,7 @@ class StopAtEpochStartFromRank1(Hook):
 
 
 def test_a_stop_request_at_an_epoch_start_from_one_rank_stops_every_rank(spark, linear_df):
-    est = _estimator([StopAtEpochStartFromRank1()])
+    est = linear_estimator(hooks=[StopAtEpochStartFromRank1()])
     started = time.monotonic()
     est.fit(linear_df)  # rank 0 alone would train epoch 2 and wait for rank 1 in its all-reduce
     assert time.monotonic() - started < 60
@@ -116,7 +112,7 @@ class ZeroLoss(Hook):
 
 
 def test_a_zero_loss_from_before_backward_leaves_weights_unchanged(spark, linear_df, tmp_path):
-    _estimator([ZeroLoss(str(tmp_path))], maxEpochs=1).fit(linear_df)
+    linear_estimator(hooks=[ZeroLoss(str(tmp_path))], maxEpochs=1).fit(linear_df)
     for rank in (0, 1):
         np.testing.assert_array_equal(np.load(tmp_path / f"before{rank}.npy"), np.load(tmp_path / f"after{rank}.npy"))
 
@@ -150,7 +146,7 @@ class Accumulate(Hook):
 def test_a_train_step_override_is_used_and_learns(spark, linear_df, linear_data):
     _, _, w, _ = linear_data
     hook = Accumulate()
-    est = _estimator([hook], maxEpochs=6)
+    est = linear_estimator(hooks=[hook], maxEpochs=6)
     model = est.fit(linear_df)
     assert hook.calls == est.progress.global_step > 0
     np.testing.assert_allclose(model.torch_model().weight.detach().numpy().ravel(), w, atol=0.05)
@@ -167,7 +163,7 @@ class FailOnRank(Hook):
 
 def test_a_failing_hook_names_hook_stage_and_rank_and_loses_nothing(spark, linear_df):
     failing = FailOnRank()
-    est = _estimator({"flaky": failing})
+    est = linear_estimator(hooks={"flaky": failing})
     est.fit(linear_df, duration="1ep")
     checkpoint, progress = est.checkpoint, est.progress
 
@@ -188,7 +184,7 @@ def test_a_failing_hook_names_hook_stage_and_rank_and_loses_nothing(spark, linea
 
 def test_early_stopping_stops_and_stays_stopped(spark, linear_df):
     stopper = EarlyStopping(monitor="train_loss", patience=1, min_delta=10.0)
-    est = _estimator([stopper], maxEpochs=10)
+    est = linear_estimator(hooks=[stopper], maxEpochs=10)
     est.fit(linear_df)
     assert est.progress.epoch == 2 and stopper.stopped_epoch == 2
     est.fit(linear_df)  # the stopped run does not train on ...
@@ -216,7 +212,7 @@ class BestLoss(Hook):
 
 def test_a_hook_state_of_numpy_values_is_checkpointed_as_numbers_and_tensors(spark, linear_df):
     hook = BestLoss()
-    est = _estimator([hook], maxEpochs=2)
+    est = linear_estimator(hooks=[hook], maxEpochs=2)
     est.fit(linear_df, duration="1ep")
     est.fit(linear_df, duration="1ep")  # resumes the hook's state
 
@@ -243,10 +239,10 @@ class KeepsInState(Hook):
 def test_a_hook_state_a_checkpoint_cannot_store_is_refused_naming_hook_and_key(spark, linear_df, make):
     refusal = r"hook 'KeepsInState': state_dict\(\)\['kept'\] holds a .*torch.load\(weights_only=True\)"
     with pytest.raises(InvalidInputError, match=refusal):
-        _estimator([KeepsInState(make())])
+        linear_estimator(hooks=[KeepsInState(make())])
 
     hook = KeepsInState()  # storable when the estimator is built, not when it fits
-    est, jobs = _estimator([hook]), spark_jobs_started(spark)
+    est, jobs = linear_estimator(hooks=[hook]), spark_jobs_started(spark)
     hook.value = make()
     with pytest.raises(InvalidInputError, match=refusal):
         est.fit(linear_df)

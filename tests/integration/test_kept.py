@@ -23,7 +23,7 @@ import torch
 from spark_torch_est import TorchEstimator
 from spark_torch_est.ingest.kept_registry import frame_key
 from spark_torch_est.planning import input_schema_of, plan_frame
-from tests.helpers import CrashOnce
+from tests.helpers import CrashOnce, linear_estimator
 
 REUSED = "kept this DataFrame's rows"
 
@@ -36,11 +36,10 @@ def _write(path, rows: int, seed: int, name: str = "part-0.parquet") -> None:
                              "label": x.sum(1).astype(np.float64), "w": np.ones(rows)}), os.path.join(path, name))
 
 
-def _estimator(**params) -> TorchEstimator:
-    settings = dict(model=lambda config: torch.nn.Linear(4, 1),
-                    optimizer=lambda model, config: torch.optim.SGD(model.parameters(), lr=0.05),
-                    loss=torch.nn.MSELoss(), numWorkers=2, batchSize=32, maxEpochs=100, seed=1, showProgress=False)
-    return TorchEstimator(**{**settings, **params})
+#: This module's estimator: tests.helpers.linear_estimator with these settings.
+SETTINGS = dict(model=lambda config: torch.nn.Linear(4, 1),
+                optimizer=lambda model, config: torch.optim.SGD(model.parameters(), lr=0.05),
+                batchSize=32, maxEpochs=100, seed=1)
 
 
 def _key(estimator: TorchEstimator, df, workers: int | None = None) -> str | None:
@@ -62,7 +61,7 @@ def _kept(spark) -> list[str]:
 def test_the_key_changes_with_anything_that_changes_the_rows(spark, tmp_path):
     path = str(tmp_path / "t")
     _write(path, 200, seed=0)
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     df = spark.read.parquet(path)
     filtered = df.filter("label > 0")
     key = _key(est, filtered)
@@ -70,8 +69,8 @@ def test_the_key_changes_with_anything_that_changes_the_rows(spark, tmp_path):
         "the same plan over the same files"
     assert _key(est, df.filter("label > 1")) != key, "another filter"
     assert _key(est, filtered, workers=3) != key, "another numWorkers"
-    assert _key(_estimator(weightCol="w"), filtered) != key, "another column set"
-    assert _key(_estimator(labelCol="w"), filtered) != key, "another label"
+    assert _key(linear_estimator(SETTINGS, weightCol="w"), filtered) != key, "another column set"
+    assert _key(linear_estimator(SETTINGS, labelCol="w"), filtered) != key, "another label"
     _write(path, 50, seed=1, name="part-1.parquet")
     assert _key(est, spark.read.parquet(path).filter("label > 0")) != key, "new files"
     rewritten = _key(est, spark.read.parquet(path).filter("label > 0"))
@@ -104,13 +103,13 @@ def test_later_fits_train_on_kept_rows_bitwise_as_if_read_again(spark, tmp_path,
     _write(path, 600, seed=0)
     df = spark.read.parquet(path).filter("label > -100").cache()
     try:
-        kept = _estimator()
+        kept = linear_estimator(SETTINGS)
         with caplog.at_level(logging.INFO, logger="spark_torch_est.ingest.kept_registry"):
             kept.fit(df, duration="1ep")
             assert REUSED not in caplog.text and _kept(spark), "the first fit reads through Spark and keeps"
             kept.fit(df, duration="1ep")
             assert REUSED in caplog.text, "the second reads what was kept"
-        fresh = _estimator(keepIngestedMB=0)
+        fresh = linear_estimator(SETTINGS, keepIngestedMB=0)
         fresh.fit(df, duration="2ep")
         for a, b in zip(kept.checkpoint.model_state.values(), fresh.checkpoint.model_state.values()):
             assert torch.equal(a, b)
@@ -123,7 +122,7 @@ def test_a_recomputed_cache_is_read_again_and_the_old_rows_released(spark, tmp_p
     path = str(tmp_path / "t")
     _write(path, 300, seed=0)
     df = spark.read.parquet(path).cache()
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     est.fit(df, duration="1ep")
     before = _kept(spark)
     assert before
@@ -146,7 +145,7 @@ def test_rows_past_the_bound_are_not_kept_and_the_next_fit_reads_through_spark(s
     path = str(tmp_path / "t")
     _write(path, 300, seed=0)
     df = spark.read.parquet(path).filter("label > -50")
-    est = _estimator(keepIngestedMB=1e-6)  # about one byte
+    est = linear_estimator(SETTINGS, keepIngestedMB=1e-6)  # about one byte
     est.fit(df, duration="1ep")
     with caplog.at_level(logging.INFO, logger="spark_torch_est.ingest.kept_registry"):
         est.fit(df, duration="1ep")
@@ -159,7 +158,7 @@ def test_an_unpersisted_dataframes_rows_are_released_without_another_fit(spark, 
     path = str(tmp_path / "t")
     _write(path, 300, seed=0)
     df = spark.read.parquet(path).filter("label > -100").cache()
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     est.fit(df, duration="1ep")
     folder = os.path.join(_local_dir(spark), "spark_torch_est-kept", _key(est, df))
     assert os.path.isdir(folder) and os.listdir(folder)
@@ -179,10 +178,11 @@ def test_a_relaunch_trains_on_the_rows_the_failed_job_kept_bitwise(spark, tmp_pa
     _write(path, 600, seed=0)
     df = spark.read.parquet(path).filter("label > -100").cache()
     try:
-        clean = _estimator(keepIngestedMB=0, maxEpochs=3)
+        clean = linear_estimator(SETTINGS, keepIngestedMB=0, maxEpochs=3)
         clean.fit(df)
-        crashing = _estimator(maxEpochs=3, hooks=[CrashOnce(str(tmp_path / "crashed"), epoch=1, batch=2)],
-                              checkpointDir=str(tmp_path / "ckpt"), maxRetries=1)
+        crash = CrashOnce(str(tmp_path / "crashed"), epoch=1, batch=2)
+        crashing = linear_estimator(SETTINGS, maxEpochs=3, hooks=[crash], checkpointDir=str(tmp_path / "ckpt"),
+                                    maxRetries=1)
         with caplog.at_level(logging.INFO, logger="spark_torch_est"):
             crashing.fit(df)
         assert (tmp_path / "crashed").exists()

@@ -19,7 +19,7 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 from spark_torch_est import CSVLogger, Hook, Logger, MLflowLogger, TensorBoardLogger, TorchEstimator
 from spark_torch_est.errors import TrainingFailedError
 from spark_torch_est.loggers.mlflow_logger import RUN_ID_TAG
-from tests.helpers import linear_model, sgd
+from tests.helpers import linear_estimator
 
 pytestmark = pytest.mark.spark
 
@@ -35,11 +35,8 @@ class FailAtEpoch(Hook):
             raise RuntimeError("injected failure")
 
 
-def _estimator(**params) -> TorchEstimator:
-    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), config={"lr": 0.05},
-                    batchSize=64, maxEpochs=2, numWorkers=2, seed=5, showProgress=False)
-    settings.update(params)
-    return TorchEstimator(**settings)
+#: This module's estimator: tests.helpers.linear_estimator with these settings.
+SETTINGS = {"config": {"lr": 0.05}, "maxEpochs": 2, "seed": 5}
 
 
 def _metric(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -51,7 +48,8 @@ def test_one_mlflow_run_follows_the_estimator_run_through_fits_and_a_failure(
         spark, linear_df, linear_data, store, monkeypatch):
     uri, client, experiment_id = store
     failing = FailAtEpoch()
-    est = _estimator(maxEpochs=4, hooks=[failing], loggers=[MLflowLogger(tracking_uri=uri, experiment_name="tests")])
+    est = linear_estimator(SETTINGS, maxEpochs=4, hooks=[failing],
+                           loggers=[MLflowLogger(tracking_uri=uri, experiment_name="tests")])
 
     est.fit(linear_df, duration="2ep")
     (run,) = client.search_runs([experiment_id])
@@ -104,7 +102,7 @@ def test_reset_copy_and_crossvalidator_fits_start_new_runs_and_a_loaded_estimato
     uri, client, experiment_id = store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # loggers without a URI log where MLflow is set up
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tests")
-    est = _estimator(maxEpochs=1, loggers=[MLflowLogger(log_model=False)])
+    est = linear_estimator(SETTINGS, maxEpochs=1, loggers=[MLflowLogger(log_model=False)])
 
     est.fit(linear_df)
     (first,) = client.search_runs([experiment_id])
@@ -150,7 +148,7 @@ def test_tensorboard_and_csv_record_the_run_while_a_broken_logger_changes_nothin
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tensorboard, csv_logger = TensorBoardLogger(str(tmp_path / "tb")), CSVLogger(str(tmp_path / "csv"))
-    est = _estimator(loggers=[Unshippable(), tensorboard, csv_logger])
+    est = linear_estimator(SETTINGS, loggers=[Unshippable(), tensorboard, csv_logger])
     with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
         est.fit(linear_df, duration="1ep")
         est.fit(linear_df)
@@ -170,15 +168,15 @@ def test_tensorboard_and_csv_record_the_run_while_a_broken_logger_changes_nothin
 
 
 def test_loggers_are_saved_with_the_estimator_also_inside_a_pipeline(spark, tmp_path):
-    est = _estimator(loggers=[MLflowLogger(tracking_uri="sqlite:///x.db", experiment_name="e", log_model=False),
-                              CSVLogger("somewhere")])
+    est = linear_estimator(SETTINGS, loggers=[MLflowLogger(tracking_uri="sqlite:///x.db", experiment_name="e",
+                                                        log_model=False), CSVLogger("somewhere")])
     Pipeline(stages=[est]).write().overwrite().save(str(tmp_path / "pipeline"))
     loaded = Pipeline.load(str(tmp_path / "pipeline")).getStages()[0]
     mlflow_logger, csv_logger = loaded.loggers
     assert (mlflow_logger.tracking_uri, mlflow_logger.experiment_name, mlflow_logger.log_model) == (
         "sqlite:///x.db", "e", False)
     assert csv_logger.log_dir == "somewhere"
-    _estimator().write().overwrite().save(str(tmp_path / "plain"))
+    linear_estimator(SETTINGS).write().overwrite().save(str(tmp_path / "plain"))
     assert TorchEstimator.load(str(tmp_path / "plain")).loggers == []
 
 
@@ -218,7 +216,7 @@ def test_stuck_loggers_and_an_unreachable_mlflow_server_are_abandoned_and_fit_re
     stuck = [Stuck("on_fit_start"), Stuck("on_step"), Stuck("on_fit_end")]
     down = MLflowLogger(tracking_uri=f"http://127.0.0.1:{_closed_port()}", log_model=False)
     down.event_timeout_s = 60.0  # MLflow's own retries must end well before
-    est = _estimator(loggers=[*stuck, down])
+    est = linear_estimator(SETTINGS, loggers=[*stuck, down])
     with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
         model = est.fit(linear_df, duration="1ep")
     blocked = [not logger.release.is_set() for logger in stuck]
@@ -260,7 +258,7 @@ class LockedOnce(MLflowLogger):
 @pytest.mark.parametrize("event", ["on_fit_start", "on_epoch_end"])
 def test_mlflow_keeps_every_epoch_when_the_store_refuses_a_call(spark, linear_df, store, event):
     uri, client, experiment_id = store
-    est = _estimator(maxEpochs=3, loggers=[LockedOnce(event, tracking_uri=uri, experiment_name="tests",
+    est = linear_estimator(SETTINGS, maxEpochs=3, loggers=[LockedOnce(event, tracking_uri=uri, experiment_name="tests",
                                                       log_model=False)])
     est.fit(linear_df)
     (run,) = client.search_runs([experiment_id])

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from spark_torch_est import EarlyStopping, TorchEstimator, TorchModel
 from spark_torch_est.errors import InvalidInputError
-from tests.helpers import linear_model, mlp, sgd
+from tests.helpers import linear_estimator, mlp
 
 pytestmark = pytest.mark.spark
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -32,23 +32,14 @@ def _mae(outputs, labels):
     return (outputs - labels).abs().mean()
 
 
-def _estimator(**params) -> TorchEstimator:
-    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64, maxEpochs=3,
-                    numWorkers=2, showProgress=False)
-    settings.update(params)
-    return TorchEstimator(**settings)
-
-
-@pytest.fixture(scope="module")
-def wide_df(spark, linear_df):
-    columns = [F.col("features")[i].alias(f"f{i}") for i in range(8)]
-    return linear_df.select(F.monotonically_increasing_id().alias("id"), *columns, "label")
+#: This module's estimator: tests.helpers.linear_estimator with these settings.
+SETTINGS = {"maxEpochs": 3}
 
 
 @pytest.mark.compat
 def test_pipeline_fit_save_and_load_in_a_fresh_process(spark, wide_df, tmp_path):
     assembler = VectorAssembler(inputCols=[f"f{i}" for i in range(8)], outputCol="features")
-    pipeline = Pipeline(stages=[assembler, _estimator()])
+    pipeline = Pipeline(stages=[assembler, linear_estimator(SETTINGS)])
     model = pipeline.fit(wide_df)
     expected = {r.id: r.prediction for r in model.transform(wide_df).select("id", "prediction").collect()}
 
@@ -65,7 +56,7 @@ def test_pipeline_fit_save_and_load_in_a_fresh_process(spark, wide_df, tmp_path)
 
 
 def test_a_saved_estimator_carries_its_run(spark, linear_df, tmp_path):
-    est = _estimator(config={"lr": 0.02})
+    est = linear_estimator(SETTINGS, config={"lr": 0.02})
     est.fit(linear_df, duration="1ep")
     est.save(str(tmp_path / "est"))
     loaded = TorchEstimator.load(str(tmp_path / "est"))
@@ -75,14 +66,14 @@ def test_a_saved_estimator_carries_its_run(spark, linear_df, tmp_path):
 
 
 def test_a_directory_without_the_torch_files_is_refused_by_name(spark, tmp_path):
-    _estimator().save(str(tmp_path / "est"))
+    linear_estimator(SETTINGS).save(str(tmp_path / "est"))
     shutil.rmtree(tmp_path / "est" / "torch")
     with pytest.raises(InvalidInputError, match="has Params but no torch/creators.pkl"):
         TorchEstimator.load(str(tmp_path / "est"))
 
 
 def test_cross_validator_picks_the_better_batch_size_and_leaves_the_estimator_alone(spark, linear_df):
-    est = _estimator(maxEpochs=1, config={"lr": 0.01})
+    est = linear_estimator(SETTINGS, maxEpochs=1, config={"lr": 0.01})
     grid = ParamGridBuilder().addGrid(est.batchSize, [512, 16]).build()
     evaluator = RegressionEvaluator(labelCol="label", predictionCol="prediction", metricName="rmse")
     cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=3)
@@ -100,7 +91,7 @@ def test_cross_validator_picks_the_better_batch_size_and_leaves_the_estimator_al
 
 def test_config_is_tuned_by_cross_validator_and_train_validation_split_and_saves_with_them(spark, linear_df,
                                                                                            tmp_path):
-    est = _estimator(maxEpochs=1, config={"lr": 0.05})
+    est = linear_estimator(SETTINGS, maxEpochs=1, config={"lr": 0.05})
     grid = ParamGridBuilder().addGrid(est.getParam("config"), [{"lr": 0.0}, {"lr": 0.05}]).build()
     evaluator = RegressionEvaluator(labelCol="label", predictionCol="prediction", metricName="rmse")
     cv_model = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2,
@@ -122,7 +113,7 @@ def test_config_is_tuned_by_cross_validator_and_train_validation_split_and_saves
 @pytest.mark.compat
 def test_validation_loss_and_metrics_are_exact_over_all_validation_rows(spark, linear_df):
     df = linear_df.withColumn("is_val", F.rand(seed=4) < 0.25)
-    est = _estimator(model=mlp, validationIndicatorCol="is_val", maxEpochs=2,
+    est = linear_estimator(SETTINGS, model=mlp, validationIndicatorCol="is_val", maxEpochs=2,
                      metrics={"mae": _mae, "tm_mae": torchmetrics.MeanAbsoluteError()},
                      hooks=[EarlyStopping(monitor="val_mae", patience=5)])
     model = est.fit(df)

@@ -10,32 +10,21 @@ import torch
 
 from spark_torch_est import Checkpoint, Logger, SetHyperparameters, TorchEstimator, TorchModel
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, TrainingCompleteError
-from tests.helpers import estimator, linear_estimator, sgd, spark_jobs_started
+from tests.helpers import estimator, flat_weights, linear_estimator, sgd, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
 
-def _estimator(**params) -> TorchEstimator:
-    return estimator(**params)
-
-
-def _weights(source) -> dict[str, torch.Tensor]:
-    checkpoint = source.checkpoint
-    return checkpoint.model_state
-
-
 def _assert_same_weights(a, b) -> None:
-    wa, wb = _weights(a), _weights(b)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        assert torch.equal(wa[key], wb[key]), key
+    assert a.checkpoint.model_state.keys() == b.checkpoint.model_state.keys()
+    np.testing.assert_array_equal(flat_weights(a), flat_weights(b))
 
 
 @pytest.mark.compat
 def test_two_plus_two_epochs_is_bitwise_four(spark, linear_df):
-    whole = _estimator()
+    whole = estimator()
     whole.fit(linear_df, duration="4ep")
-    split = _estimator()
+    split = estimator()
     split.fit(linear_df, duration="2ep")
     split.fit(linear_df, duration="2ep")
     _assert_same_weights(whole, split)
@@ -47,9 +36,9 @@ def test_two_plus_two_epochs_is_bitwise_four(spark, linear_df):
 
 @pytest.mark.compat
 def test_batch_durations_ending_mid_epoch_resume_exactly(spark, linear_df):
-    whole = _estimator(maxEpochs=2)
+    whole = estimator(maxEpochs=2)
     whole.fit(linear_df)
-    split = _estimator(maxEpochs=2)
+    split = estimator(maxEpochs=2)
     split.fit(linear_df, duration="5ba")
     assert split.progress.global_step == 5 and split.progress.batch_in_epoch == 5
     split.fit(linear_df, duration="10ba")
@@ -59,7 +48,7 @@ def test_batch_durations_ending_mid_epoch_resume_exactly(spark, linear_df):
 
 
 def test_durations_cap_at_max_epochs_and_a_complete_run_refuses_before_any_job(spark, linear_df):
-    est = _estimator(maxEpochs=3)
+    est = estimator(maxEpochs=3)
     est.fit(linear_df, duration="2ep")
     est.fit(linear_df, duration="5ep")
     assert est.progress.epoch == 3 and len(est.history) == 3
@@ -73,7 +62,7 @@ def test_durations_cap_at_max_epochs_and_a_complete_run_refuses_before_any_job(s
 
 
 def test_reset_and_copy_start_new_runs(spark, linear_df):
-    est = _estimator(maxEpochs=1)
+    est = estimator(maxEpochs=1)
     est.fit(linear_df)
     first = est.checkpoint
     copied = est.copy()
@@ -88,20 +77,20 @@ def test_reset_and_copy_start_new_runs(spark, linear_df):
 
 
 @pytest.mark.compat
-def test_resume_from_a_saved_model_in_a_fresh_estimator(spark, linear_df, tmp_path):
-    whole = _estimator(maxEpochs=3)
+def test_resume_from_a_saved_model_in_a_freshestimator(spark, linear_df, tmp_path):
+    whole = estimator(maxEpochs=3)
     whole.fit(linear_df)
-    first = _estimator(maxEpochs=3)
+    first = estimator(maxEpochs=3)
     model = first.fit(linear_df, duration="1ep")
     model.save(str(tmp_path / "model"))
 
-    fresh = _estimator(maxEpochs=3)
+    fresh = estimator(maxEpochs=3)
     fresh.fit(linear_df, resume_from=TorchModel.load(str(tmp_path / "model")))
     _assert_same_weights(whole, fresh)
     assert fresh.progress == whole.progress
 
     model.checkpoint.save(str(tmp_path / "ckpt.pt"))
-    from_path = _estimator(maxEpochs=3)
+    from_path = estimator(maxEpochs=3)
     from_path.fit(linear_df, resume_from=str(tmp_path / "ckpt.pt"))
     _assert_same_weights(whole, from_path)
 
@@ -110,14 +99,14 @@ def test_two_continuations_of_one_saved_model_into_one_folder_do_not_overwrite_e
     from pyspark.sql import functions as F
 
     folder = tmp_path / "ckpt"
-    _estimator(maxEpochs=3, checkpointDir=str(folder)).fit(linear_df, duration="1ep").save(str(tmp_path / "model"))
+    estimator(maxEpochs=3, checkpointDir=str(folder)).fit(linear_df, duration="1ep").save(str(tmp_path / "model"))
     saved = TorchModel.load(str(tmp_path / "model")).checkpoint
-    first = _estimator(maxEpochs=3, checkpointDir=str(folder))
+    first = estimator(maxEpochs=3, checkpointDir=str(folder))
     first.fit(linear_df, resume_from=TorchModel.load(str(tmp_path / "model")), duration="1ep")
     written = {p.name: p.read_bytes() for p in folder.glob("ckpt-*.pt")}
-    second = _estimator(maxEpochs=3, checkpointDir=str(folder))
-    second.fit(linear_df.withColumn("label", F.col("label") * 2.0), resume_from=TorchModel.load(str(tmp_path / "model")),
-               duration="1ep")
+    second = estimator(maxEpochs=3, checkpointDir=str(folder))
+    second.fit(linear_df.withColumn("label", F.col("label") * 2.0),
+               resume_from=TorchModel.load(str(tmp_path / "model")), duration="1ep")
     assert {name: (folder / name).read_bytes() for name in written} == written  # the first one's files, untouched
     runs = {saved.run_id, first.checkpoint.run_id, second.checkpoint.run_id}
     assert len(runs) == 3  # two branches of the saved run, each with its own files
@@ -132,7 +121,7 @@ def test_two_continuations_of_one_saved_model_into_one_folder_do_not_overwrite_e
 
 
 def test_a_fit_from_an_earlier_point_of_its_own_run_branches_and_from_its_newest_continues(spark, linear_df):
-    est = _estimator(maxEpochs=3)
+    est = estimator(maxEpochs=3)
     earlier = est.fit(linear_df, duration="1ep")
     run = est.checkpoint.run_id
     est.fit(linear_df, resume_from=est.checkpoint, duration="1ep")  # its newest point: the same run
@@ -143,9 +132,9 @@ def test_a_fit_from_an_earlier_point_of_its_own_run_branches_and_from_its_newest
 
 
 def test_resume_into_a_different_model_names_the_parameters(spark, linear_df):
-    est = _estimator(maxEpochs=2)
+    est = estimator(maxEpochs=2)
     est.fit(linear_df, duration="1ep")
-    other = _estimator(maxEpochs=2, config={"width": 32})
+    other = estimator(maxEpochs=2, config={"width": 32})
     jobs = spark_jobs_started(spark)
     with pytest.raises(IncompatibleCheckpointError, match=r"0.weight \[16, 8\] -> \[32, 8\]"):
         other.fit(linear_df, resume_from=est.checkpoint)
@@ -157,7 +146,7 @@ def test_fine_tune_on_new_data_with_a_new_learning_rate(spark, linear_df):
     from pyspark.sql import functions as F
 
     tune = SetHyperparameters()
-    est = _estimator(maxEpochs=3, scheduler=None, optimizer=sgd, config={"lr": 0.05}, hooks=[tune])
+    est = estimator(maxEpochs=3, scheduler=None, optimizer=sgd, config={"lr": 0.05}, hooks=[tune])
     est.fit(linear_df, duration="1ep")
     shifted = linear_df.withColumn("label", F.col("label") + 1.0)
 
@@ -176,7 +165,7 @@ def test_fine_tune_on_new_data_with_a_new_learning_rate(spark, linear_df):
 
 def test_periodic_checkpoints_are_written_atomically_with_a_latest_pointer(spark, linear_df, tmp_path):
     directory = tmp_path / "ckpts"
-    est = _estimator(maxEpochs=4, checkpointDir=str(directory), checkpointInterval="1ep")
+    est = estimator(maxEpochs=4, checkpointDir=str(directory), checkpointInterval="1ep")
     est.fit(linear_df)
     per_epoch = est.progress.global_step // 4
     names = sorted(p.name for p in directory.iterdir())
@@ -184,7 +173,7 @@ def test_periodic_checkpoints_are_written_atomically_with_a_latest_pointer(spark
     assert names == [f"ckpt-{run}-ep{e:06d}-ba{e * per_epoch:012d}.pt" for e in (2, 3, 4)] + ["latest"]
     latest = Checkpoint.load(str(directory / (directory / "latest").read_text()))
     assert latest.progress == est.progress
-    resumed = _estimator(maxEpochs=5)
+    resumed = estimator(maxEpochs=5)
     resumed.fit(linear_df, resume_from=str(directory))  # a directory: where its `latest` points
     assert resumed.progress.epoch == 5 and resumed.history[:4] == est.history
 
@@ -193,9 +182,9 @@ def test_exact_resume_also_when_the_input_is_reshuffled_into_ranks(spark, linear
     x, y, _, _ = linear_data
     rows = spark.sparkContext.parallelize([(r.tolist(), float(t)) for r, t in zip(x, y)], 3)
     df = spark.createDataFrame(rows, "features array<double>, label double")  # 3 partitions -> 2 ranks
-    whole = _estimator(maxEpochs=2)
+    whole = estimator(maxEpochs=2)
     whole.fit(df)
-    split = _estimator(maxEpochs=2)
+    split = estimator(maxEpochs=2)
     split.fit(df, duration="1ep")
     split.fit(df)
     _assert_same_weights(whole, split)
@@ -208,13 +197,13 @@ def _lazy_model(config):
 def test_a_lazy_model_continues_its_run_and_resumes_exactly(spark, linear_df):
     """Lazy modules take their shapes at the first forward: a second fit and resume_from
     load the state into an uninitialized model."""
-    whole = _estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
+    whole = estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
     whole.fit(linear_df)
-    split = _estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
+    split = estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
     first = split.fit(linear_df, duration="1ep")
     split.fit(linear_df)
     _assert_same_weights(whole, split)
-    resumed = _estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
+    resumed = estimator(model=_lazy_model, scheduler=None, maxEpochs=2)
     resumed.fit(linear_df, resume_from=first)
     _assert_same_weights(whole, resumed)
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from spark_torch_est import TorchEstimator, TorchModel
-from tests.helpers import linear_model, sgd, spark_jobs_started
+from spark_torch_est import TorchModel
+from tests.helpers import linear_estimator, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -16,16 +15,13 @@ def small_df(linear_df):
     return linear_df.limit(400).cache()
 
 
-def _estimator(**params) -> TorchEstimator:
-    settings = dict(model=linear_model, optimizer=sgd, loss=torch.nn.MSELoss(), batchSize=64, maxEpochs=3,
-                    numWorkers=2, showProgress=False)
-    settings.update(params)
-    return TorchEstimator(**settings)
+#: This module's estimator: tests.helpers.linear_estimator with these settings.
+SETTINGS = {"maxEpochs": 3}
 
 
 @pytest.mark.parametrize("params", ["", "maxEpochs=1", 3, {1, 2}])
 def test_anything_but_a_dict_or_a_list_is_a_type_error_before_any_job(spark, small_df, params):
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     jobs = spark_jobs_started(spark)
     with pytest.raises(TypeError, match="Params must be either a param map or a list/tuple of param maps"):
         est.fit(small_df, params)
@@ -34,7 +30,7 @@ def test_anything_but_a_dict_or_a_list_is_a_type_error_before_any_job(spark, sma
 
 @pytest.mark.parametrize("params", [[], ()])
 def test_an_empty_list_of_param_maps_trains_nothing(spark, small_df, params):
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     jobs = spark_jobs_started(spark)
     assert est.fit(small_df, params) == []
     assert est.fit(small_df, params, duration="1ep") == []
@@ -42,7 +38,7 @@ def test_an_empty_list_of_param_maps_trains_nothing(spark, small_df, params):
 
 
 def test_a_param_map_trains_a_copy_and_leaves_the_run_alone(small_df):
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     est.fit(small_df, {}, duration="1ep")  # an empty map is a plain fit: it continues this run
     assert est.progress.epoch == 1
     model = est.fit(small_df, {est.maxEpochs: 1, est.batchSize: 32})  # this run is at maxEpochs=1 already
@@ -51,7 +47,7 @@ def test_a_param_map_trains_a_copy_and_leaves_the_run_alone(small_df):
 
 
 def test_a_list_of_param_maps_returns_one_new_run_per_map(small_df):
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     est.fit(small_df, duration="1ep")
     models = est.fit(small_df, [{est.maxEpochs: 1}, {est.maxEpochs: 2, est.predictionCol: "p"}])
     assert [type(m) for m in models] == [TorchModel, TorchModel]
@@ -61,7 +57,7 @@ def test_a_list_of_param_maps_returns_one_new_run_per_map(small_df):
 
 
 def test_duration_and_resume_from_apply_to_each_param_map(small_df):
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     start = est.fit(small_df, duration="1ep")
     models = est.fit(small_df, ({est.batchSize: 32}, {est.batchSize: 128}), duration="1ep", resume_from=start)
     assert [m.checkpoint.progress.epoch for m in models] == [2, 2]  # resumed at epoch 1, not restarted
@@ -73,7 +69,7 @@ def test_duration_and_resume_from_apply_to_each_param_map(small_df):
 def test_a_param_map_with_a_duration_warns_that_each_call_is_a_new_run_and_how_to_continue(small_df):
     """The pyspark.ml way, ``fit(df, {config: cfg}, duration="1ep")`` in an epoch loop, trains
     epoch 1 again and again: it says so, and names the way that continues."""
-    est = _estimator()
+    est = linear_estimator(SETTINGS)
     with pytest.warns(UserWarning, match=r"a new run each call.*est.copy\(params\).*fit\(df, duration=...\) on that"):
         first = est.fit(small_df, {est.batchSize: 32}, duration="1ep")
     assert first.history[-1]["epoch"] == 1

@@ -10,23 +10,23 @@ import time
 import pytest
 import torch
 
-from spark_torch_est import Hook, TorchEstimator
+from spark_torch_est import Hook
 from spark_torch_est.errors import TrainingFailedError
 from tests.helpers import CrashOnce, estimator
 
 pytestmark = pytest.mark.spark
 
 
-def _estimator(**params) -> TorchEstimator:
-    return estimator(**{"seed": 5, **params})
+#: This module's estimator: tests.helpers.estimator with these settings.
+SETTINGS = {"seed": 5}
 
 
 
 
 def test_a_crashed_rank_is_relaunched_from_the_newest_checkpoint(spark, linear_df, tmp_path, caplog):
-    clean = _estimator()
+    clean = estimator(SETTINGS)
     clean.fit(linear_df)
-    crashing = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], checkpointDir=str(tmp_path / "ckpt"),
+    crashing = estimator(SETTINGS, hooks=[CrashOnce(str(tmp_path / "crashed"))], checkpointDir=str(tmp_path / "ckpt"),
                           maxRetries=1)
     with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
         crashing.fit(linear_df)
@@ -42,7 +42,8 @@ def test_a_crashed_rank_is_relaunched_from_the_newest_checkpoint(spark, linear_d
 
 def test_without_retries_a_crash_fails_keeps_the_run_and_names_the_checkpoint_to_continue_from(
         spark, linear_df, tmp_path):
-    est = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], maxRetries=0, checkpointDir=str(tmp_path / "ck"))
+    est = estimator(SETTINGS, hooks=[CrashOnce(str(tmp_path / "crashed"))], maxRetries=0,
+                    checkpointDir=str(tmp_path / "ck"))
     est.fit(linear_df, duration="1ep")
     before = est.checkpoint
     with pytest.raises(TrainingFailedError) as error:
@@ -63,14 +64,14 @@ class HangOnRank1(Hook):
 
 
 def test_a_hung_rank_fails_within_the_timeout(spark, linear_df):
-    est = _estimator(hooks=[HangOnRank1()], timeout=10.0, maxRetries=0)
+    est = estimator(SETTINGS, hooks=[HangOnRank1()], timeout=10.0, maxRetries=0)
     started = time.monotonic()
     with pytest.raises(TrainingFailedError) as error:
         est.fit(linear_df)
     elapsed = time.monotonic() - started
     assert elapsed < 60, elapsed
     assert error.value.rank == 0 and error.value.retryable
-    est2 = _estimator(maxEpochs=1)
+    est2 = estimator(SETTINGS, maxEpochs=1)
     est2.fit(linear_df)  # the session is fine afterwards
     assert est2.progress.epoch == 1
 
@@ -98,7 +99,7 @@ def test_progress_streams_to_the_driver_while_the_fit_runs(spark, linear_df):
     old_level = progress_logger.level
     progress_logger.setLevel(logging.DEBUG)
     try:
-        est = _estimator(batchSize=8, maxEpochs=3, hooks=[Steady()])
+        est = estimator(SETTINGS, batchSize=8, maxEpochs=3, hooks=[Steady()])
         est.fit(linear_df)
         returned = time.monotonic()
     finally:
@@ -121,7 +122,7 @@ class WarnOnRank1(Hook):
 
 def test_worker_warnings_reach_the_driver_with_their_rank(spark, linear_df, caplog):
     with caplog.at_level(logging.WARNING, logger="spark_torch_est.cluster.worker"):
-        _estimator(hooks=[WarnOnRank1()], maxEpochs=1).fit(linear_df)
+        estimator(SETTINGS, hooks=[WarnOnRank1()], maxEpochs=1).fit(linear_df)
     assert any(r.getMessage() == "[rank 1] user.code: rank one says hello" for r in caplog.records)
 
 
@@ -144,7 +145,7 @@ def _batch_norm_mlp(config):
 
 
 def test_a_peer_dying_while_the_survivor_is_in_forward_is_relaunched(spark, linear_df, tmp_path, caplog):
-    est = _estimator(model=_batch_norm_mlp, hooks=[ExitBeforeForward(str(tmp_path / "exited"))], maxEpochs=2,
+    est = estimator(SETTINGS, model=_batch_norm_mlp, hooks=[ExitBeforeForward(str(tmp_path / "exited"))], maxEpochs=2,
                      maxRetries=1)
     with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
         est.fit(linear_df)
@@ -153,7 +154,7 @@ def test_a_peer_dying_while_the_survivor_is_in_forward_is_relaunched(spark, line
 
 
 def test_a_loss_that_is_not_one_value_is_not_relaunched(spark, linear_df, caplog):
-    est = _estimator(loss=lambda outputs, labels: (outputs - labels) ** 2, maxRetries=1)
+    est = estimator(SETTINGS, loss=lambda outputs, labels: (outputs - labels) ** 2, maxRetries=1)
     with caplog.at_level(logging.INFO, logger="spark_torch_est"), pytest.raises(TrainingFailedError) as error:
         est.fit(linear_df)
     assert not error.value.retryable and "holding one value" in str(error.value)

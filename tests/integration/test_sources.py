@@ -17,7 +17,7 @@ from spark_torch_est import Hook, TorchModel
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.frames import frame_outputs, input_schema
 from spark_torch_est.ingest.parquet_plan import parquet_source
-from tests.helpers import CrashOnce, estimator, linear_estimator, tasks_read_files
+from tests.helpers import CrashOnce, SeenRows, estimator, linear_estimator, seen_rows, tasks_read_files
 
 pytestmark = pytest.mark.spark
 
@@ -59,24 +59,12 @@ def test_only_a_plain_scan_of_parquet_files_is_read_directly(spark, table, tmp_p
     assert _source(spark.read.parquet(str(tmp_path / "partitioned"))) is None
 
 
-class SeenRows(Hook):
-    """Appends the ids of the rows each rank trains on to ``<directory>/epoch<e>-rank<r>-<pid>``."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-
-    def after_train_iter(self, inputs, rank, epoch):
-        with open(os.path.join(self.directory, f"epoch{epoch}-rank{rank}-{os.getpid()}"), "a") as out:
-            out.write("".join(f"{int(v)}\n" for v in inputs[0].tolist()))
-
-
 def test_typed_columns_from_the_files_every_row_once_per_epoch(spark, table, tmp_path):
     df = spark.read.parquet(table)
     model = estimator(model=lambda c: _IdAndVector(), optimizer=_sgd, inputCols=["id", "vec"], maxEpochs=2,
-                      hooks=[SeenRows(str(tmp_path))]).fit(df)
+                      hooks=[SeenRows(str(tmp_path), first_input=True)]).fit(df)
     for epoch in (0, 1):
-        seen = sorted(int(line) for path in tmp_path.glob(f"epoch{epoch}-*") for line in path.read_text().split())
-        assert seen == list(range(3000)), "ids read as exact int64, every row once"
+        assert seen_rows(tmp_path, epoch) == list(range(3000)), "ids read as exact int64, every row once"
     scored = model.transform(df).select("label", "prediction").toPandas()
     assert float(((scored["label"] - scored["prediction"]) ** 2).mean()) < 0.5
 

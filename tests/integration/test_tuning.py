@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator, RegressionEvaluator
@@ -14,7 +15,7 @@ from pyspark.sql import functions as F
 from spark_torch_est import Logger
 from spark_torch_est.errors import InvalidInputError, TrainingFailedError
 from spark_torch_est.tuning import SuccessiveHalving, SuccessiveHalvingModel, param_map_name
-from tests.helpers import linear_estimator, mlp, spark_jobs_started
+from tests.helpers import flat_weights, linear_estimator, mlp, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -42,10 +43,6 @@ def _tuner(est, grid, **params) -> SuccessiveHalving:
     return SuccessiveHalving(**settings)
 
 
-def _weights(model) -> list[torch.Tensor]:
-    return list(model.torch_model().state_dict().values())
-
-
 def test_survivors_continue_their_runs_and_the_winner_is_a_straight_fit_of_its_map(spark, split_df):
     EpochsSeen.seen = []
     est = linear_estimator(model=mlp, maxEpochs=4, seed=3, validationIndicatorCol="is_val", loggers=[EpochsSeen()])
@@ -65,7 +62,7 @@ def test_survivors_continue_their_runs_and_the_winner_is_a_straight_fit_of_its_m
 
     straight = est.copy(grid[2]).fit(split_df)
     assert straight.history == tuned.bestModel.history
-    assert all(torch.equal(a, b) for a, b in zip(_weights(straight), _weights(tuned.bestModel)))
+    np.testing.assert_array_equal(flat_weights(straight), flat_weights(tuned.bestModel))
     assert tuned.bestModel.checkpoint.progress == straight.checkpoint.progress
 
 
@@ -89,7 +86,7 @@ def test_parallelism_gives_the_same_decisions_and_the_split_is_seeded(spark, lin
     two = _tuner(est, grid, parallelism=2, seed=7, trainRatio=0.7).fit(linear_df)
     assert one.rungs == two.rungs and one.validationMetrics == two.validationMetrics
     assert [r["index"] for r in one.rungs if r["kept"] and r["rung"] == 1] == [1]
-    assert all(torch.equal(a, b) for a, b in zip(_weights(one.bestModel), _weights(two.bestModel)))
+    np.testing.assert_array_equal(flat_weights(one.bestModel), flat_weights(two.bestModel))
 
 
 def test_maps_may_vary_batch_size_workers_and_max_epochs_and_the_model_saves(spark, split_df, tmp_path):

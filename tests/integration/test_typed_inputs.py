@@ -19,7 +19,7 @@ from torch import nn
 
 from spark_torch_est import Hook, TorchEstimator, TorchModel
 from spark_torch_est.errors import InputDataError, InvalidInputError, TrainingFailedError
-from tests.helpers import CrashOnce, spark_jobs_started, tasks_read_files
+from tests.helpers import CrashOnce, linear_estimator, spark_jobs_started, tasks_read_files
 
 pytestmark = pytest.mark.spark
 
@@ -91,16 +91,13 @@ def _adam(model, config):
     return torch.optim.Adam(model.parameters(), lr=config.get("lr", 0.03))
 
 
-def _estimator(**params) -> TorchEstimator:
-    settings = dict(model=lambda c: Wide(), optimizer=_adam, loss=nn.MSELoss(), inputCols=INPUTS,
-                    inputShapes={"img": [1, 4, 4]}, paddingValue=PADDING, labelCol="label", batchSize=64,
-                    maxEpochs=4, numWorkers=2, seed=3, showProgress=False)
-    settings.update(params)
-    return TorchEstimator(**settings)
+#: This module's estimator: tests.helpers.linear_estimator with these settings.
+SETTINGS = dict(model=lambda c: Wide(), optimizer=_adam, inputCols=INPUTS, inputShapes={"img": [1, 4, 4]},
+                paddingValue=PADDING, labelCol="label", seed=3)
 
 
 @pytest.fixture(scope="module")
-def wide_df(spark):
+def typed_df(spark):
     """The table in two partitions: the first full, the second mostly filtered away, so the
     ranks must even out their rows (every column type moves between them)."""
     df = spark.createDataFrame(_rows(), SCHEMA)
@@ -112,29 +109,30 @@ def _weights(source) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.compat
-def test_every_column_type_trains_transforms_and_evaluates(spark, wide_df):
-    est = _estimator(validationIndicatorCol="is_val", memoryBudgetMB=0.01, maxEpochs=15)  # every input spills
-    model = est.fit(wide_df)
-    scored = model.transform(wide_df).select("label", "prediction").toPandas()
+def test_every_column_type_trains_transforms_and_evaluates(spark, typed_df):
+    est = linear_estimator(SETTINGS, validationIndicatorCol="is_val", memoryBudgetMB=0.01,  # every input spills
+                           maxEpochs=15)
+    model = est.fit(typed_df)
+    scored = model.transform(typed_df).select("label", "prediction").toPandas()
     rmse = float(np.sqrt(((scored["label"] - scored["prediction"]) ** 2).mean()))
     assert rmse < 0.2 * float(scored["label"].std()), rmse  # ids' parity learned: they stayed exact
     assert "val_loss" in est.history[-1]
     mse = float(((scored["label"] - scored["prediction"]) ** 2).mean())
-    assert model.evaluate(wide_df)["loss"] == pytest.approx(mse, rel=1e-4)
+    assert model.evaluate(typed_df)["loss"] == pytest.approx(mse, rel=1e-4)
     assert [c.name for c in model.checkpoint.input_schema.columns] == INPUTS
     assert model.checkpoint.input_row_shapes[INPUTS.index("img")] == (1, 4, 4)
     assert model.checkpoint.input_row_shapes[INPUTS.index("tokens")] is None  # padded per batch
 
 
-def test_two_plus_two_epochs_equal_four_and_a_relaunch_changes_nothing(spark, wide_df, tmp_path):
-    whole = _estimator()
-    whole.fit(wide_df)
-    split = _estimator()
-    split.fit(wide_df, duration="2ep")
-    split.fit(wide_df, duration="2ep")
-    crashed = _estimator(hooks=[CrashOnce(str(tmp_path / "crashed"), batch=2)], checkpointDir=str(tmp_path / "ckpt"),
-                         maxRetries=1)
-    crashed.fit(wide_df)
+def test_two_plus_two_epochs_equal_four_and_a_relaunch_changes_nothing(spark, typed_df, tmp_path):
+    whole = linear_estimator(SETTINGS)
+    whole.fit(typed_df)
+    split = linear_estimator(SETTINGS)
+    split.fit(typed_df, duration="2ep")
+    split.fit(typed_df, duration="2ep")
+    crashed = linear_estimator(SETTINGS, hooks=[CrashOnce(str(tmp_path / "crashed"), batch=2)],
+                               checkpointDir=str(tmp_path / "ckpt"), maxRetries=1)
+    crashed.fit(typed_df)
     assert (tmp_path / "crashed").exists()
     for key, value in _weights(whole).items():
         assert torch.equal(value, _weights(split)[key]), key
@@ -165,22 +163,22 @@ class PaddingCheck(Hook):
         self.batches, self.padded, self.wrong = state["batches"], state["padded"], state["wrong"]
 
 
-def test_ragged_arrays_are_padded_to_each_batchs_longest_row(spark, wide_df):
-    est = _estimator(maxEpochs=1, hooks={"check": PaddingCheck()})
-    est.fit(wide_df)
+def test_ragged_arrays_are_padded_to_each_batchs_longest_row(spark, typed_df):
+    est = linear_estimator(SETTINGS, maxEpochs=1, hooks={"check": PaddingCheck()})
+    est.fit(typed_df)
     state = est.hooks["check"].state_dict()
     assert state["batches"] > 5 and state["padded"] > 0 and state["wrong"] == 0
 
 
 @pytest.mark.compat
-def test_save_load_and_a_pipeline_keep_the_typed_model(spark, wide_df, tmp_path):
+def test_save_load_and_a_pipeline_keep_the_typed_model(spark, typed_df, tmp_path):
     pipeline = Pipeline(stages=[SQLTransformer(statement="SELECT *, f_double * 2 AS unused FROM __THIS__"),
-                                _estimator(maxEpochs=1)])
-    fitted = pipeline.fit(wide_df)
+                                linear_estimator(SETTINGS, maxEpochs=1)])
+    fitted = pipeline.fit(typed_df)
     fitted.write().overwrite().save(str(tmp_path / "pipeline"))
     loaded = PipelineModel.load(str(tmp_path / "pipeline"))
-    before = fitted.transform(wide_df).select("prediction").toPandas()["prediction"]
-    after = loaded.transform(wide_df).select("prediction").toPandas()["prediction"]
+    before = fitted.transform(typed_df).select("prediction").toPandas()["prediction"]
+    after = loaded.transform(typed_df).select("prediction").toPandas()["prediction"]
     np.testing.assert_allclose(before, after, rtol=1e-6)
     model = fitted.stages[-1]
     model.save(str(tmp_path / "model"))
@@ -188,16 +186,16 @@ def test_save_load_and_a_pipeline_keep_the_typed_model(spark, wide_df, tmp_path)
 
 
 @pytest.mark.compat
-def test_weighted_losses_are_exact_weighted_means_over_all_ranks(spark, wide_df):
-    est = _estimator(weightCol="w", validationIndicatorCol="is_val", maxEpochs=2)
-    model = est.fit(wide_df)
-    scored = model.transform(wide_df).select("label", "prediction", "w", "is_val").toPandas()
+def test_weighted_losses_are_exact_weighted_means_over_all_ranks(spark, typed_df):
+    est = linear_estimator(SETTINGS, weightCol="w", validationIndicatorCol="is_val", maxEpochs=2)
+    model = est.fit(typed_df)
+    scored = model.transform(typed_df).select("label", "prediction", "w", "is_val").toPandas()
     errors = (scored["label"] - scored["prediction"]) ** 2
     val = scored["is_val"]
     expected_val = float((errors[val] * scored["w"][val]).sum() / scored["w"][val].sum())
     assert est.history[-1]["val_loss"] == pytest.approx(expected_val, rel=1e-4)
     expected_all = float((errors * scored["w"]).sum() / scored["w"].sum())
-    assert model.evaluate(wide_df)["loss"] == pytest.approx(expected_all, rel=1e-4)
+    assert model.evaluate(typed_df)["loss"] == pytest.approx(expected_all, rel=1e-4)
     unweighted = float(errors.mean())
     assert abs(expected_all - unweighted) > 1e-6 * unweighted  # the weights did change the figure
 
@@ -255,19 +253,20 @@ def test_horovod_weights_as_a_second_label_column_reach_a_callable_loss_as_the_c
     df.unpersist()
 
 
-def test_a_loss_module_that_sums_is_refused_with_weights_before_any_job(spark, wide_df):
-    est = _estimator(weightCol="w", loss=nn.MSELoss(reduction="sum"), maxEpochs=1)
+def test_a_loss_module_that_sums_is_refused_with_weights_before_any_job(spark, typed_df):
+    est = linear_estimator(SETTINGS, weightCol="w", loss=nn.MSELoss(reduction="sum"), maxEpochs=1)
     jobs = spark_jobs_started(spark)
     with pytest.raises(InvalidInputError, match=r"MSELoss has reduction='sum'; use reduction='mean'.*"
                                                 r"weightCol='w'"):
-        est.fit(wide_df)
+        est.fit(typed_df)
     assert spark_jobs_started(spark) == jobs and est.checkpoint is None
 
 
-def test_a_callable_loss_without_per_row_values_is_refused_with_the_fix(spark, wide_df):
-    est = _estimator(weightCol="w", loss=lambda outputs, labels: ((outputs - labels) ** 2).mean(), maxEpochs=1)
+def test_a_callable_loss_without_per_row_values_is_refused_with_the_fix(spark, typed_df):
+    est = linear_estimator(SETTINGS, weightCol="w", loss=lambda outputs, labels: ((outputs - labels) ** 2).mean(),
+                           maxEpochs=1)
     with pytest.raises(TrainingFailedError, match="with weightCol the loss must give one value per row"):
-        est.fit(wide_df)
+        est.fit(typed_df)
     assert est.checkpoint is None
 
 
@@ -290,29 +289,29 @@ def test_integer_labels_of_a_one_output_model_train_as_regression(spark):
     (lambda df: df.withColumn("name", F.lit("x")), "column 'name' has type string.*StringIndexer"),
     (lambda df: df, "inputShapes\\['f_double'\\]=\\[2\\] needs 2 values per row.*has 1"),
 ])
-def test_bad_typed_inputs_fail_on_the_driver_before_any_job(spark, wide_df, change, message):
+def test_bad_typed_inputs_fail_on_the_driver_before_any_job(spark, typed_df, change, message):
     inputs = INPUTS + ["name"] if "string" in message else INPUTS
     shapes = {"img": [1, 4, 4], "f_double": [2]} if "f_double" in message else {"img": [1, 4, 4]}
-    est = _estimator(inputCols=inputs, inputShapes=shapes)
+    est = linear_estimator(SETTINGS, inputCols=inputs, inputShapes=shapes)
     jobs = spark_jobs_started(spark)
     with pytest.raises(InvalidInputError, match=message):
-        est.fit(change(wide_df))
+        est.fit(change(typed_df))
     assert spark_jobs_started(spark) == jobs
 
 
-def test_a_shape_the_rows_do_not_fill_fails_at_ingest_naming_the_column(spark, wide_df):
+def test_a_shape_the_rows_do_not_fill_fails_at_ingest_naming_the_column(spark, typed_df):
     with pytest.raises(InvalidInputError, match="inputShapes\\['img'\\]=\\[1, 3, 3\\] needs 9 values.*'img'.*16"):
-        _estimator(inputShapes={"img": [1, 3, 3]}, maxEpochs=1).fit(wide_df)
+        linear_estimator(SETTINGS, inputShapes={"img": [1, 3, 3]}, maxEpochs=1).fit(typed_df)
 
 
-def test_transform_names_a_missing_or_retyped_column_before_any_job(spark, wide_df):
-    model = _estimator(maxEpochs=1).fit(wide_df)
+def test_transform_names_a_missing_or_retyped_column_before_any_job(spark, typed_df):
+    model = linear_estimator(SETTINGS, maxEpochs=1).fit(typed_df)
     jobs = spark_jobs_started(spark)
     with pytest.raises(InvalidInputError, match="inputCols=.*'tokens': no such column"):
-        model.transform(wide_df.drop("tokens"))
+        model.transform(typed_df.drop("tokens"))
     with pytest.raises(InvalidInputError, match="column 'id_long' has type double, but the model was trained on "
                                                 "bigint"):
-        model.evaluate(wide_df.withColumn("id_long", F.col("id_long").cast("double")))
+        model.evaluate(typed_df.withColumn("id_long", F.col("id_long").cast("double")))
     assert spark_jobs_started(spark) == jobs
 
 
@@ -344,7 +343,7 @@ def test_a_parquet_table_is_scored_from_its_files_exactly_as_through_spark(spark
           .withColumn("name", F.concat(F.lit("row "), F.col("id_int").cast("string"))))
     df.repartition(3).write.parquet(str(tmp_path / "table"))
     table = spark.read.parquet(str(tmp_path / "table"))
-    model = _estimator(maxEpochs=1).fit(table)
+    model = linear_estimator(SETTINGS, maxEpochs=1).fit(table)
     spark_read = model.copy({model.directRead: False})
     direct, through_spark = model.transform(table), spark_read.transform(table)
     assert tasks_read_files(direct) and not tasks_read_files(through_spark)
@@ -361,11 +360,11 @@ def test_a_parquet_table_is_scored_from_its_files_exactly_as_through_spark(spark
 
 
 @pytest.mark.parametrize("padding", [0.5, float("nan"), 1e30])
-def test_a_padding_value_integer_arrays_cannot_hold_is_refused_before_any_job(spark, wide_df, padding):
+def test_a_padding_value_integer_arrays_cannot_hold_is_refused_before_any_job(spark, typed_df, padding):
     jobs = spark_jobs_started(spark)
     with pytest.raises(InvalidInputError, match=f"paddingValue={re.escape(repr(padding))} cannot pad the int64 arrays of inputCols "
                                                 "column 'arr_int' \\(array<int>\\): set a whole number"):
-        _estimator(paddingValue=padding).fit(wide_df)
+        linear_estimator(SETTINGS, paddingValue=padding).fit(typed_df)
     assert spark_jobs_started(spark) == jobs
 
 
@@ -378,9 +377,10 @@ class SmallEmbedding(nn.Module):
         return self.table(id_byte)
 
 
-def test_an_id_past_an_embedding_names_the_inputs_and_their_ids(spark, wide_df):
-    est = _estimator(model=lambda c: SmallEmbedding(), inputCols=["id_byte"], inputShapes=None, maxEpochs=1)
+def test_an_id_past_an_embedding_names_the_inputs_and_their_ids(spark, typed_df):
+    est = linear_estimator(SETTINGS, model=lambda c: SmallEmbedding(), inputCols=["id_byte"], inputShapes=None,
+                           maxEpochs=1)
     with pytest.raises(TrainingFailedError, match="index out of range in self: an id is out of an embedding's range; "
                                                   "in this batch 'id_byte' holds 0\\.\\.\\d\\d"):
-        est.fit(wide_df)
+        est.fit(typed_df)
     assert est.checkpoint is None
