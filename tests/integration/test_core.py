@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 import torch
 from pyspark.ml.linalg import Vectors
 from pyspark.sql import functions as F
 
-from spark_torch_est import Hook, TorchEstimator, TorchModel
+from spark_torch_est import Hook, TorchModel
 from tests.helpers import DumpWeights, linear_estimator
 
 pytestmark = pytest.mark.spark
 
 
-def _estimator(**params) -> TorchEstimator:
-    return linear_estimator(**{"batchSize": 32, **params})
+#: This module's estimator: tests.helpers.linear_estimator with these settings.
+SETTINGS = {"batchSize": 32}
 
 
 def _assert_learned(model: TorchModel, w: np.ndarray, b: float) -> None:
@@ -27,7 +30,7 @@ def _assert_learned(model: TorchModel, w: np.ndarray, b: float) -> None:
 @pytest.mark.compat
 def test_array_features_learn_linear_target_and_ranks_agree(spark, linear_df, linear_data, tmp_path):
     x, y, w, b = linear_data
-    model = _estimator(hooks=[DumpWeights(str(tmp_path))]).fit(linear_df)
+    model = linear_estimator(SETTINGS, hooks=[DumpWeights(str(tmp_path))]).fit(linear_df)
 
     _assert_learned(model, w, b)
     rank0, rank1 = np.load(tmp_path / "rank0.npy"), np.load(tmp_path / "rank1.npy")
@@ -49,17 +52,16 @@ def test_vector_features_dense_and_sparse(spark, linear_data):
         for i, (row, t) in enumerate(zip(x, y))
     ]
     df = spark.createDataFrame(rows, ["vec", "target"])
-    model = _estimator(featuresCol="vec", labelCol="target").fit(df)
+    model = linear_estimator(SETTINGS, featuresCol="vec", labelCol="target").fit(df)
     _assert_learned(model, w, b)
     assert model.transform(df).schema["prediction"].dataType.typeName() == "double"
 
 
-def test_feature_columns(spark, linear_df, linear_data):
+def test_feature_columns(spark, wide_df, linear_data):
     _, _, w, b = linear_data
-    wide = linear_df.select(*[F.col("features")[i].alias(f"f{i}") for i in range(8)], "label")
-    model = _estimator(featuresCol=None, featureCols=[f"f{i}" for i in range(8)]).fit(wide)
+    model = linear_estimator(SETTINGS, featuresCol=None, featureCols=[f"f{i}" for i in range(8)]).fit(wide_df)
     _assert_learned(model, w, b)
-    assert "prediction" in model.transform(wide).columns
+    assert "prediction" in model.transform(wide_df).columns
 
 
 def test_uneven_partitions_train_without_hanging(spark, linear_data):
@@ -69,7 +71,7 @@ def test_uneven_partitions_train_without_hanging(spark, linear_data):
     uneven = spark.createDataFrame(parts, "features array<double>, label double")
     assert uneven.rdd.glom().map(len).collect() == [2800, 200]
 
-    est = _estimator(timeout=120, hooks=[CountRows()])
+    est = linear_estimator(SETTINGS, timeout=120, hooks=[CountRows()])
     model = est.fit(uneven)
 
     _assert_learned(model, w, b)
@@ -105,7 +107,7 @@ class CountRows(Hook):
 
 
 def test_scalar_label_is_shaped_like_a_single_output(spark, linear_df):
-    est = _estimator(maxEpochs=1)
+    est = linear_estimator(SETTINGS, maxEpochs=1)
     est.fit(linear_df)
     # a broadcasting (B,) vs (B, 1) MSELoss would settle near the label variance, not near 0
     assert est.history[0]["train_loss"] < 1.0
@@ -113,7 +115,7 @@ def test_scalar_label_is_shaped_like_a_single_output(spark, linear_df):
 
 
 def test_multi_output_prediction_is_an_array(spark, linear_df):
-    est = _estimator(model=lambda c: torch.nn.Linear(8, 3),
+    est = linear_estimator(SETTINGS, model=lambda c: torch.nn.Linear(8, 3),
                      loss=lambda out, y: ((out - y) ** 2).mean(), maxEpochs=1)
     two_labels = linear_df.withColumn("label", F.array("label", "label", "label"))
     model = est.fit(two_labels)
@@ -121,12 +123,42 @@ def test_multi_output_prediction_is_an_array(spark, linear_df):
     assert len(row.prediction) == 3
 
 
+class SpillFiles(Hook):
+    """Writes to ``<directory>/rank<r>`` how many spill files rank ``r`` trains from: the
+    deleted files under Spark's local directory its process holds open at its first step."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def after_train_iter(self, rank, global_step):
+        if global_step != 1:
+            return
+        local = os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
+        targets = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                continue
+        with open(os.path.join(self.directory, f"rank{rank}"), "w") as out:
+            out.write(str(sum(t.startswith(local) and t.endswith("(deleted)") for t in targets)))
+
+
+def _spill_files(directory) -> list[int]:
+    return [int((directory / f"rank{rank}").read_text()) for rank in range(2)]
+
+
 @pytest.mark.compat
-def test_a_partition_over_the_memory_budget_spills_and_trains_identically(spark, linear_df):
-    in_memory = _estimator(maxEpochs=2, memoryBudgetMB=0)
+def test_a_partition_over_the_memory_budget_spills_and_trains_identically(spark, linear_df, tmp_path):
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "spilled").mkdir()
+    in_memory = linear_estimator(SETTINGS, maxEpochs=2, memoryBudgetMB=0, hooks=[SpillFiles(str(tmp_path / "memory"))])
     in_memory.fit(linear_df)
-    spilled = _estimator(maxEpochs=2, memoryBudgetMB=0.02)  # 20 KB: each rank's ~50 KB partition spills
+    spilled = linear_estimator(SETTINGS, maxEpochs=2, memoryBudgetMB=0.02,  # 20 KB: each rank's ~50 KB partition
+                               hooks=[SpillFiles(str(tmp_path / "spilled"))])
     spilled.fit(linear_df)
+    assert _spill_files(tmp_path / "memory") == [0, 0]
+    assert min(_spill_files(tmp_path / "spilled")) >= 1, "every rank trained from rows spilled to a file"
     for key, value in in_memory.checkpoint.model_state.items():
         assert torch.equal(value, spilled.checkpoint.model_state[key])
 
@@ -144,4 +176,4 @@ def test_dataframes_a_barrier_stage_refuses_as_they_are_still_train(spark, linea
         df = spark.createDataFrame(spark.sparkContext.parallelize(rows[:half], 1), schema).union(
             spark.createDataFrame(spark.sparkContext.parallelize(rows[half:], 1), schema))
     assert df.rdd.getNumPartitions() == 2
-    _assert_learned(_estimator(maxEpochs=6).fit(df), w, b)
+    _assert_learned(linear_estimator(SETTINGS, maxEpochs=6).fit(df), w, b)

@@ -24,7 +24,7 @@ from pyspark.sql import types as T
 from spark_torch_est import Hook
 from spark_torch_est.cluster import launcher as launcher_module
 from spark_torch_est.errors import TrainingFailedError
-from tests.helpers import STORE_FLOOD, estimator, listening_ports, rss_mb
+from tests.helpers import STORE_FLOOD, CrashOnce, estimator, listening_ports, rss_mb
 
 pytestmark = pytest.mark.spark
 
@@ -89,22 +89,6 @@ def _speaks_first(port: int) -> bool:
             return False
 
 
-class CrashOnce(Hook):
-    """Hard-exits rank 1's Python worker at its 3rd step, the first time only, once the
-    attacker has written its forgery (``<marker>.forged``)."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def after_train_iter(self, rank, global_step):
-        if rank == 1 and global_step == 3 and not os.path.exists(self.marker):
-            deadline = time.monotonic() + 20
-            while not os.path.exists(self.marker + ".forged") and time.monotonic() < deadline:
-                time.sleep(0.05)
-            open(self.marker, "w").close()
-            os._exit(3)
-
-
 @pytest.mark.parametrize("forgery", ["plain", "sealed with a guess", "unexpected field"])
 def test_a_forged_failure_report_neither_hides_a_crash_nor_shows_its_text(spark, linear_df, tmp_path, caplog,
                                                                           forgery):
@@ -120,7 +104,8 @@ def test_a_forged_failure_report_neither_hides_a_crash_nor_shows_its_text(spark,
         store.set(f"{job}/failure/1", value)
         (tmp_path / "crashed.forged").touch()
 
-    est = estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], maxEpochs=2, maxRetries=1)
+    crash = CrashOnce(str(tmp_path / "crashed"), epoch=0, batch=3, wait_for=str(tmp_path / "crashed.forged"))
+    est = estimator(hooks=[crash], maxEpochs=2, maxRetries=1)
     with caplog.at_level(logging.INFO, logger="spark_torch_est"), StoreSpy(forge) as spy:
         est.fit(linear_df)
     assert spy.jobs, "the attacker found the job in the store"
@@ -135,7 +120,8 @@ def test_a_forged_report_cannot_turn_a_crash_into_another_error(spark, linear_df
         store.set(f"{job}/failure/1", '{"kind": "user", "message": "x", "rank": 1, "stage": "s", "evil": 1}')
         (tmp_path / "crashed.forged").touch()
 
-    est = estimator(hooks=[CrashOnce(str(tmp_path / "crashed"))], maxEpochs=2, maxRetries=0)
+    crash = CrashOnce(str(tmp_path / "crashed"), epoch=0, batch=3, wait_for=str(tmp_path / "crashed.forged"))
+    est = estimator(hooks=[crash], maxEpochs=2, maxRetries=0)
     with StoreSpy(forge), pytest.raises(TrainingFailedError) as error:
         est.fit(linear_df)
     assert error.value.retryable and est.checkpoint is None
@@ -154,6 +140,7 @@ IMPOSTOR = textwrap.dedent("""
     port, job = sys.stdin.readline().split()
     store = dist.PrefixStore(job, dist.TCPStore("127.0.0.1", int(port), is_master=False))
     dist.init_process_group("gloo", store=store, rank=1, world_size=2, timeout=timedelta(seconds=20))
+    open(sys.argv[2], "w").close()                                        # the real rank 1 may come now
     print("joined", flush=True)
     try:
         authenticate_peers(b"a guess" * 5, 1, 2, torch.device("cpu"))  # what a rank does, without the secret
@@ -168,21 +155,23 @@ IMPOSTOR = textwrap.dedent("""
 
 def test_an_impersonating_rank_is_refused_and_costs_at_most_a_relaunch(spark, linear_data, tmp_path, caplog):
     x, y, _, _ = linear_data
-    slow_once = str(tmp_path / "slowed")
+    slow_once, joined = str(tmp_path / "slowed"), str(tmp_path / "impostor-joined")
 
     @F.udf(T.DoubleType())
-    def late_on_rank_1(label):  # the real rank 1 reaches the rendezvous late, the first time only
+    def late_on_rank_1(label):  # the real rank 1 reaches the rendezvous after the impostor, the first time only
         from pyspark import TaskContext
 
         if TaskContext.get().partitionId() == 1 and not os.path.exists(slow_once):
-            time.sleep(10)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(joined) and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling the impostor's file, with a deadline
             open(slow_once, "w").close()
         return label
 
     rows = [(row.tolist(), float(t)) for row, t in zip(x, y)]
     df = spark.createDataFrame(rows, ["features", "label"]).withColumn("label", late_on_rank_1("label"))
     payload_marker = tmp_path / "payload-ran"
-    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(payload_marker)], stdin=subprocess.PIPE,
+    impostor = subprocess.Popen([sys.executable, "-c", IMPOSTOR, str(payload_marker), joined], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
 
     def impersonate(store, port, job):
