@@ -55,11 +55,9 @@ def test_with_column_and_select_give_transform_s_predictions_from_its_cached_mod
     assert new and max(new.values()) == 1, f"a Python worker built the model more than once: {new}"
 
 
-def test_sql_and_feature_columns(spark, linear_df, fitted):
+def test_sql_and_feature_columns(spark, wide_df, fitted):
     model, _ = fitted
-    names = [f"f{i}" for i in range(8)]
-    wide = linear_df.select(F.monotonically_increasing_id().alias("id"),
-                            *[F.col("features")[i].alias(n) for i, n in enumerate(names)])
+    names, wide = [f"f{i}" for i in range(8)], wide_df
     wide_model = model.copy({model.featuresCol: None, model.featureCols: names})
     expected = _by_id(wide_model.transform(wide), "prediction")
     spark.udf.register("predict_price", wide_model.predict_udf())

@@ -16,12 +16,10 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
-def classifier_and_files(spark, linear_df, tmp_path_factory):
+def classifier_and_files(spark, wide_df, tmp_path_factory):
     """A two-class model on featureCols, and its rows as two Parquet files."""
     names = [f"f{i}" for i in range(8)]
-    df = linear_df.select(F.monotonically_increasing_id().alias("id"),
-                          *[F.col("features")[i].alias(n) for i, n in enumerate(names)],
-                          (F.col("label") > 0).cast("int").alias("label"))
+    df = wide_df.withColumn("label", (F.col("label") > 0).cast("int"))
     est = TorchEstimator(model=lambda c: torch.nn.Linear(8, 2), optimizer=lambda m, c: torch.optim.Adam(m.parameters()),
                          loss=torch.nn.CrossEntropyLoss(), featuresCol=None, featureCols=names, maxEpochs=1,
                          showProgress=False)
