@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -74,7 +74,8 @@ class Creators:
         scheduler = _call("scheduler", self.scheduler, optimizer, dict(self.config))
         if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
             raise CreatorError(
-                "scheduler", f"the scheduler creator returned {type(scheduler).__name__}, which has no step()/state_dict()"
+                "scheduler",
+                f"the scheduler creator returned {type(scheduler).__name__}, which has no step()/state_dict()",
             )
         return scheduler
 
@@ -89,7 +90,7 @@ class Creators:
         """Returns the loss callable (instantiating an ``nn.Module`` class)."""
         if isinstance(self.loss, type) and issubclass(self.loss, nn.Module):
             return _call("loss", self.loss)
-        return self.loss
+        return cast(Callable[[torch.Tensor, torch.Tensor], torch.Tensor], self.loss)
 
 
 def _call(creator: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -355,7 +355,7 @@ class HookSet:
         plans = self._plans[stage]
         index = 0
         try:
-            for index, (_, invoke, _) in enumerate(plans):
+            for index, (_, invoke, _) in enumerate(plans):  # noqa: B007 - index names the hook that raises
                 value = invoke(context)
                 if value is not None:
                     result = value

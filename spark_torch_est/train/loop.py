@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -46,9 +46,6 @@ from spark_torch_est.train.run_state import RunState
 from spark_torch_est.train.step import Batch, Feed, PendingLosses, Stage, StepLoss, non_finite_loss
 from spark_torch_est.train.strategies import Strategy, for_spec
 from spark_torch_est.train.validation import Validation
-
-if TYPE_CHECKING:
-    from spark_torch_est.core.schema import ModelInputs
 
 __all__ = ["Trainer"]
 
@@ -205,9 +202,11 @@ class Trainer:
         """Agrees on the rows; builds the model (with the run's weights), the module a step
         calls, the optimizer, scheduler, loss and metrics; then the run's state."""
         spec, creators = self.spec, self.creators
+        shard, self.shard = self.shard, None  # the agreed rows hold them from here on
+        if shard is None:
+            raise RuntimeError("a Trainer runs one fit: make another for the next")
         with self._stage.at("collective"):
-            self.rows = agree_on_rows(self.shard, spec, self.ranks)
-        self.shard = None  # the rows above hold them from here on
+            self.rows = agree_on_rows(shard, spec, self.ranks)
         self.feed = Feed(spec.schema, self.device, spec.batch_size, self.rows.train_rows)
         torch.manual_seed(spec.seed)
         model = self.model = creators.build_model().to(self.device)

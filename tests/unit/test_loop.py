@@ -491,7 +491,8 @@ def test_only_a_hook_that_names_control_in_a_step_stage_costs_a_collective_per_s
     processes = [context.Process(target=_two_rank_fits, args=(r, str(tmp_path / "store"), results)) for r in range(2)]
     for process in processes:
         process.start()
-    outcome = {(rank, hook): (calls, steps) for rank, hook, calls, steps in (results.get(timeout=120) for _ in range(4))}
+    reported = (results.get(timeout=120) for _ in range(4))
+    outcome = {(rank, hook): (calls, steps) for rank, hook, calls, steps in reported}
     for process in processes:
         process.join(30)
     steps_per_epoch = 20

@@ -92,7 +92,7 @@ class Strategy(ABC):
             IncompatibleCheckpointError: ``resume`` does not hold what this strategy needs.
         """
 
-    def save_parts(self, url: str, global_step: int) -> None:
+    def save_parts(self, url: str, global_step: int) -> None:  # noqa: B027 - most strategies have no parts
         """Writes the parts of a checkpoint that live outside its ``.pt`` into the folder
         ``url``: none, unless the strategy shards the state. Collective."""
 

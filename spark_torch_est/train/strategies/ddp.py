@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
+from typing import Any, cast
 
 from torch import nn
 
@@ -60,9 +61,9 @@ class DDP(Strategy):
         ddp = self._ddp
         if ddp is None:
             return []
-        refs = [weakref.ref(ddp)]
+        refs: list[weakref.ref] = [weakref.ref(ddp)]
         try:
-            refs.append(weakref.ref(ddp.reducer))
+            refs.append(weakref.ref(cast(Any, ddp).reducer))
         except (AttributeError, TypeError):  # no Reducer, or not weakly referenceable
             pass
         return refs
