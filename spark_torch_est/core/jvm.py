@@ -31,7 +31,8 @@ from spark_torch_est.core.support import installed
 
 __all__ = [
     "CHECKED_ON", "collect_arrow", "sql_settings", "task_slots", "broadcast_threshold", "plan_size_bytes",
-    "barrier_partitions", "parquet_scan", "describe_plan", "cache_alive", "local_dirs", "in_caller_properties", "deny_log_records",
+    "barrier_partitions", "parquet_scan", "describe_plan", "cache_alive", "local_dirs", "in_caller_properties",
+    "deny_log_records",
 ]
 
 logger = logging.getLogger(__name__)

@@ -42,9 +42,10 @@ _PART_BYTES = (4 * 2 ** 20, 128 * 2 ** 20)
 #: :func:`parquet_table` reads every file's footer on the driver at each call: beyond this many files, Spark scans.
 _MAX_FILES = 1000
 #: Spark's atomic types that pyarrow reads from Parquet as Spark passes them, by the Arrow type's name.
-_SPARK_ATOMS = {T.ByteType: "int8", T.ShortType: "int16", T.IntegerType: "int32", T.LongType: "int64",
-                T.FloatType: "float", T.DoubleType: "double", T.BooleanType: "bool", T.StringType: "string",
-                T.BinaryType: "binary"}
+_SPARK_ATOMS: dict[type[T.DataType], str] = {
+    T.ByteType: "int8", T.ShortType: "int16", T.IntegerType: "int32", T.LongType: "int64", T.FloatType: "float",
+    T.DoubleType: "double", T.BooleanType: "bool", T.StringType: "string", T.BinaryType: "binary",
+}
 
 
 def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], How]],
@@ -169,7 +170,7 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
     import pyarrow.parquet as pq
 
     needed = {name for _, sources, _ in outputs for name in sources}
-    groups = []  # (file, row group, rows)
+    groups: list[tuple[str, int, int]] = []  # (file, row group, rows)
     stamps = []  # (file, size, times, footer digest)
     seen: dict[str, str] = {}  # column -> its Arrow type in the first file
     size = 0

@@ -199,8 +199,8 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("memoryBudgetMB", "MB of a partition's rows a rank keeps in RAM; beyond that they spill to local files "
               "read per batch (0: never spill)", "float", _T.toFloat, 4096.0, "runtime"),
     ParamSpec("keepIngestedMB", "MB of a DataFrame's rows each executor keeps on its local disk, as the ranks received "
-              "them, so that later fits on the same unchanged DataFrame skip Spark's scan and shuffle; the least recently "
-              "used are evicted past it (0: keep nothing)", "float", _T.toFloat, 8192.0, "runtime"),
+              "them, so that later fits on the same unchanged DataFrame skip Spark's scan and shuffle; the least "
+              "recently used are evicted past it (0: keep nothing)", "float", _T.toFloat, 8192.0, "runtime"),
     ParamSpec("showProgress", "show a progress bar (a terminal or notebook), else progress and epoch lines on stderr "
               "(through logging where it is set up)", "bool", _T.toBoolean, True, "runtime"),
 )
