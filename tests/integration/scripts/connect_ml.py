@@ -79,7 +79,8 @@ x = rng.normal(size=(600, 4))
 names = ["f0", "f1", "f2", "f3"]
 df = spark.createDataFrame([(i, *map(float, r), int(r[0] + r[1] > 0)) for i, r in enumerate(x)],
                            ["id", *names, "label"])
-est = TorchEstimator(model=lambda c: torch.nn.Linear(4, 2), optimizer=lambda m, c: torch.optim.Adam(m.parameters(), lr=0.05),
+est = TorchEstimator(model=lambda c: torch.nn.Linear(4, 2),
+                     optimizer=lambda m, c: torch.optim.Adam(m.parameters(), lr=0.05),
                      loss=torch.nn.CrossEntropyLoss(), maxEpochs=2, showProgress=False)
 pipeline = Pipeline(stages=[VectorAssembler(inputCols=names, outputCol="features"), est])
 fitted = pipeline.fit(df)
