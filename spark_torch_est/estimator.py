@@ -158,8 +158,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         self._loggers = normalize_loggers(kwargs.pop("loggers", None))  # driver only: not in the creators
         self._checkpoint: Checkpoint | None = None
         self._fitting = False  # a fit of this run is in progress (see _one_fit_at_a_time)
-        self._folds = 0  # fitMultiple calls (a tuner's folds) since the last refit
-        self._fold: str | None = None  # in a copy made by fitMultiple: its fold ("" for a train-validation split)
+        self._folds = 0  # fitMultiple calls (a tuner's splits) since the last refit
+        self._fold: str | None = None  # in a copy made by fitMultiple: its split ("split 2")
         self._set(**kwargs)
 
     # ----------------------------------------------------------------- run state
@@ -299,14 +299,13 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         return self.copy(params)._fit_run(dataset, duration, resume_from, self._search_name(params))
 
     def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> Iterator[tuple[int, TorchModel]]:
-        """As in pyspark (``CrossValidator`` and ``TrainValidationSplit`` call it once per
-        fold), and each fit is named for the loggers after its param map and fold
-        (``"batchSize=32 (fold 2)"``); the tuner's refit with the best map that follows is
-        ``"... (refit)"``."""
+        """As in pyspark (``CrossValidator`` calls it once per fold, ``TrainValidationSplit``
+        once), and each fit is named for the loggers after its param map and the split, the
+        calls counted (``"batchSize=32 (split 2)"``); the tuner's refit with the best map that
+        follows is ``"... (refit)"``."""
         self._folds += 1
         estimator = self.copy()
-        split = any(c.startswith("TrainValidationSplit_") and c.endswith("_rand") for c in dataset.columns)
-        estimator._fold = "" if split else f"fold {self._folds}"
+        estimator._fold = f"split {self._folds}"
         return super(TorchEstimator, estimator).fitMultiple(dataset, paramMaps)
 
     def _search_name(self, params: ParamMap) -> str:

@@ -18,13 +18,12 @@ from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT
 from spark_torch_est.core.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema
 from spark_torch_est.core.spec import How
 from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.ingest.spark_types import is_numeric, tensor_dtype
 
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
            "input_schema", "check_inputs", "weight_column", "training_frame", "frame_outputs"]
 
 ROW_ORDER = "__ste_row_order"
-_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
 
 
 def _field(schema: T.StructType, name: str, param: str) -> T.DataType:
@@ -35,16 +34,12 @@ def _field(schema: T.StructType, name: str, param: str) -> T.DataType:
     return schema[name].dataType
 
 
-def _is_numeric(data_type: T.DataType) -> bool:
-    return isinstance(data_type, _INTEGRAL + _FRACTIONAL + (T.BooleanType,))
-
-
 def _value_kind(data_type: T.DataType, name: str, param: str) -> str:
     if isinstance(data_type, VectorUDT):
         return "vector"
-    if isinstance(data_type, T.ArrayType) and _is_numeric(data_type.elementType):
+    if isinstance(data_type, T.ArrayType) and is_numeric(data_type.elementType):
         return "array"
-    if _is_numeric(data_type):
+    if is_numeric(data_type):
         return "scalar"
     raise InvalidInputError(
         f"{param}={name!r} has type {data_type.simpleString()}; use a Vector, an array of numbers or a numeric column"
@@ -61,7 +56,7 @@ def features_kind(schema: T.StructType, features_col: str | None, feature_cols: 
     if feature_cols:
         for name in feature_cols:
             data_type = _field(schema, name, "featureCols")
-            if not _is_numeric(data_type):
+            if not is_numeric(data_type):
                 raise InvalidInputError(
                     f"featureCols: column {name!r} has type {data_type.simpleString()}, not a number; "
                     "put vectors or arrays in featuresCol instead"
@@ -91,9 +86,10 @@ def label_kind(schema: T.StructType, label_col: str) -> str:
         InvalidInputError: The column is missing or of an unusable type.
     """
     data_type = _field(schema, label_col, "labelCol")
-    if isinstance(data_type, _INTEGRAL):
+    kind = tensor_dtype(data_type)
+    if kind == "int64":
         return "long"
-    if isinstance(data_type, _FRACTIONAL + (T.BooleanType,)):
+    if kind in ("float32", "bool"):
         return "float"
     return _value_kind(data_type, label_col, "labelCol")
 
@@ -156,12 +152,8 @@ def _input_column(data_type: T.DataType, name: str, shape: list[int] | None) -> 
         depth, dtype = depth + 1, "float32"
     elif isinstance(element, T.BinaryType):
         depth, dtype = depth + 1, "uint8"
-    elif isinstance(element, _INTEGRAL):
-        dtype = "int64"
-    elif isinstance(element, _FRACTIONAL):
-        dtype = "float32"
-    elif isinstance(element, T.BooleanType):
-        dtype = "bool"
+    elif (atom := tensor_dtype(element)) is not None:
+        dtype = atom
     else:
         hint = ("tokenize or index it in Spark first (pyspark.ml.feature.StringIndexer, or Tokenizer then "
                 "CountVectorizer), or encode it as bytes" if isinstance(element, (T.StringType, T.VarcharType,
@@ -273,7 +265,7 @@ def weight_column(df: DataFrame, weight_col: str) -> Column:
     from pyspark.sql import functions as F
 
     data_type = _field(df.schema, weight_col, "weightCol")
-    if not isinstance(data_type, _INTEGRAL + _FRACTIONAL):
+    if tensor_dtype(data_type) not in ("int64", "float32"):
         raise InvalidInputError(f"weightCol={weight_col!r} has type {data_type.simpleString()}; it must be a number")
     return F.col(weight_col).cast("float")
 

@@ -30,7 +30,6 @@ from pyspark.ml.evaluation import (
     MulticlassClassificationEvaluator,
     RegressionEvaluator,
 )
-from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasParallelism, HasSeed
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -43,6 +42,7 @@ from spark_torch_est.estimator import TorchEstimator
 from spark_torch_est.ingest.frames import label_kind
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import param_map_name
+from spark_torch_est.params.halving import HalvingParams
 from spark_torch_est.persistence import TorchPersistence, read_required
 from spark_torch_est.planning import check_params
 
@@ -54,43 +54,9 @@ logger = logging.getLogger(__name__)
 _CLASSIFIER_OUTPUTS = ("rawPredictionCol", "probabilityCol")
 
 
-class _SuccessiveHalvingParams(HasSeed, HasParallelism):
-    """Params of SuccessiveHalving."""
-
-    estimator: Param = Param(Params._dummy(), "estimator", "the TorchEstimator to tune")
-    estimatorParamMaps: Param = Param(Params._dummy(), "estimatorParamMaps", "the param maps to choose from")
-    evaluator: Param = Param(Params._dummy(), "evaluator",
-                             "scores each configuration on the validation rows (its isLargerBetter decides)")
-    eta: Param = Param(Params._dummy(), "eta", "each rung keeps the best ceil(n / eta) and trains them eta times "
-                       "as many epochs (at least 2)", typeConverter=TypeConverters.toInt)
-    minDuration: Param = Param(Params._dummy(), "minDuration", "epochs every configuration trains in rung 0, "
-                               "e.g. '1ep'", typeConverter=TypeConverters.toString)
-    trainRatio: Param = Param(Params._dummy(), "trainRatio", "fraction of the rows trained on when the estimator "
-                              "has no validationIndicatorCol (the rest validate)", typeConverter=TypeConverters.toFloat)
-
-    def getEstimator(self) -> TorchEstimator:
-        """Gets the estimator."""
-        return self.getOrDefault(self.estimator)
-
-    def getEstimatorParamMaps(self) -> list[dict]:
-        """Gets the param maps."""
-        return self.getOrDefault(self.estimatorParamMaps)
-
-    def getEvaluator(self) -> Evaluator:
-        """Gets the evaluator."""
-        return self.getOrDefault(self.evaluator)
-
-    def getEta(self) -> int:
-        """Gets eta."""
-        return self.getOrDefault(self.eta)
-
-    def getMinDuration(self) -> str:
-        """Gets minDuration."""
-        return self.getOrDefault(self.minDuration)
-
-    def getTrainRatio(self) -> float:
-        """Gets trainRatio."""
-        return self.getOrDefault(self.trainRatio)
+class _SuccessiveHalvingParams(HalvingParams, HasSeed, HasParallelism):
+    """Params of SuccessiveHalving: the table's (:mod:`spark_torch_est.params.halving`) and
+    pyspark's shared seed and parallelism."""
 
 
 @dataclass(eq=False)
@@ -150,28 +116,8 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
                  evaluator: Evaluator | None = None, eta: int = 2, minDuration: str = "1ep", parallelism: int = 1,
                  seed: int | None = None, trainRatio: float = 0.75) -> None:
         super().__init__()
-        self._setDefault(eta=2, minDuration="1ep", parallelism=1, trainRatio=0.75)
+        self._setDefault(parallelism=1)
         self._set(**self._input_kwargs)
-
-    def setEstimator(self, value: TorchEstimator) -> SuccessiveHalving:
-        """Sets the estimator."""
-        return self._set(estimator=value)
-
-    def setEstimatorParamMaps(self, value: Sequence[dict]) -> SuccessiveHalving:
-        """Sets the param maps."""
-        return self._set(estimatorParamMaps=value)
-
-    def setEvaluator(self, value: Evaluator) -> SuccessiveHalving:
-        """Sets the evaluator."""
-        return self._set(evaluator=value)
-
-    def setEta(self, value: int) -> SuccessiveHalving:
-        """Sets eta."""
-        return self._set(eta=value)
-
-    def setMinDuration(self, value: str) -> SuccessiveHalving:
-        """Sets minDuration."""
-        return self._set(minDuration=value)
 
     def setParallelism(self, value: int) -> SuccessiveHalving:
         """Sets parallelism."""
@@ -180,10 +126,6 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
     def setSeed(self, value: int) -> SuccessiveHalving:
         """Sets seed."""
         return self._set(seed=value)
-
-    def setTrainRatio(self, value: float) -> SuccessiveHalving:
-        """Sets trainRatio."""
-        return self._set(trainRatio=value)
 
     def _fit(self, dataset: DataFrame) -> SuccessiveHalvingModel:
         trials, min_epochs = self._checked_trials(dataset)
