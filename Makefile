@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
-test: $(STAMP)  ## type-checks the examples as a user's code (mypy), then the suite without the slow tests (15-19 minutes on 2 idle cores)
+test: $(STAMP)  ## lints (ruff) and type-checks the package and the examples (mypy), then the suite without the slow tests (15-19 minutes on 2 idle cores)
+	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy
 	$(RUN) $(BIN)/python -m pytest -m "not slow" tests
 

@@ -8,7 +8,7 @@ import dataclasses
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import cloudpickle
 from pyspark import keyword_only
@@ -45,6 +45,7 @@ logger = fit_logger(__name__)
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks")
 #: Guards every estimator's ``_fitting`` flag while a fit checks and sets it.
 _FITTING = threading.Lock()
+_T = TypeVar("_T")
 
 
 class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
@@ -126,6 +127,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         shardModules: With ``"fsdp"``: class names of the submodules sharded on their own
             before the root (default None: every direct child holding parameters).
     """
+
+    _input_kwargs: dict[str, Any]  # the constructor's arguments, as @keyword_only records them
 
     @keyword_only
     def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
@@ -234,17 +237,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         """A copy with the same creators and Params and a new run (hooks and loggers are copied too)."""
         that = super().copy(extra)
         that._creators = copy.copy(self._creators)
-        for what, original in (("hooks", self._creators.hooks), ("loggers", self._loggers)):
-            try:
-                copied = copy.deepcopy(original)
-            except (TypeError, AttributeError, copy.Error) as error:  # a lock, a socket, a client in a hook
-                raise InvalidInputError(
-                    f"copy() copies the {what}, and one of them cannot be copied ({type(error).__name__}: {error}); "
-                    f"give it __deepcopy__ (or __getstate__/__setstate__), or create what it holds lazily") from None
-            if what == "hooks":
-                that._creators.hooks = copied
-            else:
-                that._loggers = copied
+        that._creators.hooks = _deep_copy("hooks", self._creators.hooks)
+        that._loggers = _deep_copy("loggers", self._loggers)
         that._checkpoint = None
         that._fitting = False
         that.reset()
@@ -440,6 +434,20 @@ def _with_stop_wait(spec: TaskSpec, wait: float | None) -> TaskSpec:
     epoch end (None: no logger may stop the fit), at most half the collectives' ``timeout``
     (the other ranks wait for the answer in the epoch end's flag agreement)."""
     return dataclasses.replace(spec, stop_wait_s=None if wait is None else min(wait, spec.timeout_s / 2))
+
+
+def _deep_copy(what: str, original: _T) -> _T:
+    """A deep copy of the estimator's hooks or loggers (``what``), for ``copy()``.
+
+    Raises:
+        InvalidInputError: One of them cannot be copied.
+    """
+    try:
+        return copy.deepcopy(original)
+    except (TypeError, AttributeError, copy.Error) as error:  # a lock, a socket, a client in a hook
+        raise InvalidInputError(
+            f"copy() copies the {what}, and one of them cannot be copied ({type(error).__name__}: {error}); "
+            f"give it __deepcopy__ (or __getstate__/__setstate__), or create what it holds lazily") from None
 
 
 def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:

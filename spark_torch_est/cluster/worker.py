@@ -92,6 +92,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     store: dist.Store | None = None
+    failure: Failure | None
     try:
         if spec.kept is not None and spec.kept.mode == "read":  # the ranks tell which parts they kept
             store = connect_store(launch, barrier, spec.timeout_s)
@@ -147,6 +148,7 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
     :mod:`spark_torch_est.ingest.parquet_plan`). A worker keeps the last part of a table it read: the
     next fit that gives this worker the same part of the same unchanged files (same size,
     modification time and footer), columns and budget trains on it again without reading."""
+    shard: Shard | None
     if spec.source is None:
         if spec.kept is not None:
             return keep_while_reading(spec, batches, rank)
@@ -172,6 +174,8 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
 def _part_key(spec: TaskSpec, rank: int) -> str:
     """What a rank's part depends on: its rows, the files' identities (now) and
     footers (as planned), the input schema, the label and weight columns and the memory budget."""
+    if spec.source is None:  # _ingest asks only for a spec that reads the table's files
+        raise ValueError("a part key needs a spec whose ranks read files (spec.source)")
     part = spec.source.parts[rank]
     files = []
     for path in sorted({p.path for p in part}):
@@ -242,16 +246,10 @@ def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
 
 
 def _ddp_refs(trainer: object) -> list[weakref.ref]:
-    """Weak references to the trainer's DDP wrapper and its Reducer (none without DDP)."""
-    ddp = getattr(trainer, "ddp_model", None)
-    if ddp is None or ddp is getattr(trainer, "model", None):
-        return []
-    refs = [weakref.ref(ddp)]
-    try:
-        refs.append(weakref.ref(ddp.reducer))
-    except (AttributeError, TypeError):  # no Reducer, or not weakly referenceable
-        pass
-    return refs
+    """Weak references to what the trainer's strategy says holds the process group (the DDP
+    wrapper and its Reducer; none without DDP)."""
+    strategy = getattr(trainer, "strategy", None)
+    return strategy.teardown_refs() if strategy is not None else []
 
 
 def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:

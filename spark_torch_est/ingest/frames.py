@@ -69,6 +69,16 @@ def features_kind(schema: T.StructType, features_col: str | None, feature_cols: 
     return _value_kind(_field(schema, features_col, "featuresCol"), features_col, "featuresCol")
 
 
+def _feature_names(features_col: str | None, feature_cols: list[str] | None) -> list[str]:
+    """The columns the features come from, as :func:`features_kind` accepted them:
+    featureCols, else featuresCol alone."""
+    if feature_cols:
+        return feature_cols
+    if not features_col:  # features_kind refused this already
+        raise InvalidInputError("set featuresCol (a Vector or array column) or featureCols (numeric columns)")
+    return [features_col]
+
+
 def label_kind(schema: T.StructType, label_col: str) -> str:
     """``"long"`` (class indices), ``"float"`` (regression) or a vector/array kind.
 
@@ -109,9 +119,10 @@ def feature_column(df: DataFrame, features_col: str | None, feature_cols: list[s
     from pyspark.sql import functions as F
 
     kind = features_kind(df.schema, features_col, feature_cols)
+    names = _feature_names(features_col, feature_cols)
     if kind == "columns":
-        return F.array(*[F.col(name).cast("float") for name in feature_cols])
-    return _as_float_array(features_col, kind)
+        return F.array(*[F.col(name).cast("float") for name in names])
+    return _as_float_array(names[0], kind)
 
 
 def label_column(df: DataFrame, label_col: str) -> Column:
@@ -184,10 +195,11 @@ def input_schema(schema: T.StructType, *, features_col: str | None, feature_cols
     if shapes:
         raise InvalidInputError("inputShapes applies to inputCols; set inputCols, or reshape in the model")
     kind = features_kind(schema, features_col, feature_cols)
+    names = _feature_names(features_col, feature_cols)
     if kind == "columns":
-        name, spark_type = ", ".join(feature_cols), "array<float>"
+        name, spark_type = ", ".join(names), "array<float>"
     else:
-        name, spark_type = features_col, schema[features_col].dataType.simpleString()
+        name, spark_type = names[0], schema[names[0]].dataType.simpleString()
     return InputSchema(FEATURES_LAYOUT, (InputColumn(name, "float32", 1, spark_type),), float(padding_value))
 
 
@@ -298,8 +310,8 @@ def frame_outputs(df: DataFrame, *, schema: InputSchema, features_col: str | Non
     computes in the JVM, but done per batch in the tasks."""
     if schema.layout == FEATURES_LAYOUT:
         kind = features_kind(df.schema, features_col, feature_cols)
-        outputs = [(FEATURES, tuple(feature_cols), How.STACK) if kind == "columns" else
-                   (FEATURES, (features_col,), How.WRAP if kind == "scalar" else How.AS_IS)]
+        how = How.STACK if kind == "columns" else How.WRAP if kind == "scalar" else How.AS_IS
+        outputs = [(FEATURES, tuple(_feature_names(features_col, feature_cols)), how)]
     else:
         outputs = [(input_column(i), (c.name,), How.AS_IS) for i, c in enumerate(schema.columns)]
     outputs.append((LABEL, (label_col,), How.AS_IS))

@@ -152,7 +152,7 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
     import pyarrow.parquet as pq
 
     needed = {name for _, sources, _ in outputs for name in sources}
-    groups = []  # (file, row group, rows)
+    groups: list[tuple[str, int, int]] = []  # (file, row group, rows)
     stamps = []  # (file, size, times, footer digest)
     seen: dict[str, str] = {}  # column -> its Arrow type in the first file
     size = 0

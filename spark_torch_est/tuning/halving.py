@@ -43,7 +43,7 @@ from spark_torch_est.ingest.frames import label_kind
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import param_map_name
 from spark_torch_est.params.halving import HalvingParams
-from spark_torch_est.persistence import TorchPersistence
+from spark_torch_est.persistence import TorchPersistence, read_required
 from spark_torch_est.planning import check_params
 
 __all__ = ["SuccessiveHalving", "SuccessiveHalvingModel", "param_map_name"]
@@ -82,6 +82,13 @@ class _Trial:
     def finished(self) -> bool:
         return self.stalled or self.epochs >= self.max_epochs
 
+    def last_metric(self) -> float:
+        """Its metric at the last rung it reached (NaN once it failed); every map has one
+        from rung 0 on."""
+        if self.metric is None:
+            raise RuntimeError(f"param map {self.index} has not been evaluated yet")
+        return self.metric
+
 
 class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
     """Tunes a :class:`TorchEstimator` over param maps by successive halving, continuing
@@ -101,6 +108,8 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
         trainRatio: Fraction of the rows to train on when the estimator has no
             ``validationIndicatorCol`` (default 0.75); the rest are the validation rows.
     """
+
+    _input_kwargs: dict[str, Any]  # the constructor's arguments, as @keyword_only records them
 
     @keyword_only
     def __init__(self, *, estimator: TorchEstimator | None = None, estimatorParamMaps: Sequence[dict] | None = None,
@@ -138,7 +147,7 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
             winner, rungs = self._rungs(trials, min_epochs, evaluator.isLargerBetter(), _runner(self, dataset, advance))
         logger.info("successive halving chose map %d (%s) with %s", winner.index,
                     param_map_name(self.getEstimatorParamMaps()[winner.index]), winner.metric)
-        return SuccessiveHalvingModel(bestModel=winner.model, validationMetrics=[t.metric for t in trials],
+        return SuccessiveHalvingModel(bestModel=winner.model, validationMetrics=[t.last_metric() for t in trials],
                                       rungs=rungs)
 
     def _rungs(self, trials: list[_Trial], min_epochs: int, larger_is_better: bool,
@@ -233,8 +242,8 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
         except InvalidInputError:
             raise InvalidInputError(
                 f"parallelism={parallel} trains {parallel} configurations at once with numWorkers "
-                f"{' + '.join(map(str, widths))} = {sum(widths)} ranks, but the cluster offers {task_slots(spark)} task "
-                f"slots (master={spark.sparkContext.getConf().get('spark.master', '?')}): lower parallelism or "
+                f"{' + '.join(map(str, widths))} = {sum(widths)} ranks, but the cluster offers {task_slots(spark)} "
+                f"task slots (master={spark.sparkContext.getConf().get('spark.master', '?')}): lower parallelism or "
                 "numWorkers") from None
 
     @contextmanager
@@ -259,7 +268,7 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
 
 def _rank_key(trial: _Trial, larger_is_better: bool) -> tuple[bool, float, int]:
     """Best first; a NaN metric last; ties by map order."""
-    metric = trial.metric
+    metric = trial.last_metric()
     return math.isnan(metric), -metric if larger_is_better else metric, trial.index
 
 
@@ -379,23 +388,34 @@ class SuccessiveHalvingModel(Model, TorchPersistence):
         self.validationMetrics = list(validationMetrics or [])
         self.rungs = [dict(r) for r in rungs or []]
 
+    def _best(self) -> TorchModel:
+        """The best model.
+
+        Raises:
+            InvalidInputError: This model was made without one.
+        """
+        if self.bestModel is None:
+            raise InvalidInputError(f"{self.uid} holds no bestModel: it comes from SuccessiveHalving.fit or "
+                                    "SuccessiveHalvingModel.load")
+        return self.bestModel
+
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        return self.bestModel.transform(dataset)
+        return self._best().transform(dataset)
 
     def copy(self, extra: dict | None = None) -> SuccessiveHalvingModel:
         """A copy holding a copy of the best model."""
-        return SuccessiveHalvingModel(self.bestModel.copy(extra), self.validationMetrics, self.rungs)
+        return SuccessiveHalvingModel(self._best().copy(extra), self.validationMetrics, self.rungs)
 
     def _persisted_files(self, folder: str) -> dict[str, bytes]:
         """The best model's files and Params, the metrics and the rungs (see persistence.py)."""
-        best = self.bestModel
+        best = self._best()
         summary = {"validationMetrics": self.validationMetrics, "rungs": self.rungs,
                    "bestModel": {"uid": best.uid, "params": {p.name: v for p, v in best._paramMap.items()}}}
         return {**best._persisted_files(folder), "tuning.json": json.dumps(summary).encode()}
 
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> SuccessiveHalvingModel:
-        summary = json.loads(read("tuning.json"))
+        summary = json.loads(read_required(read, "tuning.json", folder))
         best = TorchModel._from_files(read, folder)
         best._resetUid(str(summary["bestModel"]["uid"]))
         best._set(**{str(k): v for k, v in summary["bestModel"]["params"].items() if best.hasParam(str(k))})

@@ -83,9 +83,9 @@ def test_a_worker_reuses_the_table_part_it_read_until_the_files_change(tmp_path)
     import pyarrow.parquet as pq
 
     from spark_torch_est.cluster import worker
-    from spark_torch_est.ingest import held
     from spark_torch_est.core.protocol import FEATURES, LABEL
     from spark_torch_est.core.spec import FilePart, FileSource, How
+    from spark_torch_est.ingest import held
     from tests.helpers import features_schema, task_spec
 
     path = str(tmp_path / "t.parquet")
