@@ -27,7 +27,7 @@ from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
-from spark_torch_est.ingest.shard import EpochPlan, Shard, epoch_order
+from spark_torch_est.ingest.shard import Shard
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import Control, HookSet
 from spark_torch_est.train.losses import Loss, scalar_loss, zero_through
@@ -136,10 +136,9 @@ class Trainer:
                 self._agree_on_flags()
             if self.control.stop_training:  # asked before the epoch's first step: none of it runs
                 return
-        train = self.rows.train
-        plan = EpochPlan(self.rows.train_rows, self.spec.batch_size, self.state.offset)
-        order = epoch_order(len(train), self.spec.seed, self.state.progress.epoch, self.ranks.rank)
-        batches = prefetch((train.take(plan.positions(order, step)) for step in range(plan.steps)), self._transfer)
+        with self._stage.at("collective"):  # the same rows per step on any number of ranks
+            plan = self.rows.epoch(self.state.progress.epoch, self.state.offset)
+        batches = prefetch((plan.take(step) for step in range(plan.steps)), self._transfer)
         for step in range(plan.steps):
             if self.spec.target.reached(self.state.progress):
                 return
@@ -178,7 +177,7 @@ class Trainer:
         calls, the optimizer, scheduler, loss and metrics; then the run's state."""
         spec, creators = self.spec, self.creators
         with self._stage.at("collective"):
-            self.rows = agree_on_rows(self.shard, spec, self.ranks)
+            self.rows = agree_on_rows(self.shard, spec, self.ranks, resume.shards if resume is not None else None)
         self.shard = None  # the rows above hold them from here on
         torch.manual_seed(spec.seed)
         model = self.model = creators.build_model().to(self.device)
