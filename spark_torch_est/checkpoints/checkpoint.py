@@ -96,7 +96,8 @@ class Checkpoint:
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict], precision: str = "32",
               scaler: dict | None = None, strategy: str = "ddp",
-              sharded: dict | None = None, parent: Parent | None = None, shards: int | None = None) -> Checkpoint:
+              sharded: dict | None = None, parent: Parent | None = None,
+              shards: int | None = None) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
         return cls({
             "format_version": FORMAT_VERSION, "run_id": run_id, "fit_id": fit_id, "progress": progress.to_dict(),

@@ -11,43 +11,16 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spark_torch_est import Checkpoint, Hook
+from spark_torch_est import Checkpoint
 from spark_torch_est.core.progress import Target
 from spark_torch_est.core.protocol import FEATURES, LABEL
 from spark_torch_est.core.spec import Launch
 from spark_torch_est.ingest.canonical import row_keys
 from spark_torch_est.ingest.rows import DenseRows
 from spark_torch_est.ingest.shard import Table
-from tests.helpers import task_spec
+from tests.helpers import StepRows, task_spec
 
 ROWS = 240
-
-
-class StepRows(Hook):
-    """Every global step's row ids (the labels, unique per row), gathered from all ranks
-    and kept in the hook's state (so a resumed run forgets what its checkpoint forgets)."""
-
-    def __init__(self):
-        self.steps = {}
-
-    def after_train_iter(self, labels, global_step, world_size):
-        import torch.distributed as dist
-
-        mine = labels.reshape(-1).to(torch.int64)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
-        dist.all_gather(sizes, torch.tensor([len(mine)]))
-        most = int(max(sizes))
-        padded = torch.full((most,), -1, dtype=torch.int64)
-        padded[:len(mine)] = mine
-        gathered = [torch.empty(most, dtype=torch.int64) for _ in range(world_size)]
-        dist.all_gather(gathered, padded)
-        self.steps[str(global_step)] = sorted(int(v) for g in gathered for v in g.tolist() if v >= 0)
-
-    def state_dict(self):
-        return {"steps": dict(self.steps)}
-
-    def load_state_dict(self, state):
-        self.steps = dict(state["steps"])
 
 
 def _batches(rows: np.ndarray) -> list[pa.RecordBatch]:
