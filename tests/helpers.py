@@ -296,16 +296,18 @@ def layout_frame(spark, layout: str, x: np.ndarray, y: np.ndarray):
 
 
 class StepRows(Hook):
-    """Every global step's row ids (the labels, unique per row), gathered from all ranks
-    and kept in the hook's state (so a resumed run forgets what its checkpoint forgets)."""
+    """Every global step's row ids (the labels times ``scale``, unique per row), gathered
+    from all ranks and kept in the hook's state (so a resumed run forgets what its
+    checkpoint forgets)."""
 
-    def __init__(self):
+    def __init__(self, scale: float = 1.0):
         self.steps = {}
+        self.scale = scale
 
     def after_train_iter(self, labels, global_step, world_size):
         import torch.distributed as dist
 
-        mine = labels.reshape(-1).to(torch.int64)
+        mine = torch.round(labels.reshape(-1).double() * self.scale).to(torch.int64)
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
         dist.all_gather(sizes, torch.tensor([len(mine)]))
         most = int(max(sizes))
