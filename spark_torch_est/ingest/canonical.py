@@ -71,6 +71,13 @@ def _hash_elements(elements: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return _mix(sums + lengths.astype(np.uint64) * _M2)
 
 
+def _hash_rows(elements: np.ndarray) -> np.ndarray:
+    """:func:`_hash_elements` of rows of one length, ``elements`` ``(rows, length)``."""
+    width = elements.shape[1]
+    mixed = _mix(elements + (np.arange(width, dtype=np.uint64) * _GOLDEN + np.uint64(1)))
+    return _mix(mixed.sum(axis=1, dtype=np.uint64) + np.uint64(width * int(_M2) % (1 << 64)))
+
+
 def _column_keys(rows: Rows) -> np.ndarray:
     """A key per row of one column, read in chunks (spilled rows stay on disk)."""
     count, keys = len(rows), []
@@ -85,8 +92,7 @@ def _column_keys(rows: Rows) -> np.ndarray:
         step = max(1, _CHUNK_VALUES // max(width, 1))
         for start in range(0, count, step):
             stop = min(start + step, count)
-            keys.append(_hash_elements(_bits(rows.slice(start, stop)).reshape(-1),
-                                       np.full(stop - start, width, dtype=np.int64)))
+            keys.append(_hash_rows(_bits(rows.slice(start, stop)).reshape(stop - start, width)))
     return np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
 
 
@@ -248,12 +254,15 @@ def regroup(table: Table, held: torch.Tensor, holders: torch.Tensor, wanted: lis
     spill = Budget(budget)
     columns = []
     for c, column in enumerate(table.columns()):
+        pieces = [received.get(s, [None] * (c + 1))[c] for s in range(world)]
+        if budget is None and isinstance(column, DenseRows):  # one copy, straight into the new tensor
+            columns.append(DenseRows(_gathered(column, pieces, source, within, rank)))
+            continue
         builder = RowsBuilder(column.dtype, spill if c < len(table.inputs) else None, len(mine))
         step = max(1, _CHUNK_VALUES // max(1, math.prod(column.row_shape or (64,))))
         for start in range(0, len(mine), step):
             stop = min(start + step, len(mine))
-            _append(builder, column, [received.get(s, [None] * (c + 1))[c] for s in range(world)],
-                    source[start:stop], within[start:stop], rank)
+            _append(builder, column, pieces, source[start:stop], within[start:stop], rank)
         columns.append(builder.finish(getattr(column, "padding", 0)) or _empty_like(column))
     return table.with_columns(columns)
 
@@ -276,15 +285,25 @@ def _append(builder: RowsBuilder, column: Rows, pieces: list[Rows | None], sourc
         flat = torch.cat(values) if values else torch.empty(0, dtype=column.dtype)
         builder.append(flat.numpy(), lengths.numpy())
         return
-    out = torch.empty((len(source), *column.row_shape), dtype=column.dtype)
-    for sender in torch.unique(source).tolist():
-        at = torch.nonzero(source == sender).reshape(-1)
-        out[at] = column.take(within[at]) if sender == rank else pieces[sender].take(within[at])
+    out = _gathered(column, pieces, source, within, rank)
     if column.row_shape:
         builder.append(out.reshape(-1, *column.row_shape[1:]).numpy(),
                        np.full(len(out), column.row_shape[0], dtype=np.int64), tuple(column.row_shape[1:]))
     else:
         builder.append(out.numpy())
+
+
+def _gathered(column: Rows, pieces: list[Rows | None], source: torch.Tensor, within: torch.Tensor,
+              rank: int) -> torch.Tensor:
+    """The rows ``within`` their sources (this rank's ``column`` or a piece received), as one tensor."""
+    out = torch.empty((len(source), *column.row_shape), dtype=column.dtype)
+    senders = torch.unique(source).tolist()
+    if senders == [rank] and isinstance(column, DenseRows):
+        return torch.index_select(column.tensor, 0, within, out=out)
+    for sender in senders:
+        at = torch.nonzero(source == sender).reshape(-1)
+        out[at] = column.take(within[at]) if sender == rank else pieces[sender].take(within[at])
+    return out
 
 
 def _empty_like(column: Rows) -> Rows:

@@ -125,3 +125,22 @@ def test_equal_rows_have_equal_keys_and_others_differ(seed):
     keys = row_keys(Table([DenseRows(x)], DenseRows(torch.zeros(500))))
     distinct_rows = len({tuple(r) for r in x.tolist()})
     assert len(set(keys.tolist())) == distinct_rows
+
+
+@pytest.mark.parametrize("budget", [None, 64])
+def test_the_layout_keeps_every_row_whole_whatever_its_columns_hold(budget, tmp_path, monkeypatch):
+    from spark_torch_est.core.ranks import Ranks
+    from spark_torch_est.ingest.canonical import to_canonical
+    from spark_torch_est.ingest.rows import RaggedRows
+
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))  # where rows past the budget spill
+    lengths = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    ragged = RaggedRows(DenseRows(torch.arange(int(lengths.sum()), dtype=torch.float32)), offsets, -1.0)
+    dense = DenseRows(torch.arange(16, dtype=torch.int64).reshape(8, 2))
+    table = Table([ragged, dense], DenseRows(torch.arange(8, dtype=torch.float32)))
+    laid = to_canonical(table, [8], 1, 4, 0, Ranks(0, 1, torch.device("cpu")), budget).table
+    ids = laid.labels.tensor.long()
+    assert sorted(ids.tolist()) == list(range(8)) and ids.tolist() != list(range(8))
+    assert torch.equal(laid.inputs[1].slice(0, 8), dense.tensor[ids])
+    assert torch.equal(laid.inputs[0].take(torch.arange(8)), ragged.take(ids))
