@@ -33,7 +33,7 @@ from spark_torch_est.ingest.shard import EpochPlan, Table, epoch_order
 
 __all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical"]
 
-_CHUNK_VALUES = 1 << 22  # values hashed or copied at once
+_CHUNK_VALUES = 1 << 20  # values hashed or copied at once (8 MB of temporaries each)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
