@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
-test: $(STAMP)  ## type-checks the examples as a user's code (mypy), then the suite without the slow tests (15-19 minutes on 2 idle cores)
+test: $(STAMP)  ## lints (ruff) and type-checks the package and the examples (mypy), then the suite without the slow tests (15-19 minutes on 2 idle cores)
+	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy
 	$(RUN) $(BIN)/python -m pytest -m "not slow" tests
 
@@ -57,7 +58,7 @@ bench-scale: $(STAMP)  ## only the growth table: call to first step against pyar
 bench-precision: $(STAMP)  ## the loop under precision 32 and bf16-mixed, compiled or not, against plain torch (CPU, about 15 minutes on 2 cores, estimated)
 	$(RUN) $(BIN)/python -m benchmarks.precision
 
-params: $(STAMP)  ## regenerates spark_torch_est/params/{columns,training,runtime}.py from the Param table (spark_torch_est/params/table.py, docs/params.md)
+params: $(STAMP)  ## regenerates spark_torch_est/params/{columns,training,runtime,halving}.py from the Param table (spark_torch_est/params/table.py, docs/params.md)
 	$(BIN)/python -m spark_torch_est.params.codegen
 
 clean:

@@ -43,7 +43,8 @@ df = (VectorAssembler(inputCols=[f"x{i}" for i in range(4)], outputCol="features
 
 
 def make_model(config):
-    return torch.nn.Sequential(torch.nn.Linear(4, config["hidden"]), torch.nn.Tanh(), torch.nn.Linear(config["hidden"], 1))
+    hidden = config["hidden"]
+    return torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
 
 
 def make_optimizer(model, config):

@@ -75,9 +75,11 @@ def main() -> None:
     for trial in study.trials:
         epochs = max(trial.intermediate_values, default=0)
         print(f"  trial {trial.number} (hidden {trial.params['hidden']:>2}, lr {trial.params['lr']:.1e}): "
-              f"{trial.state.name.lower()} after {epochs} of {MAX_EPOCHS} epochs, val_loss {trial.intermediate_values.get(epochs, 0):.4f}")
+              f"{trial.state.name.lower()} after {epochs} of {MAX_EPOCHS} epochs, "
+              f"val_loss {trial.intermediate_values.get(epochs, 0):.4f}")
     best = study.best_trial
-    print(f"best: trial {best.number} {best.params}, val_loss {best.value:.4f}, test RMSE {rmse(models[best.number], test):.4f}")
+    print(f"best: trial {best.number} {best.params}, val_loss {best.value:.4f}, "
+          f"test RMSE {rmse(models[best.number], test):.4f}")
     children = MlflowClient().search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     print(f"MLflow: {len(children)} child runs of the study's run {parent.info.run_id} at {mlflow.get_tracking_uri()}")
     spark.stop()

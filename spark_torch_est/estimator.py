@@ -8,7 +8,7 @@ import dataclasses
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import cloudpickle
 from pyspark import keyword_only
@@ -45,6 +45,7 @@ logger = fit_logger(__name__)
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks")
 #: Guards every estimator's ``_fitting`` flag while a fit checks and sets it.
 _FITTING = threading.Lock()
+_T = TypeVar("_T")
 
 
 class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
@@ -127,6 +128,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             before the root (default None: every direct child holding parameters).
     """
 
+    _input_kwargs: dict[str, Any]  # the constructor's arguments, as @keyword_only records them
+
     @keyword_only
     def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
                  scheduler: Any = None, metrics: Mapping[str, Any] | None = None,
@@ -155,8 +158,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         self._loggers = normalize_loggers(kwargs.pop("loggers", None))  # driver only: not in the creators
         self._checkpoint: Checkpoint | None = None
         self._fitting = False  # a fit of this run is in progress (see _one_fit_at_a_time)
-        self._folds = 0  # fitMultiple calls (a tuner's folds) since the last refit
-        self._fold: str | None = None  # in a copy made by fitMultiple: its fold ("" for a train-validation split)
+        self._folds = 0  # fitMultiple calls (a tuner's splits) since the last refit
+        self._fold: str | None = None  # in a copy made by fitMultiple: its split ("split 2")
         self._set(**kwargs)
 
     # ----------------------------------------------------------------- run state
@@ -234,17 +237,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         """A copy with the same creators and Params and a new run (hooks and loggers are copied too)."""
         that = super().copy(extra)
         that._creators = copy.copy(self._creators)
-        for what, original in (("hooks", self._creators.hooks), ("loggers", self._loggers)):
-            try:
-                copied = copy.deepcopy(original)
-            except (TypeError, AttributeError, copy.Error) as error:  # a lock, a socket, a client in a hook
-                raise InvalidInputError(
-                    f"copy() copies the {what}, and one of them cannot be copied ({type(error).__name__}: {error}); "
-                    f"give it __deepcopy__ (or __getstate__/__setstate__), or create what it holds lazily") from None
-            if what == "hooks":
-                that._creators.hooks = copied
-            else:
-                that._loggers = copied
+        that._creators.hooks = _deep_copy("hooks", self._creators.hooks)
+        that._loggers = _deep_copy("loggers", self._loggers)
         that._checkpoint = None
         that._fitting = False
         that.reset()
@@ -305,14 +299,13 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         return self.copy(params)._fit_run(dataset, duration, resume_from, self._search_name(params))
 
     def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> Iterator[tuple[int, TorchModel]]:
-        """As in pyspark (``CrossValidator`` and ``TrainValidationSplit`` call it once per
-        fold), and each fit is named for the loggers after its param map and fold
-        (``"batchSize=32 (fold 2)"``); the tuner's refit with the best map that follows is
-        ``"... (refit)"``."""
+        """As in pyspark (``CrossValidator`` calls it once per fold, ``TrainValidationSplit``
+        once), and each fit is named for the loggers after its param map and the split, the
+        calls counted (``"batchSize=32 (split 2)"``); the tuner's refit with the best map that
+        follows is ``"... (refit)"``."""
         self._folds += 1
         estimator = self.copy()
-        split = any(c.startswith("TrainValidationSplit_") and c.endswith("_rand") for c in dataset.columns)
-        estimator._fold = "" if split else f"fold {self._folds}"
+        estimator._fold = f"split {self._folds}"
         return super(TorchEstimator, estimator).fitMultiple(dataset, paramMaps)
 
     def _search_name(self, params: ParamMap) -> str:
@@ -441,6 +434,20 @@ def _with_stop_wait(spec: TaskSpec, wait: float | None) -> TaskSpec:
     epoch end (None: no logger may stop the fit), at most half the collectives' ``timeout``
     (the other ranks wait for the answer in the epoch end's flag agreement)."""
     return dataclasses.replace(spec, stop_wait_s=None if wait is None else min(wait, spec.timeout_s / 2))
+
+
+def _deep_copy(what: str, original: _T) -> _T:
+    """A deep copy of the estimator's hooks or loggers (``what``), for ``copy()``.
+
+    Raises:
+        InvalidInputError: One of them cannot be copied.
+    """
+    try:
+        return copy.deepcopy(original)
+    except (TypeError, AttributeError, copy.Error) as error:  # a lock, a socket, a client in a hook
+        raise InvalidInputError(
+            f"copy() copies the {what}, and one of them cannot be copied ({type(error).__name__}: {error}); "
+            f"give it __deepcopy__ (or __getstate__/__setstate__), or create what it holds lazily") from None
 
 
 def _hook_states(hooks: Mapping[str, Hook]) -> dict[str, dict]:

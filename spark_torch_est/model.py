@@ -25,7 +25,7 @@ from spark_torch_est.ingest.frames import check_inputs, input_schema, label_kind
 from spark_torch_est.ingest.parquet_plan import parquet_table
 from spark_torch_est.ingest.parquet_read import over_parts
 from spark_torch_est.params.base import ModelParams
-from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, saved_checkpoint
+from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, read_required, saved_checkpoint
 from spark_torch_est.scoring.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
 from spark_torch_est.scoring.predict_udf import arrow_predict_function
 from spark_torch_est.train.creators import Creators
@@ -63,33 +63,51 @@ class TorchModel(Model, ModelParams, TorchPersistence):
 
     @property
     def checkpoint(self) -> Checkpoint:
-        """The checkpoint this model was built from (``fit(resume_from=model)`` continues it)."""
+        """The checkpoint this model was built from (``fit(resume_from=model)`` continues it).
+
+        Raises:
+            InvalidInputError: The model was made without one (``TorchModel()``).
+        """
+        if self._checkpoint is None:
+            raise InvalidInputError(f"{self.uid} holds no checkpoint: a TorchModel comes from "
+                                    "TorchEstimator.fit or TorchModel.load")
         return self._checkpoint
 
     @property
     def history(self) -> list[dict]:
         """Per-epoch metrics of the run up to this model."""
-        return self._checkpoint.history
+        return self.checkpoint.history
+
+    def _made_by(self) -> Creators:
+        """The creators that build the module, the loss and the metrics.
+
+        Raises:
+            InvalidInputError: The model was made without them (``TorchModel()``).
+        """
+        if self._creators is None:
+            raise InvalidInputError(f"{self.uid} holds no creators: a TorchModel comes from "
+                                    "TorchEstimator.fit or TorchModel.load")
+        return self._creators
 
     def torch_model(self) -> torch.nn.Module:
         """The trained ``nn.Module`` on the CPU, in eval mode."""
-        model = self._creators.build_model()
-        model.load_state_dict(self._checkpoint.model_state)
+        model = self._made_by().build_model()
+        model.load_state_dict(self.checkpoint.model_state)
         return model.cpu().eval()
 
     def _scoring_spec(self, outputs: dict[str, str] | None = None, **fields: Any) -> ScoringSpec:
         """The spec of a scoring task; ``outputs`` maps output Params to the columns to emit."""
         weights = io.BytesIO()
-        torch.save(self._checkpoint.model_state, weights)
+        torch.save(self.checkpoint.model_state, weights)
         if outputs is not None:
             fields.update(output=self._output_kind(),
                           **{spec_field: outputs.get(param, "") for param, spec_field in _SPEC_FIELDS.items()})
         return ScoringSpec(key=hashlib.sha256(weights.getbuffer()).hexdigest(),
                            creators=cloudpickle.dumps(self._creators), weights=weights.getvalue(),
-                           batch_size=self.getInferenceBatchSize(), precision=self._checkpoint.precision, **fields)
+                           batch_size=self.getInferenceBatchSize(), precision=self.checkpoint.precision, **fields)
 
     def _output_kind(self) -> str:
-        checkpoint = self._checkpoint
+        checkpoint = self.checkpoint
         width = 1
         for dim in checkpoint.output_shape:
             width *= dim
@@ -107,14 +125,14 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         """
         if is_remote():
             support.require(support.CONNECT_ML)
-        trained = self._checkpoint.input_schema
+        trained = self.checkpoint.input_schema
         derived = input_schema(dataset.schema, features_col=self.getFeaturesCol(), feature_cols=self.getFeatureCols(),
                                input_cols=self.getInputCols(),
                                input_shapes={c.name: list(c.shape) for c in trained.columns if c.shape is not None}
                                if self.getInputCols() else None)
         check_inputs(dataset.schema, trained, derived)
-        columns = tuple(self.getFeatureCols()) if derived.layout == FEATURES_LAYOUT and self.getFeatureCols() \
-            else tuple(derived.names)
+        feature_cols = self.getFeatureCols()
+        columns = tuple(feature_cols) if derived.layout == FEATURES_LAYOUT and feature_cols else tuple(derived.names)
         return {"schema": trained.to_dict(), "columns": columns}
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
@@ -193,17 +211,24 @@ class TorchModel(Model, ModelParams, TorchPersistence):
             raise InvalidInputError(f"predict_udf(output={output!r}): this model offers {offered}")
         support.require(support.PREDICT_UDF)
         from pyspark.sql.functions import arrow_udf
-        spec = self._scoring_spec({param: output}, schema=self._checkpoint.input_schema.to_dict(),
+        spec = self._scoring_spec({param: output}, schema=self.checkpoint.input_schema.to_dict(),
                                   columns=self._argument_names())
         vector = types[param] == VectorUDT()
-        return arrow_udf(arrow_predict_function(spec, as_array and vector),
+        # pyspark's stub wants functionType with a function; at run time Arrow UDFs take the
+        # kind from the function's type hints, as here
+        return arrow_udf(arrow_predict_function(spec, as_array and vector),  # type: ignore[call-overload]
                          T.ArrayType(T.DoubleType()) if as_array and vector else types[param])
 
     def _argument_names(self) -> tuple[str, ...]:
         """What predict_udf's arguments are: the model's input columns, in order."""
-        if self.getInputCols():
-            return tuple(self.getInputCols())
-        return tuple(self.getFeatureCols()) if self.getFeatureCols() else (self.getFeaturesCol(),)
+        input_cols, feature_cols, features_col = self.getInputCols(), self.getFeatureCols(), self.getFeaturesCol()
+        if input_cols:
+            return tuple(input_cols)
+        if feature_cols:
+            return tuple(feature_cols)
+        if features_col is None:  # training refused a model without inputs
+            raise InvalidInputError(f"{self.uid} has no input columns: set featuresCol, featureCols or inputCols")
+        return (features_col,)
 
     def evaluate(self, dataset: DataFrame) -> dict[str, float]:
         """The loss and metrics over every row of ``dataset``, computed by Spark tasks.
@@ -229,7 +254,8 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         if not rows or totals[0] == 0:
             raise InvalidInputError("evaluate() got a DataFrame without rows (or, with weightCol, whose weights are "
                                     "all 0)")
-        accumulator = MetricAccumulator(Loss(self._creators.build_loss()), self._creators.metrics, torch.device("cpu"))
+        creators = self._made_by()
+        accumulator = MetricAccumulator(Loss(creators.build_loss()), creators.metrics, torch.device("cpu"))
         for i, name in enumerate(accumulator.names):
             for row in rows:
                 if row["totals"][0] and row["metric_states"][i]:
@@ -247,12 +273,12 @@ class TorchModel(Model, ModelParams, TorchPersistence):
         ``folder`` under "fsdp", so that the saved model can be continued on its own (see
         persistence.py)."""
         return {"creators.pkl": cloudpickle.dumps(self._creators),
-                "checkpoint.pt": saved_checkpoint(self._checkpoint, folder)}
+                "checkpoint.pt": saved_checkpoint(self.checkpoint, folder)}
 
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> TorchModel:
         return cls(creators=cloudpickle.loads(read("creators.pkl")),
-                   checkpoint=loaded_checkpoint(read("checkpoint.pt"), folder))
+                   checkpoint=loaded_checkpoint(read_required(read, "checkpoint.pt", folder), folder))
 
 
 def _output_types(kind: str) -> dict[str, T.DataType]:

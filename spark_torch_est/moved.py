@@ -50,7 +50,9 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self) -> None:
         self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         prefix, _, old = fullname.partition(".")
         if prefix != _PACKAGE or old not in MOVED:
             return None
@@ -63,7 +65,9 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         # the import system stamped the old name's spec on the module: give it back its own
-        module.__spec__ = self._specs.pop(module.__spec__.name)
+        stamped = module.__spec__
+        if stamped is not None:
+            module.__spec__ = self._specs.pop(stamped.name)
 
 
 _FINDER = _MovedFinder()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql.utils import is_remote
 
@@ -24,26 +25,13 @@ from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputErro
 from spark_torch_est.params.base import declare_params
 from spark_torch_est.train.strategies.fsdp import copy_sharded
 
-__all__ = ["Persistable", "TorchPersistence", "TorchWriter", "TorchReader", "saved_checkpoint", "loaded_checkpoint"]
+__all__ = ["TorchPersistence", "TorchWriter", "TorchReader", "saved_checkpoint", "loaded_checkpoint", "read_required"]
 
 logger = logging.getLogger(__name__)
 
 _REQUIRED = "creators.pkl"
 #: Where a saved stage keeps the copy of its checkpoint's sharded state, under ``<path>/torch/``.
 _SHARDED = "sharded"
-
-
-class Persistable(Protocol):
-    """What a savable stage provides besides its Params."""
-
-    def _persisted_files(self, folder: str) -> dict[str, bytes]:
-        """File name -> content, written under ``folder`` (``<path>/torch/``), where
-        the stage may also copy what its checkpoint needs (see :func:`saved_checkpoint`)."""
-
-    @classmethod
-    def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> Persistable:
-        """Rebuilds the stage (without Params) from its files in ``folder``; ``read``
-        returns None for a file that was not saved."""
 
 
 def saved_checkpoint(checkpoint: Checkpoint, folder: str) -> bytes:
@@ -75,6 +63,18 @@ def loaded_checkpoint(blob: bytes, folder: str) -> Checkpoint:
     return checkpoint
 
 
+def read_required(read: Callable[[str], bytes | None], name: str, folder: str) -> bytes:
+    """``read(name)`` (see :meth:`TorchPersistence._from_files`) for a file the stage always saves.
+
+    Raises:
+        InvalidInputError: The file is not in ``folder``.
+    """
+    blob = read(name)
+    if blob is None:
+        raise InvalidInputError(f"{folder}/{name} is missing: the saved stage is incomplete")
+    return blob
+
+
 def _session_arg(spark: Any) -> Any:
     """What pyspark.ml's metadata reader and writer take: the session from pyspark 4.0
     (also under Spark Connect), its SparkContext before."""
@@ -82,9 +82,9 @@ def _session_arg(spark: Any) -> Any:
 
 
 class TorchWriter(MLWriter):
-    """Writes a :class:`Persistable` stage."""
+    """Writes a :class:`TorchPersistence` stage."""
 
-    def __init__(self, instance: Persistable) -> None:
+    def __init__(self, instance: TorchPersistence) -> None:
         super().__init__()
         self.instance = instance
 
@@ -97,7 +97,7 @@ class TorchWriter(MLWriter):
             super()._handleOverwrite(path)
 
     def saveImpl(self, path: str) -> None:
-        DefaultParamsWriter.saveMetadata(self.instance, path, _session_arg(self.sparkSession))
+        DefaultParamsWriter.saveMetadata(_as_params(self.instance), path, _session_arg(self.sparkSession))
         if is_remote() and not exists(f"{path}/metadata"):
             raise SparkTorchError(
                 f"cannot save to {path!r} from this Spark Connect client: the cluster wrote the Params to "
@@ -112,11 +112,11 @@ class TorchWriter(MLWriter):
 class TorchReader(MLReader):
     """Reads what :class:`TorchWriter` wrote."""
 
-    def __init__(self, cls: type) -> None:
+    def __init__(self, cls: type[TorchPersistence]) -> None:
         super().__init__()
         self.cls = cls
 
-    def load(self, path: str) -> Persistable:
+    def load(self, path: str) -> TorchPersistence:
         metadata = DefaultParamsReader.loadMetadata(path, _session_arg(self.sparkSession))
 
         def read(name: str) -> bytes | None:
@@ -131,15 +131,28 @@ class TorchReader(MLReader):
             raise InvalidInputError(f"{path!r} has Params but no torch/{_REQUIRED}: it was not saved by "
                                     f"{self.cls.__name__}.save, or this process cannot read it{shared}")
         instance = self.cls._from_files(read, f"{path}/torch")
-        declare_params(instance, [*metadata["paramMap"], *metadata.get("defaultParamMap", {})])
-        instance._resetUid(metadata["uid"])
+        params = _as_params(instance)
+        declare_params(params, [*metadata["paramMap"], *metadata.get("defaultParamMap", {})])
+        params._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         return instance
 
 
 class TorchPersistence(MLReadable, MLWritable):
-    """Mixin: ``save``/``load``/``write``/``read`` for a stage that implements
-    ``_persisted_files`` and ``_from_files`` (see :class:`Persistable`)."""
+    """Mixin for a pyspark.ml stage (a Params class): ``save``/``load``/``write``/``read``,
+    the Params as pyspark.ml saves them and the torch files the stage gives in
+    :meth:`_persisted_files` and is rebuilt from in :meth:`_from_files`."""
+
+    def _persisted_files(self, folder: str) -> dict[str, bytes]:
+        """File name -> content, written under ``folder`` (``<path>/torch/``), where
+        the stage may also copy what its checkpoint needs (see :func:`saved_checkpoint`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> TorchPersistence:
+        """Rebuilds the stage (without Params) from its files in ``folder``; ``read``
+        returns None for a file that was not saved."""
+        raise NotImplementedError
 
     def write(self) -> MLWriter:
         """Saves Params as JSON and the stage's torch files under ``<path>/torch/``."""
@@ -149,3 +162,10 @@ class TorchPersistence(MLReadable, MLWritable):
     def read(cls) -> MLReader:
         """Reads what :meth:`write` saved."""
         return TorchReader(cls)
+
+
+def _as_params(stage: TorchPersistence) -> Params:
+    """The stage as the pyspark.ml Params it is (the mixin goes on Params classes only)."""
+    if not isinstance(stage, Params):
+        raise TypeError(f"{type(stage).__name__} mixes in TorchPersistence but is not a pyspark.ml Params")
+    return stage

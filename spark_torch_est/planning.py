@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import cloudpickle
 import torch
@@ -64,7 +64,8 @@ class FitPlan:
 
 
 def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, duration: str | Duration | None,
-             start: Checkpoint | None, fresh_hooks: frozenset[str] | set[str], own: Checkpoint | None = None) -> FitPlan:
+             start: Checkpoint | None, fresh_hooks: frozenset[str] | set[str],
+             own: Checkpoint | None = None) -> FitPlan:
     """Checks a fit of ``dataset`` from ``start`` (None: a new run) and plans it.
 
     Args:
@@ -115,10 +116,10 @@ def check_params(params: EstimatorParams) -> None:
         if not params.getOrDefault(name) > 0:
             raise InvalidInputError(f"{name} must be a positive number of seconds, got {params.getOrDefault(name)}")
     _check_choice("precision", params.getPrecision(), PRECISIONS)
-    low, high = params.getMinWorkers(), params.getNumWorkers()
-    if low is not None and not 1 <= low <= high:
+    fewest, high = params.getMinWorkers(), params.getNumWorkers()
+    if fewest is not None and not 1 <= fewest <= high:
         raise InvalidInputError(f"minWorkers must be between 1 and numWorkers={high} (or None for numWorkers), "
-                                f"got {low}")
+                                f"got {fewest}")
     _check_choice("strategy", params.getStrategy(), STRATEGIES)
     if params.getStrategy() == "fsdp":
         support.require(support.FSDP)
@@ -241,13 +242,25 @@ def input_schema_of(params: EstimatorParams, dataset: DataFrame) -> InputSchema:
                         padding_value=params.getPaddingValue())
 
 
+class _FrameColumns(TypedDict):
+    """The inputs and the columns that make the training frame, as :func:`frames.training_frame`
+    and :func:`frames.frame_outputs` take them."""
+
+    schema: InputSchema
+    features_col: str | None
+    feature_cols: list[str] | None
+    label_col: str
+    validation_col: str | None
+    weight_col: str | None
+
+
 def plan_frame(params: EstimatorParams, dataset: DataFrame, schema: InputSchema,
                workers: int) -> tuple[DataFrame, FileSource | None]:
     """The training frame of a job of ``workers`` ranks, and the Parquet files they read
     themselves (None: the rows come through the frame)."""
-    columns = dict(schema=schema, features_col=params.getFeaturesCol(), feature_cols=params.getFeatureCols(),
-                   label_col=params.getLabelCol(), validation_col=params.getValidationIndicatorCol(),
-                   weight_col=params.getWeightCol())
+    columns = _FrameColumns(schema=schema, features_col=params.getFeaturesCol(), feature_cols=params.getFeatureCols(),
+                            label_col=params.getLabelCol(), validation_col=params.getValidationIndicatorCol(),
+                            weight_col=params.getWeightCol())
     frame = training_frame(dataset, num_workers=workers, **columns)
     source = parquet_source(dataset, frame_outputs(dataset, **columns), workers) if params.getDirectRead() else None
     return (dataset.sparkSession.range(0, workers, 1, workers), source) if source else (frame, None)

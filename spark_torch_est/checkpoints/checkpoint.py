@@ -89,9 +89,9 @@ class Checkpoint:
         self._blob = blob
 
     @classmethod
-    def build(cls, *, run_id: str, fit_id: str, progress: Progress, history: list[dict], partial_loss: tuple[float, float],
-              epoch_rows: int, world_size: int, data_source: str, seed: int, optimizer_made: list[dict],
-              output_shape: list[int],
+    def build(cls, *, run_id: str, fit_id: str, progress: Progress, history: list[dict],
+              partial_loss: tuple[float, float], epoch_rows: int, world_size: int, data_source: str, seed: int,
+              optimizer_made: list[dict], output_shape: list[int],
               label_kind: str, input_schema: dict, input_rows: list[list[int] | None],
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict], precision: str = "32",

@@ -11,7 +11,8 @@ import socket
 import struct
 import threading
 import time
-from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 __all__ = ["AuthenticatingServer", "limit_waits"]
 
@@ -71,7 +72,7 @@ class AuthenticatingServer:
                 break
             with self._lock:
                 if len(self._pending) >= _MAX_PENDING:  # the oldest gives way: a rank's handshake takes
-                    oldest = min(self._pending, key=self._pending.get)  # milliseconds, a stalling one seconds
+                    oldest = min(self._pending, key=self._pending.__getitem__)  # milliseconds, a stalling one seconds
                     self._refuse(oldest, "too many connections were authenticating at once; dropped the oldest")
                 # One deadline for the whole handshake, however slowly the peer drips bytes:
                 deadline = threading.Timer(self.handshake_timeout, self._expire, args=(sock,))

@@ -207,11 +207,13 @@ class ChannelClient:
     """
 
     def __init__(self, address: tuple[str, int], secret: bytes, connect_timeout: float = 5.0) -> None:
-        sock = socket.create_connection(tuple(address), timeout=connect_timeout)
+        host, port = address
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
         limit_waits(sock, connect_timeout)
-        self._connection = Connection(sock.detach())
-        answer_challenge(self._connection, secret)
-        deliver_challenge(self._connection, secret)
+        connection = Connection(sock.detach())
+        answer_challenge(connection, secret)
+        deliver_challenge(connection, secret)
+        self._connection: Connection | None = connection
         self._secret = secret
         self._lock = threading.Lock()
 
@@ -280,7 +282,8 @@ class ChannelClient:
         if self._connection is None:
             return None
         view = memoryview(blob).cast("B")
-        header = {"type": "blob", "key": key, "size": len(view), "sha256": hashlib.sha256(view).hexdigest()}
+        digest = hashlib.sha256(view).hexdigest()
+        header = {"type": "blob", "key": key, "size": len(view), "sha256": digest}
         timeout = ack_timeout if ack_timeout is not None else 30.0 + len(view) / 50e6
         try:
             with self._lock:
@@ -291,7 +294,7 @@ class ChannelClient:
                     raise TimeoutError(f"no acknowledgement within {timeout:.0f}s")
                 reply = json.loads(self._connection.recv_bytes(_MAX_MESSAGE))
             if reply.get("type") == "ack" and reply.get("key") == key:
-                return header["sha256"]
+                return digest
             problem = f"the driver refused it ({reply})"
         except (OSError, EOFError, ValueError, TypeError, TimeoutError) as error:
             problem = str(error) or type(error).__name__

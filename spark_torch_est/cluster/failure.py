@@ -130,9 +130,10 @@ class Failure:
         data = json.loads(body)
         if not isinstance(data, dict):
             raise ValueError("not an object")
-        text = {name: data.get(name) for name in ("kind", "message", "stage")}
-        text["traceback"] = data.get("traceback", "")
-        if text["kind"] not in KINDS or not all(isinstance(v, str) for v in text.values()):
+        fields = {name: data.get(name) for name in ("kind", "message", "stage")}
+        fields["traceback"] = data.get("traceback", "")
+        text = {name: value for name, value in fields.items() if isinstance(value, str)}
+        if fields["kind"] not in KINDS or len(text) < len(fields):
             raise ValueError("bad kind or text fields")
         rank, hook = data.get("rank"), data.get("hook")
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -253,7 +254,8 @@ def package_bug(error: BaseException) -> TrainingFailedError:
 
 _RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
-#: Spark could not read the input's files (a corrupt file, a column type it cannot convert): a relaunch reads them again.
+#: Spark could not read the input's files (a corrupt file, a column type it cannot convert): a relaunch
+#: reads them again.
 _READ_FAILED = re.compile(r"\[(?:FAILED_READ_FILE|CANNOT_READ_FILE_FOOTER)[.\w]*\][^\n]*?(?=\s+SQLSTATE|\n|$)")
 _READ_CAUSE = re.compile(r"^Caused by: (?!org\.apache\.spark\.SparkException)([^\n]+)", re.MULTILINE)
 _BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|support).*?(?=\n\s+at |\Z)", re.DOTALL)
@@ -335,7 +337,7 @@ class FailurePolicy:
             logger.warning("executors cannot reach the driver's rendezvous store; rendezvousing through Spark's "
                            "allGather instead (%s)", error.message)
             return Decision.REROUTE
-        if not getattr(error, "retryable", False):
+        if not (isinstance(error, TrainingFailedError) and error.retryable):
             logger.info("not relaunching: the failure is not one a relaunch can fix (%s)", type(error).__name__)
             return Decision.RAISE
         if self.relaunches >= self.max_retries:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
@@ -185,6 +186,8 @@ class Launcher:
         if ranks == spec.world_size:
             return self.rows.spec(spec), self.rows.frame
         if ranks not in self._frames:
+            if self.replan is None:  # the Launcher's contract: min_workers comes with replan
+                raise TypeError(f"a job of {ranks} ranks instead of {spec.world_size} needs the Launcher's replan")
             self._frames[ranks] = self.replan(ranks)
         frame, source = self._frames[ranks]
         shrunk = spec.shrunk(ranks, source)
@@ -427,6 +430,7 @@ class _JobControl:
     def __init__(self, spark: SparkSession, name: str) -> None:
         self.spark = spark
         self.name = name
+        self.context: SparkContext | None
         try:
             self.context = spark.sparkContext
         except Exception:  # Spark Connect

@@ -36,7 +36,8 @@ from spark_torch_est.cluster.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.core.file_identity import file_stamp
 from spark_torch_est.core.protocol import DELIVERED
 from spark_torch_est.core.spec import Launch, TaskSpec
-from spark_torch_est.ingest.kept import forget_held, keep_while_reading, take_kept
+from spark_torch_est.ingest import held
+from spark_torch_est.ingest.kept import keep_while_reading, take_kept
 from spark_torch_est.ingest.parquet_read import read_part
 from spark_torch_est.ingest.shard import Shard, read_shard
 from spark_torch_est.train.creators import Creators
@@ -48,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 _ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
 #: The last part of a table this worker read itself, by :func:`_part_key` (see :func:`_ingest`).
-_INGESTED: dict[str, Shard] = {}
 #: DDP models something still referenced at teardown: never freed (see _teardown).
 _KEPT_ALIVE: list[object] = []
 #: How long a rank lets go of the GIL before destroying its process group (see :func:`_teardown`).
@@ -92,10 +92,10 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     stage = "ingest"
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     store: dist.Store | None = None
+    failure: Failure | None
     try:
         if spec.kept is not None and spec.kept.mode == "read":  # the ranks tell which parts they kept
             store = connect_store(launch, barrier, spec.timeout_s)
-            _INGESTED.clear()
             rank, shard = take_kept(spec, batches, store, rank)
         else:
             shard = _ingest(spec, batches, rank)
@@ -148,33 +148,34 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
     :mod:`spark_torch_est.ingest.parquet_plan`). A worker keeps the last part of a table it read: the
     next fit that gives this worker the same part of the same unchanged files (same size,
     modification time and footer), columns and budget trains on it again without reading."""
+    shard: Shard | None
     if spec.source is None:
-        _INGESTED.clear()  # a worker holds one fit's rows at a time
         if spec.kept is not None:
             return keep_while_reading(spec, batches, rank)
-        forget_held()
+        held.forget()  # a worker holds one fit's rows at a time
         shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
         pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system
         return shard
     for _ in batches:  # the job's input: one row per rank, nothing to train on
         pass
     key = _part_key(spec, rank)
-    shard = _INGESTED.get(key)
+    shard = held.held(key)
     if shard is not None:
         logger.info("rank %d: training on the rows this worker read in an earlier fit (the files are unchanged)", rank)
         return shard
-    _INGESTED.clear()  # at most one part per worker
-    forget_held()
+    held.forget()
     rows = sum(part.stop - part.start for part in spec.source.parts[rank])
     shard = read_shard(read_part(spec.source, rank), spec.schema, spec.columns, spec.memory_budget, rows)
     pa.default_memory_pool().release_unused()
-    _INGESTED[key] = shard
+    held.hold(key, shard)
     return shard
 
 
 def _part_key(spec: TaskSpec, rank: int) -> str:
     """What a rank's part depends on: its rows, the files' identities (now) and
     footers (as planned), the input schema, the label and weight columns and the memory budget."""
+    if spec.source is None:  # _ingest asks only for a spec that reads the table's files
+        raise ValueError("a part key needs a spec whose ranks read files (spec.source)")
     part = spec.source.parts[rank]
     files = []
     for path in sorted({p.path for p in part}):
@@ -183,7 +184,7 @@ def _part_key(spec: TaskSpec, rank: int) -> str:
     planned = [stamp for stamp in spec.source.files if stamp[0] in {p.path for p in part}]  # footers as planned
     described = [spec.source.outputs, [[p.path, p.row_group, p.start, p.stop] for p in part], files, planned,
                  spec.schema.to_dict(), [spec.columns.label, spec.columns.weight], spec.memory_budget]
-    return hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()
+    return "files/" + hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()
 
 
 def _import_in_background(modules: tuple[str, ...]) -> threading.Thread | None:

@@ -30,8 +30,9 @@ from spark_torch_est.core.file_identity import file_stamp
 from spark_torch_est.core.support import installed
 
 __all__ = [
-    "CHECKED_ON", "collect_arrow", "sql_settings", "task_slots", "broadcast_threshold", "plan_size_bytes", "barrier_partitions",
-    "parquet_scan", "describe_plan", "cache_alive", "local_dirs", "in_caller_properties", "deny_log_records",
+    "CHECKED_ON", "collect_arrow", "sql_settings", "task_slots", "broadcast_threshold", "plan_size_bytes",
+    "barrier_partitions", "parquet_scan", "describe_plan", "cache_alive", "local_dirs", "in_caller_properties",
+    "deny_log_records",
 ]
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ def collect_arrow(df: DataFrame) -> pa.Table:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(df.schema)
-    return pa.Table.from_batches(df._collect_as_arrow(), schema=schema)
+    # pyspark 3.5's private method: newer pyspark lacks it, and its DataFrame.__getattr__ then
+    # types the name as a Column
+    return pa.Table.from_batches(df._collect_as_arrow(), schema=schema)  # type: ignore[operator]
 
 
 def sql_settings(spark: SparkSession) -> dict[str, str]:
@@ -71,7 +74,8 @@ def sql_settings(spark: SparkSession) -> dict[str, str]:
         settings = dict(spark.conf.getAll)
     else:
         confs = spark._jsparkSession.sessionState().conf().getAllConfs()
-        settings = dict(spark._jvm.scala.collection.JavaConverters.mapAsJavaMap(confs))
+        jvm: Any = spark._jvm  # None only without a JVM, which has no sessionState above either
+        settings = dict(jvm.scala.collection.JavaConverters.mapAsJavaMap(confs))
     return {key: value for key, value in settings.items() if key.startswith("spark.sql.")}
 
 
@@ -277,7 +281,8 @@ def cache_alive(context: SparkContext) -> Callable[[int], bool]:
 def local_dirs(context: SparkContext) -> list[str]:
     """Spark's configured local directories on the driver; empty when they cannot be read."""
     try:
-        return [str(d) for d in context._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(context._jsc.sc().getConf())]
+        jvm: Any = context._jvm  # None (a stopped context): the AttributeError below is caught
+        return [str(d) for d in jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(context._jsc.sc().getConf())]
     except Exception as error:
         logger.debug("cannot list Spark's local directories: %s", error)
         return []
@@ -300,8 +305,8 @@ def deny_log_records(spark: SparkSession, mdc: dict[str, str], message_regex: st
     ``message_regex``. Does nothing under Spark Connect (no JVM here) or where log4j is not
     Spark's logging backend."""
     try:
-        jvm = spark.sparkContext._jvm
-        gateway = spark.sparkContext._gateway
+        jvm: Any = spark.sparkContext._jvm  # None (a stopped context): the AttributeError below is caught
+        gateway: Any = spark.sparkContext._gateway
     except Exception:  # Spark Connect: the server's log is not this process's output
         return
     try:

@@ -30,7 +30,9 @@ class Ranks:
         self.world_size = world_size
         self.device = device
 
-    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+    def all_reduce(
+        self, tensor: torch.Tensor, op: dist.ReduceOp | dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> torch.Tensor:
         """``tensor`` combined over every rank (by ``op``), on the CPU."""
         if self.world_size == 1:
             return tensor

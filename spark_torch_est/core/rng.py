@@ -29,7 +29,10 @@ def capture(device: torch.device) -> torch.Tensor:
     cuda_state = (torch.cuda.get_rng_state(device).double() if device.type == "cuda"
                   else torch.zeros(0, dtype=torch.float64))
     version, words, gauss = random.getstate()
-    _, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state(legacy=True)
+    if isinstance(numpy_state, dict):  # only a bit generator other than MT19937 has no tuple form
+        raise TypeError("numpy's global random generator is not an MT19937; its state cannot be captured")
+    _, keys, pos, has_gauss, cached = numpy_state
     tail = [version, *words, gauss is not None, gauss or 0.0, *keys.tolist(), pos, has_gauss, cached]
     head = torch.tensor([len(torch_state), len(cuda_state)], dtype=torch.float64)
     return torch.cat([head, torch_state, cuda_state, torch.tensor(tail, dtype=torch.float64)])

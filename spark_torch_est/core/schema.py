@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from spark_torch_est.errors import InvalidInputError
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     #: What the model is called with: one tensor (``model(x)``) or a tuple (``model(*x)``).
-    ModelInputs = Union[Tensor, tuple[Tensor, ...]]
+    ModelInputs = Tensor | tuple[Tensor, ...]
 
 __all__ = ["InputColumn", "InputSchema", "FEATURES_LAYOUT", "INPUTS_LAYOUT", "call_model"]
 
@@ -118,7 +118,8 @@ class InputSchema:
         if self.layout == FEATURES_LAYOUT:
             width = math.prod(tensors[0].shape[1:])
             source = f"featureCols {list(feature_cols)}" if feature_cols else f"featuresCol {self.columns[0].name!r}"
-            return f"the model was given {width} features per row ({source}): a batch of shape {tuple(tensors[0].shape)}"
+            return (f"the model was given {width} features per row ({source}): "
+                    f"a batch of shape {tuple(tensors[0].shape)}")
         given = ", ".join(f"{c.name!r}: {str(t.dtype).replace('torch.', '')} {tuple(t.shape)}"
                           for c, t in zip(self.columns, tensors))
         return f"the model was called as model(*inputs) with inputCols {given}"

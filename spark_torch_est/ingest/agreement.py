@@ -75,6 +75,8 @@ class AgreedRows:
         """Gives both tables' labels the shape the loss expects beside a model output of
         ``output_shape`` per row (see :func:`shape_labels`)."""
         for table in (self.train, self.validation):
+            if not isinstance(table.labels, DenseRows):  # labels never spill and are never ragged
+                raise TypeError(f"labels must be held as DenseRows, got {type(table.labels).__name__}")
             table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
 
 
@@ -195,7 +197,7 @@ def agree(layouts: torch.Tensor, what: str, may_be_ragged: bool) -> Agreed:
         raise InputDataError(f"{what} holds arrays of different lengths; every row needs the same length")
     if len(shapes) == 1:
         return Agreed(shapes.pop(), integer)
-    sizes = sorted(shapes)
+    sizes = sorted(shape for shape in shapes if shape is not None)  # None was refused above
     raise InputDataError(
         f"{what} holds rows of {_size(sizes[0])} values in some partitions and of {_size(sizes[-1])} in others; "
         "every row needs the same number of values"

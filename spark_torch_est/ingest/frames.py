@@ -18,13 +18,12 @@ from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT
 from spark_torch_est.core.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema
 from spark_torch_est.core.spec import How
 from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.ingest.spark_types import is_numeric, tensor_dtype
 
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
            "input_schema", "check_inputs", "weight_column", "training_frame", "frame_outputs"]
 
 ROW_ORDER = "__ste_row_order"
-_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
 
 
 def _field(schema: T.StructType, name: str, param: str) -> T.DataType:
@@ -35,16 +34,12 @@ def _field(schema: T.StructType, name: str, param: str) -> T.DataType:
     return schema[name].dataType
 
 
-def _is_numeric(data_type: T.DataType) -> bool:
-    return isinstance(data_type, _INTEGRAL + _FRACTIONAL + (T.BooleanType,))
-
-
 def _value_kind(data_type: T.DataType, name: str, param: str) -> str:
     if isinstance(data_type, VectorUDT):
         return "vector"
-    if isinstance(data_type, T.ArrayType) and _is_numeric(data_type.elementType):
+    if isinstance(data_type, T.ArrayType) and is_numeric(data_type.elementType):
         return "array"
-    if _is_numeric(data_type):
+    if is_numeric(data_type):
         return "scalar"
     raise InvalidInputError(
         f"{param}={name!r} has type {data_type.simpleString()}; use a Vector, an array of numbers or a numeric column"
@@ -61,7 +56,7 @@ def features_kind(schema: T.StructType, features_col: str | None, feature_cols: 
     if feature_cols:
         for name in feature_cols:
             data_type = _field(schema, name, "featureCols")
-            if not _is_numeric(data_type):
+            if not is_numeric(data_type):
                 raise InvalidInputError(
                     f"featureCols: column {name!r} has type {data_type.simpleString()}, not a number; "
                     "put vectors or arrays in featuresCol instead"
@@ -74,6 +69,16 @@ def features_kind(schema: T.StructType, features_col: str | None, feature_cols: 
     return _value_kind(_field(schema, features_col, "featuresCol"), features_col, "featuresCol")
 
 
+def _feature_names(features_col: str | None, feature_cols: list[str] | None) -> list[str]:
+    """The columns the features come from, as :func:`features_kind` accepted them:
+    featureCols, else featuresCol alone."""
+    if feature_cols:
+        return feature_cols
+    if not features_col:  # features_kind refused this already
+        raise InvalidInputError("set featuresCol (a Vector or array column) or featureCols (numeric columns)")
+    return [features_col]
+
+
 def label_kind(schema: T.StructType, label_col: str) -> str:
     """``"long"`` (class indices), ``"float"`` (regression) or a vector/array kind.
 
@@ -81,9 +86,10 @@ def label_kind(schema: T.StructType, label_col: str) -> str:
         InvalidInputError: The column is missing or of an unusable type.
     """
     data_type = _field(schema, label_col, "labelCol")
-    if isinstance(data_type, _INTEGRAL):
+    kind = tensor_dtype(data_type)
+    if kind == "int64":
         return "long"
-    if isinstance(data_type, _FRACTIONAL + (T.BooleanType,)):
+    if kind in ("float32", "bool"):
         return "float"
     return _value_kind(data_type, label_col, "labelCol")
 
@@ -113,9 +119,10 @@ def feature_column(df: DataFrame, features_col: str | None, feature_cols: list[s
     from pyspark.sql import functions as F
 
     kind = features_kind(df.schema, features_col, feature_cols)
+    names = _feature_names(features_col, feature_cols)
     if kind == "columns":
-        return F.array(*[F.col(name).cast("float") for name in feature_cols])
-    return _as_float_array(features_col, kind)
+        return F.array(*[F.col(name).cast("float") for name in names])
+    return _as_float_array(names[0], kind)
 
 
 def label_column(df: DataFrame, label_col: str) -> Column:
@@ -145,12 +152,8 @@ def _input_column(data_type: T.DataType, name: str, shape: list[int] | None) -> 
         depth, dtype = depth + 1, "float32"
     elif isinstance(element, T.BinaryType):
         depth, dtype = depth + 1, "uint8"
-    elif isinstance(element, _INTEGRAL):
-        dtype = "int64"
-    elif isinstance(element, _FRACTIONAL):
-        dtype = "float32"
-    elif isinstance(element, T.BooleanType):
-        dtype = "bool"
+    elif (atom := tensor_dtype(element)) is not None:
+        dtype = atom
     else:
         hint = ("tokenize or index it in Spark first (pyspark.ml.feature.StringIndexer, or Tokenizer then "
                 "CountVectorizer), or encode it as bytes" if isinstance(element, (T.StringType, T.VarcharType,
@@ -192,10 +195,11 @@ def input_schema(schema: T.StructType, *, features_col: str | None, feature_cols
     if shapes:
         raise InvalidInputError("inputShapes applies to inputCols; set inputCols, or reshape in the model")
     kind = features_kind(schema, features_col, feature_cols)
+    names = _feature_names(features_col, feature_cols)
     if kind == "columns":
-        name, spark_type = ", ".join(feature_cols), "array<float>"
+        name, spark_type = ", ".join(names), "array<float>"
     else:
-        name, spark_type = features_col, schema[features_col].dataType.simpleString()
+        name, spark_type = names[0], schema[names[0]].dataType.simpleString()
     return InputSchema(FEATURES_LAYOUT, (InputColumn(name, "float32", 1, spark_type),), float(padding_value))
 
 
@@ -261,7 +265,7 @@ def weight_column(df: DataFrame, weight_col: str) -> Column:
     from pyspark.sql import functions as F
 
     data_type = _field(df.schema, weight_col, "weightCol")
-    if not isinstance(data_type, _INTEGRAL + _FRACTIONAL):
+    if tensor_dtype(data_type) not in ("int64", "float32"):
         raise InvalidInputError(f"weightCol={weight_col!r} has type {data_type.simpleString()}; it must be a number")
     return F.col(weight_col).cast("float")
 
@@ -306,8 +310,8 @@ def frame_outputs(df: DataFrame, *, schema: InputSchema, features_col: str | Non
     computes in the JVM, but done per batch in the tasks."""
     if schema.layout == FEATURES_LAYOUT:
         kind = features_kind(df.schema, features_col, feature_cols)
-        outputs = [(FEATURES, tuple(feature_cols), How.STACK) if kind == "columns" else
-                   (FEATURES, (features_col,), How.WRAP if kind == "scalar" else How.AS_IS)]
+        how = How.STACK if kind == "columns" else How.WRAP if kind == "scalar" else How.AS_IS
+        outputs = [(FEATURES, tuple(_feature_names(features_col, feature_cols)), how)]
     else:
         outputs = [(input_column(i), (c.name,), How.AS_IS) for i, c in enumerate(schema.columns)]
     outputs.append((LABEL, (label_col,), How.AS_IS))

@@ -32,19 +32,19 @@ import pyarrow as pa
 
 from spark_torch_est.core.spec import KeptPlan, TaskSpec
 from spark_torch_est.errors import InputDataError
+from spark_torch_est.ingest import held
 from spark_torch_est.ingest.rows import spark_local_dir
 from spark_torch_est.ingest.shard import Shard, read_shard
 
 __all__ = ["KEPT_FOLDER", "MISSING", "KeptPartMissing", "kept_root", "part_path", "assign", "keep_while_reading",
-           "take_kept", "forget_held", "drop"]
+           "take_kept", "drop"]
 
 logger = logging.getLogger(__name__)
 
 KEPT_FOLDER = "spark_torch_est-kept"
 #: Starts the message of :class:`KeptPartMissing`: the driver reads the rows through Spark again.
 MISSING = "the kept rows of this DataFrame are gone"
-#: The last part this Python worker trained on through Spark: ``{memory key: shard}``, at most one.
-_HELD: dict[str, Shard] = {}
+_MEMORY_PREFIX = "kept/"  # kept rows held in memory (ingest.held) are keyed below it
 
 
 class KeptPartMissing(InputDataError):
@@ -62,22 +62,16 @@ def part_path(key: str, part: int, parts: int) -> str:
     return os.path.join(kept_root(), key, f"part-{part:05d}-of-{parts:05d}.arrow")
 
 
-def forget_held() -> None:
-    """Lets the part this worker holds in memory go (the worker is about to read another)."""
-    _HELD.clear()
-
-
 def drop(keys: tuple[str, ...]) -> None:
     """Removes what this executor keeps under ``keys`` (their DataFrames' caches are gone)."""
     for key in keys:
         shutil.rmtree(os.path.join(kept_root(), key), ignore_errors=True)
-    if any(held.startswith(key) for held in _HELD for key in keys):
-        forget_held()
+    held.forget(*(_MEMORY_PREFIX + key + "/" for key in keys))
 
 
 def _memory_key(spec: TaskSpec, plan: KeptPlan, part: int) -> str:
     """The key's rows converted for this fit: the schema, columns and budget shape the tensors."""
-    return f"{plan.key}/{part}/{spec.world_size}/" + json.dumps(
+    return f"{_MEMORY_PREFIX}{plan.key}/{part}/{spec.world_size}/" + json.dumps(
         [spec.schema.to_dict(), [spec.columns.label, spec.columns.weight, spec.columns.features],
          spec.memory_budget], default=str)
 
@@ -87,11 +81,11 @@ def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: 
     come (a write that fails only costs the next fit its reuse) and, once kept there
     within the bound, held in this worker's memory too."""
     plan = _plan(spec)
-    forget_held()
+    held.forget()
     _drop_requested(plan)
     shard = read_shard(_tee(batches, plan, part, spec.world_size), spec.schema, spec.columns, spec.memory_budget)
     if os.path.exists(part_path(plan.key, part, spec.world_size)):  # kept within the bound: held as well
-        _HELD[_memory_key(spec, plan, part)] = shard
+        held.hold(_memory_key(spec, plan, part), shard)
     return shard
 
 
@@ -258,7 +252,7 @@ def _match(edges: list[list[int]], fixed: dict[int, int]) -> dict[int, int]:
 
 def _offer(spec: TaskSpec, plan: KeptPlan) -> dict[str, list[int]]:
     """The parts of the key this task holds: in this worker's memory, on this executor's disk."""
-    memory = [part for part in range(spec.world_size) if _memory_key(spec, plan, part) in _HELD]
+    memory = [part for part in range(spec.world_size) if held.holds(_memory_key(spec, plan, part))]
     disk = [part for part in range(spec.world_size) if os.path.exists(part_path(plan.key, part, spec.world_size))]
     return {"memory": memory, "disk": disk}
 
@@ -293,15 +287,15 @@ def take_kept(spec: TaskSpec, batches: Iterator[pa.RecordBatch], store: Any, tas
         raise KeptPartMissing(f"{MISSING} (the tasks hold {offers} of {spec.world_size} parts)")
     rank = ranks[task]
     memory_key = _memory_key(spec, plan, rank)
-    shard = _HELD.get(memory_key)
+    shard = held.held(memory_key)
     if shard is not None:
         logger.info("rank %d: training on the rows this worker holds from an earlier fit", rank)
     else:
         path = part_path(plan.key, rank, spec.world_size)
-        forget_held()
+        held.forget()
         shard = read_shard(_read(path), spec.schema, spec.columns, spec.memory_budget)
         pa.default_memory_pool().release_unused()
-        _HELD[memory_key] = shard
+        held.hold(memory_key, shard)
         logger.info("rank %d: training on the rows this executor kept on disk from an earlier fit", rank)
     try:
         os.utime(os.path.dirname(part_path(plan.key, rank, spec.world_size)))  # recently used: evicted last

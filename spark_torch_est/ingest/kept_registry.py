@@ -182,7 +182,7 @@ def _remove_in_driver(context: SparkContext, key: str) -> None:
     """Removes the rows kept under ``key`` when the executor runs in the driver (local
     mode): its Python workers' local directory is the block manager's folder under one of
     Spark's local directories (the key names this application, not another's there)."""
-    if not re.fullmatch(r"local(\[.*\])?", context.master):
+    if context.master is None or not re.fullmatch(r"local(\[.*\])?", context.master):
         return
     for root in jvm.local_dirs(context):  # none readable: left to the next job's executors
         for folder in glob.glob(os.path.join(glob.escape(root), "blockmgr-*", KEPT_FOLDER, key)):

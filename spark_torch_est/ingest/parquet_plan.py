@@ -26,11 +26,11 @@ import logging
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame
-from pyspark.sql import types as T
 
 from spark_torch_est.core import jvm
 from spark_torch_est.core.file_identity import file_stamp, footer_digest
 from spark_torch_est.core.spec import FilePart, FileSource, How
+from spark_torch_est.ingest.spark_types import ARROW_NAMES, arrow_name
 
 __all__ = ["parquet_source", "parquet_table", "scoring_parts"]
 
@@ -41,10 +41,6 @@ logger = logging.getLogger(__name__)
 _PART_BYTES = (4 * 2 ** 20, 128 * 2 ** 20)
 #: :func:`parquet_table` reads every file's footer on the driver at each call: beyond this many files, Spark scans.
 _MAX_FILES = 1000
-#: Spark's atomic types that pyarrow reads from Parquet as Spark passes them, by the Arrow type's name.
-_SPARK_ATOMS = {T.ByteType: "int8", T.ShortType: "int16", T.IntegerType: "int32", T.LongType: "int64",
-                T.FloatType: "float", T.DoubleType: "double", T.BooleanType: "bool", T.StringType: "string",
-                T.BinaryType: "binary"}
 
 
 def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], How]],
@@ -62,7 +58,7 @@ def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], How]
     files = _scanned_files(df.select(*[df[name] for name in columns]), columns)  # a fresh plan: caches count
     if not files:
         return None
-    types = {name: _spark_type(df.schema[name].dataType) for name in columns}
+    types = {name: arrow_name(df.schema[name].dataType) for name in columns}
     try:
         return _split(files, tuple(outputs), num_workers, types)
     except Exception as error:  # unreadable files, unknown URL schemes: Spark reads them instead
@@ -77,7 +73,7 @@ def parquet_table(df: DataFrame, slots: int) -> FileSource | None:
     ``df`` is a plain scan of at most ``_MAX_FILES`` Parquet files the driver can read and
     every column is of a type pyarrow reads exactly as Spark passes it to Python; else None."""
     columns, fields = df.columns, df.schema.fields
-    types = {field.name: _spark_type(field.dataType) for field in fields}
+    types = {field.name: arrow_name(field.dataType) for field in fields}
     if len(set(columns)) != len(columns) or None in types.values():
         return None
     files = _scanned_files(df.select(*[df[name] for name in columns]), columns)  # a fresh plan: caches count
@@ -103,19 +99,6 @@ def scoring_parts(size: int, rows: int, slots: int) -> int:
     return max(1, min(count, rows))
 
 
-def _spark_type(spark_type: T.DataType) -> object:
-    """A Spark type as a comparable value (see :func:`_arrow_type`); None for types read otherwise."""
-    if isinstance(spark_type, T.UserDefinedType):
-        return _spark_type(spark_type.sqlType())
-    if isinstance(spark_type, T.ArrayType):
-        element = _spark_type(spark_type.elementType)
-        return None if element is None else ("array", element)
-    if isinstance(spark_type, T.StructType):
-        members = tuple((f.name, _spark_type(f.dataType)) for f in spark_type.fields)
-        return None if any(t is None for _, t in members) else ("struct", members)
-    return _SPARK_ATOMS.get(type(spark_type))
-
-
 def _arrow_type(arrow_type) -> object:
     """An Arrow type as :func:`_spark_type` writes the Spark type it stands for; None when
     Spark would not take it as it is (large and fixed-size lists, unsigned integers, ...)."""
@@ -128,7 +111,7 @@ def _arrow_type(arrow_type) -> object:
         members = tuple((f.name, _arrow_type(f.type)) for f in arrow_type)
         return None if any(t is None for _, t in members) else ("struct", members)
     name = str(arrow_type)
-    return name if name in _SPARK_ATOMS.values() else None
+    return name if name in ARROW_NAMES else None
 
 
 def _scanned_files(df: DataFrame, columns: list[str]) -> list[str] | None:
@@ -169,7 +152,7 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
     import pyarrow.parquet as pq
 
     needed = {name for _, sources, _ in outputs for name in sources}
-    groups = []  # (file, row group, rows)
+    groups: list[tuple[str, int, int]] = []  # (file, row group, rows)
     stamps = []  # (file, size, times, footer digest)
     seen: dict[str, str] = {}  # column -> its Arrow type in the first file
     size = 0

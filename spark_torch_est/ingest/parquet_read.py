@@ -38,7 +38,7 @@ def read_part(source: FileSource, rank: int, batch_rows: int = _BATCH_ROWS) -> I
         InputDataError: A file is no longer as the driver planned it (its size or footer changed).
     """
     columns = list(dict.fromkeys(name for _, sources, _ in source.outputs for name in sources))
-    planned = {path: stamp for path, *stamp in source.files}
+    planned = {path: (size, times, digest) for path, size, times, digest in source.files}
     checked: set[str] = set()
     for part in source.parts[rank]:
         fs, path = fsspec.core.url_to_fs(part.path)

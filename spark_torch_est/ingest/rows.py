@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from typing import Union
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -105,7 +105,7 @@ class SpilledRows:
     def take(self, positions: torch.Tensor) -> torch.Tensor:
         """The rows at ``positions``: one ``pread`` per row, nothing else enters memory."""
         out = np.empty((len(positions), *self.row_shape), dtype=self._numpy)
-        view, size, descriptor = memoryview(out).cast("B"), self._row_bytes, self._file.fileno()
+        view, size, descriptor = out.data.cast("B"), self._row_bytes, self._file.fileno()
         for i, row in enumerate(positions.tolist()):
             os.preadv(descriptor, [view[i * size:(i + 1) * size]], row * size)
         return torch.from_numpy(out)
@@ -115,7 +115,7 @@ class SpilledRows:
         start, stop = max(start, 0), min(stop, len(self))
         out = np.empty((max(stop - start, 0), *self.row_shape), dtype=self._numpy)
         if out.size:
-            os.preadv(self._file.fileno(), [memoryview(out).cast("B")], start * self._row_bytes)
+            os.preadv(self._file.fileno(), [out.data.cast("B")], start * self._row_bytes)
         return torch.from_numpy(out)
 
     def head(self, rows: int) -> SpilledRows:
@@ -197,7 +197,7 @@ class RaggedRows:
         return RaggedRows(self.values.extend(values), offsets, self.padding)
 
 
-Rows = Union[DenseRows, SpilledRows, RaggedRows]
+Rows = DenseRows | SpilledRows | RaggedRows
 
 
 class Budget:
@@ -248,7 +248,7 @@ class RowsBuilder:
         self.lengths: list[np.ndarray] = []  # ... or, once they differ, every row's length
         self.inner: tuple[int, ...] | None = None
         self.rows = 0
-        self.file = None
+        self.file: BinaryIO | None = None
         self._buffer: np.ndarray | None = None  # capacity rows' values, filled up to _filled
         self._filled = 0
         if budget is not None:
@@ -296,7 +296,8 @@ class RowsBuilder:
         per_row = 1 if lengths is None else int(lengths[0]) if len(lengths) else 0
         uniform = lengths is None or (lengths == per_row).all()
         if self._buffer is None and not self.parts and uniform:
-            self._buffer = np.empty((self.capacity * per_row, *self.inner), dtype=self._numpy)
+            inner = self.inner or ()  # append set it before
+            self._buffer = np.empty((self.capacity * per_row, *inner), dtype=self._numpy)
             self._per_row = per_row
         if self._buffer is not None and uniform and per_row == self._per_row \
                 and self._filled + len(values) <= len(self._buffer):
@@ -343,6 +344,17 @@ class RowsBuilder:
         offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
         return RaggedRows(values, offsets, padding)
 
+    def finish_rows(self, padding: float = 0) -> Rows:
+        """:meth:`finish` for a column that has rows.
+
+        Raises:
+            ValueError: No rows came.
+        """
+        rows = self.finish(padding)
+        if rows is None:
+            raise ValueError("the column has no rows")
+        return rows
+
     def _values(self, inner: tuple[int, ...]) -> DenseRows | SpilledRows:
         """Every value collected, as rows of ``inner`` shape: the capacity buffer as it is,
         or one copy of the kept batches into a tensor, releasing each once copied."""
@@ -354,13 +366,13 @@ class RowsBuilder:
         total = sum(len(part) for part in self.parts)
         out = np.empty((total, *inner), dtype=self._numpy)
         position = released = 0
-        for i, part in enumerate(self.parts):
+        parts, self.parts = self.parts[::-1], []
+        while parts:
+            part = parts.pop()  # the list lets go of it, so the Arrow buffer behind it goes ...
             out[position:position + len(part)] = part
             position += len(part)
             released += part.nbytes
-            self.parts[i] = None  # let the Arrow buffer behind it go ...
             if released > _RELEASE_EVERY:  # ... back to the system, as the copy grows
                 pa.default_memory_pool().release_unused()
                 released = 0
-        self.parts = []
         return DenseRows(torch.from_numpy(out))

@@ -284,11 +284,11 @@ class _Builders:
     def finish(self, padding: float, label_name: str) -> Table | None:
         if self.labels is None or self.labels.rows == 0:
             return None
-        labels = self.labels.finish()
+        labels = self.labels.finish_rows()
         if isinstance(labels, RaggedRows):
             raise InputDataError(f"labelCol {label_name!r} holds arrays of different lengths; every label needs "
                                  "the same length")
-        return Table([builder.finish(padding) for builder in self.inputs], labels, self.weights.finish())
+        return Table([builder.finish_rows(padding) for builder in self.inputs], labels, self.weights.finish())
 
 
 class EpochPlan:

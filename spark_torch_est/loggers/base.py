@@ -44,7 +44,9 @@ EVENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
 
 class Logger:
     """Base class for loggers. Override the events you need; each method declares only the
-    keyword arguments it uses (see :data:`EVENT_ARGUMENTS`), or ``**kwargs`` for all.
+    keyword arguments it uses (see :data:`EVENT_ARGUMENTS`), or ``**kwargs`` for all. (The
+    events here take ``*args, **kwargs`` so that a type checker accepts any such override;
+    the arguments always come by keyword.)
 
     A logger that raises never fails the fit: the error is logged as a warning and the
     fit goes on; after a failed ``on_fit_start`` the logger sits out the fit until it ends,
@@ -62,26 +64,26 @@ class Logger:
     step_interval_s: float = 1.0
     event_timeout_s: float = 60.0
 
-    def on_fit_start(self, **kwargs: Any) -> None:
+    def on_fit_start(self, *args: Any, **kwargs: Any) -> None:
         """Before the fit's barrier job starts. ``params``: the estimator's Param values by
         name; ``config``: its config dict; ``progress``: where the run stands; ``name``: for
         a fit with a param map, the map and, in a ``CrossValidator`` or
         ``TrainValidationSplit``, its fold or ``refit`` (``"batchSize=32 (fold 2)"``), else None."""
 
-    def on_step(self, **kwargs: Any) -> None:
+    def on_step(self, *args: Any, **kwargs: Any) -> None:
         """Rank 0's position after a step (``progress``) and that step's ``loss``; throttled."""
 
-    def on_epoch_end(self, **kwargs: Any) -> None:
+    def on_epoch_end(self, *args: Any, **kwargs: Any) -> None:
         """A completed epoch's history entry (``metrics``, with its 1-based ``"epoch"``)."""
 
-    def on_fit_end(self, **kwargs: Any) -> None:
+    def on_fit_end(self, *args: Any, **kwargs: Any) -> None:
         """The fit succeeded: ``model`` is the TorchModel it returns, ``checkpoint`` its state."""
 
-    def on_fit_failed(self, **kwargs: Any) -> None:
+    def on_fit_failed(self, *args: Any, **kwargs: Any) -> None:
         """The fit raised ``error`` (a SparkTorchError, or KeyboardInterrupt on Ctrl-C); the
         estimator keeps its run as it was before the fit."""
 
-    def should_stop(self, **kwargs: Any) -> bool | BaseException:
+    def should_stop(self, *args: Any, **kwargs: Any) -> bool | BaseException:
         """Whether the fit should stop at the end of the epoch whose ``metrics`` this logger
         has just taken in ``on_epoch_end``.
 

@@ -160,7 +160,7 @@ class LoggerDispatch:
     def _stop(self) -> None:
         """Delivers what is queued, then stops the delivery thread; waits for it at most the
         loggers' longest deadline."""
-        if self._thread is None:
+        if self._thread is None or self._queue is None:  # never started (the two are set together)
             return
         self._queue.put(_STOP)
         self._thread.join(max(self._timeout(i) for i in range(len(self._plans))))
@@ -175,7 +175,8 @@ class LoggerDispatch:
         self._runners = {}
 
     def _deliver(self) -> None:
-        while (message := self._queue.get()) is not _STOP:
+        # _stop drops the queue when this thread does not stop in time: the thread then ends
+        while (messages := self._queue) is not None and (message := messages.get()) is not _STOP:
             if message.kind is Kind.PROGRESS:
                 self._step(message)
             elif message.kind is Kind.EPOCH:
@@ -233,7 +234,7 @@ class LoggerDispatch:
             value, problem = runner.call(invoke, arguments, self._timeout(index))
             if problem is _TIMED_OUT:
                 self._abandon(index, item, event)
-            elif problem is not None:
+            elif isinstance(problem, Exception):
                 self._failed(index, item, event, problem)
             else:
                 returned[index] = value

@@ -258,7 +258,8 @@ def _process_tracking_uri(uri: str | None) -> Iterator[None]:
         try:
             yield
         finally:
-            mlflow.set_tracking_uri(before)
+            # mlflow annotates uri as str | Path, but takes None too: it then unsets the setting
+            mlflow.set_tracking_uri(before)  # type: ignore[arg-type]
 
 
 def input_example(model: TorchModel) -> np.ndarray | None:

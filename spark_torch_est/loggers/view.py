@@ -11,6 +11,7 @@ import logging
 import sys
 import threading
 import time
+from typing import Protocol
 
 from spark_torch_est.cluster.messages import Kind, RankMessage
 from spark_torch_est.core.progress import Progress, Target
@@ -23,6 +24,19 @@ logger = logging.getLogger("spark_torch_est.core.progress")
 worker_logger = logging.getLogger("spark_torch_est.cluster.worker")
 
 _LOG_EVERY_S = 10.0
+
+
+class _Bar(Protocol):
+    """What the view uses of a tqdm bar (tqdm is optional and untyped)."""
+
+    total: int
+    n: int
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
+
+    def refresh(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class DriverView:
@@ -52,7 +66,7 @@ class DriverView:
         self.target = target
         self.samples_per_step = samples_per_step
         self._lock = threading.Lock()
-        self._bar = None
+        self._bar: _Bar | None = None
         self._epoch_text = ""  # the last epoch's metrics
         self._last_line = 0.0
         self._interactive = show and _interactive()
@@ -109,13 +123,14 @@ class DriverView:
         except ImportError:  # tqdm is optional: fall back to log lines
             self._interactive = False
             return
-        if self._bar is None:
-            self._bar = tqdm(total=total, unit="step", desc=f"{self._tag()}training", leave=True)
-        self._bar.total = total
-        self._bar.n = done
+        bar = self._bar
+        if bar is None:
+            bar = self._bar = tqdm(total=total, unit="step", desc=f"{self._tag()}training", leave=True)
+        bar.total = total
+        bar.n = done
         now = f"epoch {message.progress.epoch + 1}, loss {message.loss:.4g}"
-        self._bar.set_postfix_str(f"{now} | {self._epoch_text}" if self._epoch_text else now, refresh=False)
-        self._bar.refresh()
+        bar.set_postfix_str(f"{now} | {self._epoch_text}" if self._epoch_text else now, refresh=False)
+        bar.refresh()
 
     def finish(self, progress: Progress, history: list[dict]) -> None:
         """After a successful fit: the bar ends at 100% with the last epoch's metrics."""
@@ -124,7 +139,8 @@ class DriverView:
                 done = progress.global_step - self.start.global_step
                 self._bar.total = self._bar.n = done
                 if history and history[-1]["epoch"] > self.start.epoch:
-                    self._bar.set_postfix_str(f"epoch {history[-1]['epoch']}: {format_entry(history[-1])}", refresh=False)
+                    last = f"epoch {history[-1]['epoch']}: {format_entry(history[-1])}"
+                    self._bar.set_postfix_str(last, refresh=False)
                 else:
                     self._bar.set_postfix_str(self._epoch_text, refresh=False)
                 self._bar.refresh()

@@ -38,9 +38,21 @@ class ModelParams(ColumnParams, HasFeaturesCol, HasLabelCol, HasPredictionCol, H
     is set to an empty string is omitted.
     """
 
+    # pyspark's HasFeaturesCol types the getter as returning str; featuresCol is None where
+    # featureCols or inputCols name the inputs. Overridden here once, so that the two bases'
+    # disagreement does not reach every subclass (a user's too) under a type checker.
+    def getFeaturesCol(self) -> str | None:  # type: ignore[override]
+        """Gets the value of featuresCol or its default, ``"features"``."""
+        return ColumnParams.getFeaturesCol(self)
+
 
 class EstimatorParams(ModelParams, TrainingParams, RuntimeParams, HasSeed, HasValidationIndicatorCol):
     """Params of TorchEstimator."""
+
+    # As getFeaturesCol above: pyspark's HasValidationIndicatorCol says str, ours defaults to None.
+    def getValidationIndicatorCol(self) -> str | None:  # type: ignore[override]
+        """Gets the value of validationIndicatorCol or its default, ``None``."""
+        return TrainingParams.getValidationIndicatorCol(self)
 
 
 def param_map_name(param_map: dict) -> str:

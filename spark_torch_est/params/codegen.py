@@ -24,7 +24,8 @@ from spark_torch_est.params.table import FAMILIES, PARAMS, ParamSpec
 __all__ = ["render", "module_path", "main"]
 
 _WIDTH = 120
-_TABLE_MODULE = "spark_torch_est.params.table"
+_PACKAGE = "spark_torch_est"
+_TABLE_MODULE = f"{_PACKAGE}.params.table"
 
 
 def module_path(family: str) -> Path:
@@ -38,7 +39,8 @@ def render(family: str) -> str:
     params = [p for p in PARAMS if p.family == family]
     names = {_converter(p.converter) for p in params}
     converters = sorted(name for name in names if "." not in name)
-    typing_names = ["Any", "TypeVar"] if any("Any" in p.type for p in params) else ["TypeVar"]
+    typing_names = (["Any"] if any("Any" in p.type for p in params) else []) \
+        + (["TYPE_CHECKING"] if spec.type_imports else []) + ["TypeVar"]
     pyspark_names = ["Param", "Params"] + (["TypeConverters"] if len(converters) < len(names) else [])
     carried = " and ".join(spec.carried_by)
     lines = [
@@ -57,6 +59,7 @@ def render(family: str) -> str:
         f"from pyspark.ml.param import {', '.join(pyspark_names)}",
         "",
         *([f"from {_TABLE_MODULE} import {', '.join(converters)}", ""] if converters else []),
+        *(["if TYPE_CHECKING:", *_type_imports(spec.type_imports), ""] if spec.type_imports else []),
         f'__all__ = ["{spec.cls}"]',
         "",
         '_P = TypeVar("_P", bound=Params)',
@@ -69,11 +72,18 @@ def render(family: str) -> str:
     for param in params:
         lines += _declaration(param)
     lines += ["", "    def __init__(self) -> None:", "        super().__init__()", "        self._setDefault("]
-    lines += [f"            {p.name}={_value(p.default)}," for p in params]
+    lines += [f"            {p.name}={_value(p.default)}," for p in params if not p.required]
     lines += ["        )", ""]
     for param in params:
         lines += _accessors(param)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _type_imports(imports: tuple[str, ...]) -> list[str]:
+    """The imports under ``if TYPE_CHECKING:``, others' before this package's, as isort orders them."""
+    others = sorted(line for line in imports if not line.startswith(f"from {_PACKAGE}"))
+    own = sorted(line for line in imports if line.startswith(f"from {_PACKAGE}"))
+    return [f"    {line}" for line in others] + ([""] if others and own else []) + [f"    {line}" for line in own]
 
 
 def _declaration(param: ParamSpec) -> list[str]:
@@ -96,6 +106,8 @@ def _accessors(param: ParamSpec) -> list[str]:
         got = f'        """Gets a copy of the value of {param.name} or of its default, ``{_value(param.default)}`` ' \
               '(changing it changes nothing)."""'
         value = f"copy.deepcopy({value})"
+    elif param.required:
+        got = f'        """Gets the value of {param.name} (it has no default)."""'
     else:
         got = f'        """Gets the value of {param.name} or its default, ``{_value(param.default)}``."""'
     return [f"    def get{cap}(self) -> {param.type}:", got, f"        return {value}", "",

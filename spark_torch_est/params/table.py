@@ -1,4 +1,5 @@
-"""[driver] The one table of the Params of TorchEstimator and TorchModel, and the converters it names.
+"""[driver] The one table of the Params of TorchEstimator, TorchModel and SuccessiveHalving, and the
+converters it names.
 
 Every Param is one :class:`ParamSpec` row of :data:`PARAMS`: name, doc, type, converter,
 default and family. Everything else comes from the table: ``python -m
@@ -85,12 +86,14 @@ class Family:
         doc: What its Params are about (the mixin's and the module's docstring).
         carried_by: The stages whose class declares them (TorchModel gets the others of its
             estimator when fitted, see :func:`spark_torch_est.params.base.carry_params`).
+        type_imports: Imports the accessors' annotations need (for type checkers only).
     """
 
     cls: str
     module: str
     doc: str
     carried_by: tuple[str, ...]
+    type_imports: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class ParamSpec:
         default: The default value (JSON-serializable, as every Param value).
         family: A key of :data:`FAMILIES`.
         copy: ``get<Name>`` returns a deep copy (a mutable value, e.g. config).
+        required: No default: the user sets it before fitting (``default`` is then None).
     """
 
     name: str
@@ -115,6 +119,7 @@ class ParamSpec:
     default: object
     family: str
     copy: bool = False
+    required: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -126,6 +131,11 @@ FAMILIES: dict[str, Family] = {
     "runtime": Family("RuntimeParams", "runtime",
                       "where and how a fit runs: ranks, slots, retries, checkpoints, memory, progress",
                       ("TorchEstimator",)),
+    "halving": Family("HalvingParams", "halving",
+                      "what successive halving tunes and how its rungs keep and train configurations",
+                      ("SuccessiveHalving",),
+                      ("from pyspark.ml.evaluation import Evaluator",
+                       "from spark_torch_est.estimator import TorchEstimator")),
 }
 
 _T = TypeConverters
@@ -198,9 +208,24 @@ PARAMS: tuple[ParamSpec, ...] = (
               "str", _T.toString, "1ep", "runtime"),
     ParamSpec("memoryBudgetMB", "MB of a partition's rows a rank keeps in RAM; beyond that they spill to local files "
               "read per batch (0: never spill)", "float", _T.toFloat, 4096.0, "runtime"),
-    ParamSpec("keepIngestedMB", "MB of a DataFrame's rows each executor keeps on its local disk, as the ranks received "
-              "them, so that later fits on the same unchanged DataFrame skip Spark's scan and shuffle; the least recently "
-              "used are evicted past it (0: keep nothing)", "float", _T.toFloat, 8192.0, "runtime"),
+    ParamSpec("keepIngestedMB", "MB of a DataFrame's rows each executor keeps on its local disk, as the ranks "
+              "received them, so that later fits on the same unchanged DataFrame skip Spark's scan and shuffle; the "
+              "least recently used are evicted past it (0: keep nothing)", "float", _T.toFloat, 8192.0, "runtime"),
     ParamSpec("showProgress", "show a progress bar (a terminal or notebook), else progress and epoch lines on stderr "
               "(through logging where it is set up)", "bool", _T.toBoolean, True, "runtime"),
+    # ---- halving: SuccessiveHalving (its seed and parallelism are pyspark's shared Params)
+    ParamSpec("estimator", "the TorchEstimator to tune", "TorchEstimator", _T.identity, None, "halving", required=True),
+    ParamSpec("estimatorParamMaps", "the param maps to choose from", "list[dict]", _T.identity, None, "halving",
+              required=True),
+    ParamSpec("evaluator", "scores each configuration on the validation rows (its isLargerBetter decides)",
+              "Evaluator", _T.identity, None, "halving", required=True),
+    ParamSpec("eta", "each rung keeps the best ceil(n / eta) and trains them eta times as many epochs (at least 2)",
+              "int", _T.toInt, 2, "halving"),
+    ParamSpec("minDuration", "epochs every configuration trains in rung 0, e.g. '1ep'", "str", _T.toString, "1ep",
+              "halving"),
+    ParamSpec("trainRatio", "fraction of the rows trained on when the estimator has no validationIndicatorCol (the "
+              "rest validate)", "float", _T.toFloat, 0.75, "halving"),
 )
+
+#: The Params of TorchEstimator (every family but the tuner's).
+ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = tuple(p for p in PARAMS if "TorchEstimator" in FAMILIES[p.family].carried_by)

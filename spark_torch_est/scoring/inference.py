@@ -207,6 +207,7 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
 
 def output_columns(spec: ScoringSpec, outputs: np.ndarray) -> list[tuple[str, pa.Array]]:
     """The output columns of one batch; a column whose name is empty is left out."""
+    columns: list[tuple[str | None, pa.Array]]
     if spec.output == "scalar":
         columns = [(spec.prediction_col, pa.array(outputs[:, 0].astype(np.float64)))]
     elif spec.output == "vector":

@@ -30,7 +30,6 @@ from pyspark.ml.evaluation import (
     MulticlassClassificationEvaluator,
     RegressionEvaluator,
 )
-from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasParallelism, HasSeed
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -43,7 +42,8 @@ from spark_torch_est.estimator import TorchEstimator
 from spark_torch_est.ingest.frames import label_kind
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import param_map_name
-from spark_torch_est.persistence import TorchPersistence
+from spark_torch_est.params.halving import HalvingParams
+from spark_torch_est.persistence import TorchPersistence, read_required
 from spark_torch_est.planning import check_params
 
 __all__ = ["SuccessiveHalving", "SuccessiveHalvingModel", "param_map_name"]
@@ -54,43 +54,9 @@ logger = logging.getLogger(__name__)
 _CLASSIFIER_OUTPUTS = ("rawPredictionCol", "probabilityCol")
 
 
-class _SuccessiveHalvingParams(HasSeed, HasParallelism):
-    """Params of SuccessiveHalving."""
-
-    estimator: Param = Param(Params._dummy(), "estimator", "the TorchEstimator to tune")
-    estimatorParamMaps: Param = Param(Params._dummy(), "estimatorParamMaps", "the param maps to choose from")
-    evaluator: Param = Param(Params._dummy(), "evaluator",
-                             "scores each configuration on the validation rows (its isLargerBetter decides)")
-    eta: Param = Param(Params._dummy(), "eta", "each rung keeps the best ceil(n / eta) and trains them eta times "
-                       "as many epochs (at least 2)", typeConverter=TypeConverters.toInt)
-    minDuration: Param = Param(Params._dummy(), "minDuration", "epochs every configuration trains in rung 0, "
-                               "e.g. '1ep'", typeConverter=TypeConverters.toString)
-    trainRatio: Param = Param(Params._dummy(), "trainRatio", "fraction of the rows trained on when the estimator "
-                              "has no validationIndicatorCol (the rest validate)", typeConverter=TypeConverters.toFloat)
-
-    def getEstimator(self) -> TorchEstimator:
-        """Gets the estimator."""
-        return self.getOrDefault(self.estimator)
-
-    def getEstimatorParamMaps(self) -> list[dict]:
-        """Gets the param maps."""
-        return self.getOrDefault(self.estimatorParamMaps)
-
-    def getEvaluator(self) -> Evaluator:
-        """Gets the evaluator."""
-        return self.getOrDefault(self.evaluator)
-
-    def getEta(self) -> int:
-        """Gets eta."""
-        return self.getOrDefault(self.eta)
-
-    def getMinDuration(self) -> str:
-        """Gets minDuration."""
-        return self.getOrDefault(self.minDuration)
-
-    def getTrainRatio(self) -> float:
-        """Gets trainRatio."""
-        return self.getOrDefault(self.trainRatio)
+class _SuccessiveHalvingParams(HalvingParams, HasSeed, HasParallelism):
+    """Params of SuccessiveHalving: the table's (:mod:`spark_torch_est.params.halving`) and
+    pyspark's shared seed and parallelism."""
 
 
 @dataclass(eq=False)
@@ -116,6 +82,13 @@ class _Trial:
     def finished(self) -> bool:
         return self.stalled or self.epochs >= self.max_epochs
 
+    def last_metric(self) -> float:
+        """Its metric at the last rung it reached (NaN once it failed); every map has one
+        from rung 0 on."""
+        if self.metric is None:
+            raise RuntimeError(f"param map {self.index} has not been evaluated yet")
+        return self.metric
+
 
 class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
     """Tunes a :class:`TorchEstimator` over param maps by successive halving, continuing
@@ -136,33 +109,15 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
             ``validationIndicatorCol`` (default 0.75); the rest are the validation rows.
     """
 
+    _input_kwargs: dict[str, Any]  # the constructor's arguments, as @keyword_only records them
+
     @keyword_only
     def __init__(self, *, estimator: TorchEstimator | None = None, estimatorParamMaps: Sequence[dict] | None = None,
                  evaluator: Evaluator | None = None, eta: int = 2, minDuration: str = "1ep", parallelism: int = 1,
                  seed: int | None = None, trainRatio: float = 0.75) -> None:
         super().__init__()
-        self._setDefault(eta=2, minDuration="1ep", parallelism=1, trainRatio=0.75)
+        self._setDefault(parallelism=1)
         self._set(**self._input_kwargs)
-
-    def setEstimator(self, value: TorchEstimator) -> SuccessiveHalving:
-        """Sets the estimator."""
-        return self._set(estimator=value)
-
-    def setEstimatorParamMaps(self, value: Sequence[dict]) -> SuccessiveHalving:
-        """Sets the param maps."""
-        return self._set(estimatorParamMaps=value)
-
-    def setEvaluator(self, value: Evaluator) -> SuccessiveHalving:
-        """Sets the evaluator."""
-        return self._set(evaluator=value)
-
-    def setEta(self, value: int) -> SuccessiveHalving:
-        """Sets eta."""
-        return self._set(eta=value)
-
-    def setMinDuration(self, value: str) -> SuccessiveHalving:
-        """Sets minDuration."""
-        return self._set(minDuration=value)
 
     def setParallelism(self, value: int) -> SuccessiveHalving:
         """Sets parallelism."""
@@ -171,10 +126,6 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
     def setSeed(self, value: int) -> SuccessiveHalving:
         """Sets seed."""
         return self._set(seed=value)
-
-    def setTrainRatio(self, value: float) -> SuccessiveHalving:
-        """Sets trainRatio."""
-        return self._set(trainRatio=value)
 
     def _fit(self, dataset: DataFrame) -> SuccessiveHalvingModel:
         trials, min_epochs = self._checked_trials(dataset)
@@ -196,7 +147,7 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
             winner, rungs = self._rungs(trials, min_epochs, evaluator.isLargerBetter(), _runner(self, dataset, advance))
         logger.info("successive halving chose map %d (%s) with %s", winner.index,
                     param_map_name(self.getEstimatorParamMaps()[winner.index]), winner.metric)
-        return SuccessiveHalvingModel(bestModel=winner.model, validationMetrics=[t.metric for t in trials],
+        return SuccessiveHalvingModel(bestModel=winner.model, validationMetrics=[t.last_metric() for t in trials],
                                       rungs=rungs)
 
     def _rungs(self, trials: list[_Trial], min_epochs: int, larger_is_better: bool,
@@ -291,8 +242,8 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
         except InvalidInputError:
             raise InvalidInputError(
                 f"parallelism={parallel} trains {parallel} configurations at once with numWorkers "
-                f"{' + '.join(map(str, widths))} = {sum(widths)} ranks, but the cluster offers {task_slots(spark)} task "
-                f"slots (master={spark.sparkContext.getConf().get('spark.master', '?')}): lower parallelism or "
+                f"{' + '.join(map(str, widths))} = {sum(widths)} ranks, but the cluster offers {task_slots(spark)} "
+                f"task slots (master={spark.sparkContext.getConf().get('spark.master', '?')}): lower parallelism or "
                 "numWorkers") from None
 
     @contextmanager
@@ -317,7 +268,7 @@ class SuccessiveHalving(Estimator, _SuccessiveHalvingParams):
 
 def _rank_key(trial: _Trial, larger_is_better: bool) -> tuple[bool, float, int]:
     """Best first; a NaN metric last; ties by map order."""
-    metric = trial.metric
+    metric = trial.last_metric()
     return math.isnan(metric), -metric if larger_is_better else metric, trial.index
 
 
@@ -437,23 +388,34 @@ class SuccessiveHalvingModel(Model, TorchPersistence):
         self.validationMetrics = list(validationMetrics or [])
         self.rungs = [dict(r) for r in rungs or []]
 
+    def _best(self) -> TorchModel:
+        """The best model.
+
+        Raises:
+            InvalidInputError: This model was made without one.
+        """
+        if self.bestModel is None:
+            raise InvalidInputError(f"{self.uid} holds no bestModel: it comes from SuccessiveHalving.fit or "
+                                    "SuccessiveHalvingModel.load")
+        return self.bestModel
+
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        return self.bestModel.transform(dataset)
+        return self._best().transform(dataset)
 
     def copy(self, extra: dict | None = None) -> SuccessiveHalvingModel:
         """A copy holding a copy of the best model."""
-        return SuccessiveHalvingModel(self.bestModel.copy(extra), self.validationMetrics, self.rungs)
+        return SuccessiveHalvingModel(self._best().copy(extra), self.validationMetrics, self.rungs)
 
     def _persisted_files(self, folder: str) -> dict[str, bytes]:
         """The best model's files and Params, the metrics and the rungs (see persistence.py)."""
-        best = self.bestModel
+        best = self._best()
         summary = {"validationMetrics": self.validationMetrics, "rungs": self.rungs,
                    "bestModel": {"uid": best.uid, "params": {p.name: v for p, v in best._paramMap.items()}}}
         return {**best._persisted_files(folder), "tuning.json": json.dumps(summary).encode()}
 
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> SuccessiveHalvingModel:
-        summary = json.loads(read("tuning.json"))
+        summary = json.loads(read_required(read, "tuning.json", folder))
         best = TorchModel._from_files(read, folder)
         best._resetUid(str(summary["bestModel"]["uid"]))
         best._set(**{str(k): v for k, v in summary["bestModel"]["params"].items() if best.hasParam(str(k))})

@@ -40,7 +40,8 @@ DATA_CASES = {
     "missing label column": (lambda df: df.drop("label"), InvalidInputError, "labelCol='label': no such column", False),
     "missing features column": (lambda df: df.withColumnRenamed("features", "x"), InvalidInputError,
                                 "featuresCol='features': no such column", False),
-    "non-numeric label": (lambda df: df.withColumn("label", F.lit("high")), InvalidInputError, "has type string", False),
+    "non-numeric label": (lambda df: df.withColumn("label", F.lit("high")), InvalidInputError, "has type string",
+                          False),
     "non-numeric features": (lambda df: df.withColumn("features", F.array(F.lit("a"))), InvalidInputError,
                              "array<string>", False),
     "null feature rows": (_null_features, InvalidInputError, "null rows", True),
@@ -67,8 +68,9 @@ def test_more_workers_than_local_mode_has_slots_fails_at_once(trained, linear_df
     before, started, jobs = trained.checkpoint, time.monotonic(), spark_jobs_started(linear_df.sparkSession)
     trained.setNumWorkers(3).setSlotWaitTimeout(60.0)
     try:
-        with pytest.raises(InvalidInputError, match=r"numWorkers=3 needs 3 task slots at once, but the cluster offers 2 "
-                                                    r"\(master=local\[2\].*local mode cannot add slots.*local\[3\]"):
+        with pytest.raises(InvalidInputError,
+                           match=r"numWorkers=3 needs 3 task slots at once, but the cluster offers 2 "
+                                 r"\(master=local\[2\].*local mode cannot add slots.*local\[3\]"):
             trained.fit(linear_df)
     finally:
         trained.setNumWorkers(2).setSlotWaitTimeout(1.0)

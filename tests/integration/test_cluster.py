@@ -32,7 +32,7 @@ def test_local_cluster_two_executors_fake_gpus_and_a_killed_executor(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPTS / "cluster_fit.py"), str(tmp_path),
                              str(_gpu_discovery_script(tmp_path))],
                             capture_output=True, text=True, timeout=600, env=env)
-    line = next((l for l in result.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((text for text in result.stdout.splitlines() if text.startswith("RESULT ")), None)
     assert line, result.stdout[-2000:] + result.stderr[-4000:]
     found = json.loads(line[len("RESULT "):])
     assert found["weight_error"] < 0.05 and found["rmse"] < 0.05 and found["epochs"] == 4
@@ -157,7 +157,7 @@ def test_spark_submit_the_example_to_a_standalone_cluster(standalone):
 
 def _script_result(stdout: str, stderr: str) -> dict:
     """The ``RESULT {json}`` line a script printed (else the test fails with its output)."""
-    line = next((l for l in stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((text for text in stdout.splitlines() if text.startswith("RESULT ")), None)
     assert line, stdout[-2000:] + stderr[-6000:]
     return json.loads(line[len("RESULT "):])
 

@@ -24,7 +24,7 @@ def _run(script: str) -> dict:
     pytest.importorskip("grpc", reason="pyspark[connect] extras are not installed")
     result = subprocess.run([sys.executable, str(SCRIPTS / script)], capture_output=True, text=True,
                             timeout=600, env=dict(os.environ))
-    line = next((l for l in result.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((text for text in result.stdout.splitlines() if text.startswith("RESULT ")), None)
     assert line, result.stdout[-2000:] + result.stderr[-4000:]
     found = json.loads(line[len("RESULT "):])
     assert found["session"].startswith("pyspark.sql.connect")

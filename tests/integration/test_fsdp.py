@@ -194,8 +194,8 @@ def _recommender_df(spark, rows: int = 1200):
     user, item = rng.integers(0, 50, rows), rng.integers(0, 40, rows)
     dense = rng.normal(size=(rows, 3)).astype(np.float32)
     label = np.sin(user / 7.0) + np.cos(item / 5.0) + dense[:, 0]  # learnable from every input
-    return spark.createDataFrame([(int(u), int(i), d.tolist(), float(y)) for u, i, d, y in zip(user, item, dense, label)],
-                                 "user long, item long, dense array<float>, label double")
+    rows = [(int(u), int(i), d.tolist(), float(y)) for u, i, d, y in zip(user, item, dense, label)]
+    return spark.createDataFrame(rows, "user long, item long, dense array<float>, label double")
 
 
 def test_typed_inputs_loggers_and_predict_udf_work_under_fsdp(spark, tmp_path):
@@ -261,7 +261,7 @@ def test_a_rank_killed_during_a_sharded_save_resumes_from_the_save_before(spark,
 def test_a_run_saved_with_two_ranks_resumes_with_three(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPTS / "fsdp_reshard.py"), str(tmp_path)], capture_output=True,
                             text=True, timeout=600)
-    line = next((l for l in result.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((text for text in result.stdout.splitlines() if text.startswith("RESULT ")), None)
     assert line, result.stdout[-2000:] + result.stderr[-6000:]
     found = json.loads(line[len("RESULT "):])
     assert found["same_weights"] == found["keys"]  # the 3 ranks start from exactly the weights 2 ranks saved

@@ -64,7 +64,7 @@ def _alive(pids: set[int]) -> set[int]:
 
 def _outcome(*args: str) -> str:
     output, _ = _start("result_too_large.py", *args).communicate(timeout=300)
-    return next((l for l in output.splitlines() if l.startswith(("ERROR", "NO ERROR"))), output[-2000:])
+    return next((text for text in output.splitlines() if text.startswith(("ERROR", "NO ERROR"))), output[-2000:])
 
 
 def test_a_checkpoint_over_max_result_size_comes_back_over_the_channel():
@@ -91,7 +91,8 @@ class _Huge(torch.nn.Module):
 
 @pytest.mark.slow
 def test_a_200_mb_model_comes_back_to_the_driver(spark, linear_df):
-    est = TorchEstimator(model=lambda c: _Huge(), optimizer=lambda m, c: torch.optim.SGD(m.linear.parameters(), lr=0.05),
+    est = TorchEstimator(model=lambda c: _Huge(),
+                         optimizer=lambda m, c: torch.optim.SGD(m.linear.parameters(), lr=0.05),
                          loss=torch.nn.MSELoss(), maxEpochs=1, numWorkers=2, batchSize=256, showProgress=False)
     started = time.monotonic()
     model = est.fit(linear_df)

@@ -130,7 +130,7 @@ def test_reset_copy_and_crossvalidator_fits_start_new_runs_and_a_loaded_estimato
     assert len({c.data.tags[RUN_ID_TAG] for c in children}) == 3
     assert all(c.info.status == "FINISHED" and c.data.params["batchSize"] == "128" for c in children)
     assert all(_metric(client, c.info.run_id, "train_loss")[0][0] == 1 for c in children)
-    names = ["batchSize=128 (fold 1)", "batchSize=128 (fold 2)", "batchSize=128 (refit)"]
+    names = ["batchSize=128 (refit)", "batchSize=128 (split 1)", "batchSize=128 (split 2)"]
     assert sorted(c.info.run_name for c in children) == names
 
 

@@ -57,7 +57,7 @@ def test_pipeline_fit_save_and_load_in_a_fresh_process(spark, wide_df, tmp_path)
     pipeline.write().overwrite().save(str(tmp_path / "unfitted"))  # the estimator saves too
     result = subprocess.run([sys.executable, str(SCRIPTS / "score_saved_pipeline.py"), str(tmp_path / "pipeline"),
                              str(tmp_path / "data")], capture_output=True, text=True, timeout=300, env=dict(os.environ))
-    line = next(l for l in result.stdout.splitlines() if l.startswith("PREDICTIONS "))
+    line = next(text for text in result.stdout.splitlines() if text.startswith("PREDICTIONS "))
     loaded = {i: p for i, p in json.loads(line[len("PREDICTIONS "):])}
     assert loaded.keys() == expected.keys()
     assert all(loaded[i] == expected[i] for i in expected)

@@ -116,8 +116,8 @@ def test_two_continuations_of_one_saved_model_into_one_folder_do_not_overwrite_e
     first.fit(linear_df, resume_from=TorchModel.load(str(tmp_path / "model")), duration="1ep")
     written = {p.name: p.read_bytes() for p in folder.glob("ckpt-*.pt")}
     second = _estimator(maxEpochs=3, checkpointDir=str(folder))
-    second.fit(linear_df.withColumn("label", F.col("label") * 2.0), resume_from=TorchModel.load(str(tmp_path / "model")),
-               duration="1ep")
+    second.fit(linear_df.withColumn("label", F.col("label") * 2.0),
+               resume_from=TorchModel.load(str(tmp_path / "model")), duration="1ep")
     assert {name: (folder / name).read_bytes() for name in written} == written  # the first one's files, untouched
     runs = {saved.run_id, first.checkpoint.run_id, second.checkpoint.run_id}
     assert len(runs) == 3  # two branches of the saved run, each with its own files

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.spark
 
 def _rss_mb() -> float:
     with open("/proc/self/status") as f:
-        line = next(l for l in f if l.startswith("VmRSS:"))
+        line = next(text for text in f if text.startswith("VmRSS:"))
     return int(line.split()[1]) / 1024
 
 
@@ -37,7 +37,8 @@ def test_twenty_fits_in_a_row_leak_nothing(spark, linear_df):
     print("soak:", samples[1], "->", samples[-1])
     first, last = samples[1], samples[-1]
     assert est.progress.epoch == 20
-    assert all(sample["fit_threads"] == 0 for sample in samples), "a fit returns once its channel and store threads ended"
+    assert all(sample["fit_threads"] == 0 for sample in samples), \
+        "a fit returns once its channel and store threads ended"
     assert last["threads"] <= first["threads"] + 2
     assert last["fds"] <= first["fds"] + 8
     assert last["processes"] <= first["processes"]

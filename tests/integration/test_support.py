@@ -24,7 +24,8 @@ def test_fsdp_on_a_torch_without_it_is_refused_before_any_job_naming_the_version
     needed = "needs torch >= 2.6" if installed("torch") < FSDP.needs else "on CPU ranks needs torch >= 2.7"
     est = estimator(strategy="fsdp", checkpointDir=str(tmp_path))
     jobs = spark_jobs_started(spark)
-    with pytest.raises(InvalidInputError, match=rf'strategy="fsdp" {needed} .* has torch {re.escape(version("torch"))}'):
+    torch_version = re.escape(version("torch"))
+    with pytest.raises(InvalidInputError, match=rf'strategy="fsdp" {needed} .* has torch {torch_version}'):
         est.fit(linear_df)
     assert spark_jobs_started(spark) == jobs and est.checkpoint is None
 

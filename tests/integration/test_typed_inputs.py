@@ -363,8 +363,9 @@ def test_a_parquet_table_is_scored_from_its_files_exactly_as_through_spark(spark
 @pytest.mark.parametrize("padding", [0.5, float("nan"), 1e30])
 def test_a_padding_value_integer_arrays_cannot_hold_is_refused_before_any_job(spark, wide_df, padding):
     jobs = spark_jobs_started(spark)
-    with pytest.raises(InvalidInputError, match=f"paddingValue={re.escape(repr(padding))} cannot pad the int64 arrays of inputCols "
-                                                "column 'arr_int' \\(array<int>\\): set a whole number"):
+    with pytest.raises(InvalidInputError,
+                       match=f"paddingValue={re.escape(repr(padding))} cannot pad the int64 arrays of inputCols "
+                             "column 'arr_int' \\(array<int>\\): set a whole number"):
         _estimator(paddingValue=padding).fit(wide_df)
     assert spark_jobs_started(spark) == jobs
 

@@ -147,7 +147,7 @@ def test_silent_connections_that_come_back_when_dropped_do_not_lock_the_ranks_ou
             client = ChannelClient(server.address, server.secret)
             sent = _step(step)
             client.send(sent)
-            assert _wait_for(lambda: sent in received, seconds=2.0)
+            assert _wait_for(lambda sent=sent: sent in received, seconds=2.0)
             assert time.monotonic() - started < 2.0
             client.close()
         assert server.rejected > 0

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from spark_torch_est.core.spec import KeptPlan
-from spark_torch_est.ingest import kept
+from spark_torch_est.ingest import held, kept
 from tests.helpers import features_batches, features_schema, task_spec
 
 
@@ -22,7 +22,7 @@ def local_dir(tmp_path, monkeypatch):
     """Spark's local directory of this "executor": a fresh one per test; nothing held after."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "blockmgr"))
     yield tmp_path / "blockmgr"
-    kept.forget_held()
+    held.forget()
 
 
 class _Store:
@@ -51,7 +51,7 @@ def _same(a, b) -> bool:
 def test_a_part_read_through_spark_is_kept_and_comes_back_the_same():
     written = kept.keep_while_reading(_spec("write"), features_batches(3000, validation_every=5), 0)
     assert os.path.getsize(kept.part_path("k" * 32, 0, 1)) > 3000 * 16 * 4
-    kept.forget_held()  # another fit in another worker: from the disk
+    held.forget()  # another fit in another worker: from the disk
     rank, read = kept.take_kept(_spec("read"), iter([]), _Store(), 0)
     assert rank == 0 and read is not written and _same(read, written)
     again = kept.take_kept(_spec("read"), iter([]), _Store(), 0)[1]
@@ -110,9 +110,14 @@ def test_past_the_bound_the_least_recently_used_rows_go_first():
 
 
 def test_dropped_keys_leave_disk_and_memory():
-    kept.keep_while_reading(_spec("write"), features_batches(500), 0)
+    spec = _spec("write")
+    kept.keep_while_reading(spec, features_batches(500), 0)
+    assert kept._offer(spec, spec.kept)["memory"] == [0]
+    kept.drop(("j" * 32,))
+    assert kept._offer(spec, spec.kept)["memory"] == [0], "another key's drop leaves these rows held"
     kept.drop(("k" * 32,))
-    assert not os.path.exists(os.path.join(kept.kept_root(), "k" * 32)) and not kept._HELD
+    assert not os.path.exists(os.path.join(kept.kept_root(), "k" * 32))
+    assert kept._offer(spec, spec.kept) == {"memory": [], "disk": []}
 
 
 def test_tasks_take_the_ranks_of_the_parts_they_hold_memory_first():

@@ -255,7 +255,8 @@ def test_a_creator_from_a_module_executors_cannot_import_gets_a_hint(tmp_path, m
     import importlib
     import sys
 
-    (tmp_path / "driver_only_module.py").write_text("import torch\ndef make(config):\n    return torch.nn.Linear(8, 1)\n")
+    (tmp_path / "driver_only_module.py").write_text(
+        "import torch\ndef make(config):\n    return torch.nn.Linear(8, 1)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("driver_only_module")
     creators = Creators(model=module.make, optimizer=adam, loss=torch.nn.MSELoss())

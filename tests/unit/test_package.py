@@ -120,7 +120,8 @@ FOLDERS = sorted({path.parent.relative_to(PACKAGE).parts[0] for path in PACKAGE.
 
 
 def test_folders_by_concept_and_few_modules_at_the_top():
-    assert {"core", "params", "ingest", "train", "checkpoints", "cluster", "scoring", "tuning", "loggers"} <= set(FOLDERS)
+    concepts = {"core", "params", "ingest", "train", "checkpoints", "cluster", "scoring", "tuning", "loggers"}
+    assert concepts <= set(FOLDERS)
     top = sorted(path.stem for path in PACKAGE.glob("*.py"))
     assert len(top) <= 12, f"{len(top)} modules at the top ({top}): each belongs in the folder of its concept"
     assert {path.stem for path in (PACKAGE / "train" / "strategies").glob("*.py")} >= {"ddp", "fsdp"}
@@ -161,6 +162,6 @@ def test_old_module_names_still_import_for_saved_pickles():
         module = importlib.import_module(f"spark_torch_est.{old}")
         assert module is importlib.import_module(f"spark_torch_est.{new}")
         assert module.__spec__.name == f"spark_torch_est.{new}"
-    hook = pickle.loads(pickle.dumps(importlib.import_module("spark_torch_est.train.builtin_hooks").EarlyStopping(), protocol=0)
-                        .replace(b"spark_torch_est.train.builtin_hooks", b"spark_torch_est.builtin_hooks"))
+    saved = pickle.dumps(importlib.import_module("spark_torch_est.train.builtin_hooks").EarlyStopping(), protocol=0)
+    hook = pickle.loads(saved.replace(b"spark_torch_est.train.builtin_hooks", b"spark_torch_est.builtin_hooks"))
     assert type(hook).__module__ == "spark_torch_est.train.builtin_hooks"

@@ -12,7 +12,8 @@ import pytest
 
 from spark_torch_est import TorchEstimator, TorchModel
 from spark_torch_est.params.codegen import module_path, render
-from spark_torch_est.params.table import FAMILIES, PARAMS
+from spark_torch_est.params.table import ESTIMATOR_PARAMS, FAMILIES, PARAMS
+from spark_torch_est.tuning import SuccessiveHalving
 
 PACKAGE = Path(__file__).resolve().parents[2] / "spark_torch_est"
 
@@ -62,25 +63,29 @@ def test_the_generated_param_modules_are_up_to_date_with_the_table(family):
         f"{module_path(family).name} is stale: run `make params` (python -m spark_torch_est.params.codegen)"
 
 
-@pytest.mark.parametrize("stage", [TorchEstimator, TorchModel])
+@pytest.mark.parametrize("stage", [TorchEstimator, TorchModel, SuccessiveHalving])
 def test_each_stage_carries_the_params_of_its_families_with_their_defaults(stage):
-    expected = {p.name: p.default for p in PARAMS if stage.__name__ in FAMILIES[p.family].carried_by}
+    expected = {p.name: p.default for p in PARAMS if stage.__name__ in FAMILIES[p.family].carried_by and not p.required}
     instance = stage()
-    assert {p.name: instance.getOrDefault(p) for p in instance.params} == expected
+    shared = {"seed", "parallelism"} if stage is SuccessiveHalving else set()  # pyspark's shared Params
+    assert {p.name: instance.getOrDefault(p) for p in instance.params
+            if instance.hasDefault(p) and p.name not in shared} == expected
+    required = {p.name for p in PARAMS if stage.__name__ in FAMILIES[p.family].carried_by and p.required}
+    assert required <= {p.name for p in instance.params} and not any(instance.isDefined(name) for name in required)
 
 
 _CREATOR_ARGS = {"model", "optimizer", "loss", "scheduler", "metrics", "hooks", "loggers"}
 
 
 def _assert_same_names(names: set[str], where: str) -> None:
-    table = {p.name for p in PARAMS}
+    table = {p.name for p in ESTIMATOR_PARAMS}
     assert names == table, f"only in {where}: {sorted(names - table)}; only in the table: {sorted(table - names)}"
 
 
 def test_the_estimators_signature_agrees_with_the_table():
     signature = inspect.signature(TorchEstimator.__init__).parameters
     _assert_same_names(set(signature) - {"self"} - _CREATOR_ARGS, "TorchEstimator.__init__")
-    for spec in PARAMS:
+    for spec in ESTIMATOR_PARAMS:
         argument = signature[spec.name]
         assert argument.kind is inspect.Parameter.KEYWORD_ONLY, spec.name
         if isinstance(spec.default, (dict, list)):  # a mutable default: None stands for it, any Mapping is taken
@@ -106,5 +111,5 @@ def test_the_estimators_docstring_documents_every_param_with_its_default():
     entries = {m["name"]: " ".join(m["text"].split())
                for m in re.finditer(r"^    (?P<name>\w+): (?P<text>.*(?:\n        .*)*)", args, re.MULTILINE)}
     _assert_same_names(set(entries) - _CREATOR_ARGS, "TorchEstimator's docstring")
-    for spec in PARAMS:
+    for spec in ESTIMATOR_PARAMS:
         assert f"(default {_documented(spec.default)}" in entries[spec.name], (spec.name, entries[spec.name])

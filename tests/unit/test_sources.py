@@ -6,7 +6,8 @@ import pytest
 from pyspark.ml.linalg import VectorUDT
 from pyspark.sql import types as T
 
-from spark_torch_est.ingest.parquet_plan import _arrow_type, _spark_type, scoring_parts
+from spark_torch_est.ingest.parquet_plan import _arrow_type, scoring_parts
+from spark_torch_est.ingest.spark_types import arrow_name as _spark_type
 
 _VECTOR_IN_PARQUET = pa.struct([pa.field("type", pa.int8(), nullable=False), ("size", pa.int32()),
                                 ("indices", pa.list_(pa.field("element", pa.int32()))),

@@ -85,6 +85,7 @@ def test_a_worker_reuses_the_table_part_it_read_until_the_files_change(tmp_path)
     from spark_torch_est.cluster import worker
     from spark_torch_est.core.protocol import FEATURES, LABEL
     from spark_torch_est.core.spec import FilePart, FileSource, How
+    from spark_torch_est.ingest import held
     from tests.helpers import features_schema, task_spec
 
     path = str(tmp_path / "t.parquet")
@@ -101,4 +102,4 @@ def test_a_worker_reuses_the_table_part_it_read_until_the_files_change(tmp_path)
     os.utime(path, ns=(10**18, 10**18))
     changed = worker._ingest(spec, iter([]), 0)
     assert changed is not first and float(changed.train.inputs[0].tensor[1, 0]) == 4.0, "changed files: read again"
-    worker._INGESTED.clear()
+    held.forget()

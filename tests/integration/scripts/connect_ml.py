@@ -15,7 +15,11 @@ from pyspark.sql import SparkSession
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 from pyspark.ml import Pipeline, PipelineModel  # noqa: E402
-from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator, RegressionEvaluator  # noqa: E402
+from pyspark.ml.evaluation import (  # noqa: E402
+    BinaryClassificationEvaluator,
+    MulticlassClassificationEvaluator,
+    RegressionEvaluator,
+)
 from pyspark.ml.feature import VectorAssembler  # noqa: E402
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit  # noqa: E402
 
@@ -79,7 +83,8 @@ x = rng.normal(size=(600, 4))
 names = ["f0", "f1", "f2", "f3"]
 df = spark.createDataFrame([(i, *map(float, r), int(r[0] + r[1] > 0)) for i, r in enumerate(x)],
                            ["id", *names, "label"])
-est = TorchEstimator(model=lambda c: torch.nn.Linear(4, 2), optimizer=lambda m, c: torch.optim.Adam(m.parameters(), lr=0.05),
+est = TorchEstimator(model=lambda c: torch.nn.Linear(4, 2),
+                     optimizer=lambda m, c: torch.optim.Adam(m.parameters(), lr=0.05),
                      loss=torch.nn.CrossEntropyLoss(), maxEpochs=2, showProgress=False)
 pipeline = Pipeline(stages=[VectorAssembler(inputCols=names, outputCol="features"), est])
 fitted = pipeline.fit(df)
