@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from spark_torch_est.core.ranks import Ranks
-from spark_torch_est.ingest.rows import Budget, DenseRows, RaggedRows, Rows, RowsBuilder
+from spark_torch_est.ingest.rows import Budget, DenseRows, RaggedRows, Rows, RowsBuilder, SpilledRows
 from spark_torch_est.ingest.shard import EpochPlan, Table, epoch_order
 
 __all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical"]
@@ -125,7 +125,10 @@ class EpochRows:
         """This rank's rows of ``step`` (counted from the plan's start): ``(inputs, labels, weights)``."""
         if self._order is not None:
             return self.table.take(self.plan.positions(self._order, step))
-        return self.table.slice(int(self._bounds[step]), int(self._bounds[step + 1]))
+        bounds = self._bounds
+        if bounds is None:
+            raise ValueError("EpochRows needs the rank's order or the bounds of its steps")
+        return self.table.slice(int(bounds[step]), int(bounds[step + 1]))
 
     def samples(self, step: int) -> int:
         """Rows all ranks together train on at ``step``."""
@@ -252,7 +255,7 @@ def regroup(table: Table, held: torch.Tensor, holders: torch.Tensor, wanted: lis
         at = torch.nonzero(source == sender).reshape(-1)
         within[at] = torch.arange(len(at)) if sender != rank else local[mine[at]]
     spill = Budget(budget)
-    columns = []
+    columns: list[Rows] = []
     for c, column in enumerate(table.columns()):
         pieces = [received.get(s, [None] * (c + 1))[c] for s in range(world)]
         if budget is None and isinstance(column, DenseRows):  # one copy, straight into the new tensor
@@ -278,7 +281,7 @@ def _append(builder: RowsBuilder, column: Rows, pieces: list[Rows | None], sourc
             rows = column if sender == rank else pieces[sender]
             lengths[at] = rows.lengths()[within[at]]
             parts.append((at, [rows.flat(int(i), int(i) + 1) for i in within[at].tolist()]))
-        values: list[torch.Tensor | None] = [None] * len(source)
+        values = [torch.empty(0, dtype=column.dtype)] * len(source)
         for at, flats in parts:
             for i, flat in zip(at.tolist(), flats):
                 values[i] = flat
@@ -293,7 +296,7 @@ def _append(builder: RowsBuilder, column: Rows, pieces: list[Rows | None], sourc
         builder.append(out.numpy())
 
 
-def _gathered(column: Rows, pieces: list[Rows | None], source: torch.Tensor, within: torch.Tensor,
+def _gathered(column: DenseRows | SpilledRows, pieces: list[Rows | None], source: torch.Tensor, within: torch.Tensor,
               rank: int) -> torch.Tensor:
     """The rows ``within`` their sources (this rank's ``column`` or a piece received), as one tensor."""
     out = torch.empty((len(source), *column.row_shape), dtype=column.dtype)
