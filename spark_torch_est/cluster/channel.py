@@ -341,15 +341,16 @@ class ProgressReporter:
         self.interval = interval
         self._last = 0.0
 
-    def step(self, progress: Progress, loss: Any, steps_per_epoch: int) -> None:
-        """Reports the position after a step, at most every ``interval`` seconds."""
+    def step(self, progress: Progress, loss: float, steps_per_epoch: int) -> None:
+        """Reports the position after a step and its loss (read by the loop, a number), at
+        most every ``interval`` seconds."""
         if self.client is None:
             return
         now = time.monotonic()
         if now - self._last < self.interval:
             return
         self._last = now
-        self.client.send(RankMessage.for_step(progress, float(loss), steps_per_epoch))
+        self.client.send(RankMessage.for_step(progress, loss, steps_per_epoch))
 
     def epoch(self, entry: dict) -> None:
         """Reports a finished epoch's history entry."""

@@ -246,16 +246,10 @@ def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
 
 
 def _ddp_refs(trainer: object) -> list[weakref.ref]:
-    """Weak references to the trainer's DDP wrapper and its Reducer (none without DDP)."""
-    ddp = getattr(trainer, "ddp_model", None)
-    if ddp is None or ddp is getattr(trainer, "model", None):
-        return []
-    refs = [weakref.ref(ddp)]
-    try:
-        refs.append(weakref.ref(ddp.reducer))
-    except (AttributeError, TypeError):  # no Reducer, or not weakly referenceable
-        pass
-    return refs
+    """Weak references to what the trainer's strategy says holds the process group (the DDP
+    wrapper and its Reducer; none without DDP)."""
+    strategy = getattr(trainer, "strategy", None)
+    return strategy.teardown_refs() if strategy is not None else []
 
 
 def _device(spec: TaskSpec, barrier: Barrier) -> torch.device:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -33,7 +33,8 @@ class Creators:
 
     Attributes:
         model: An ``nn.Module`` (copied per fit) or ``callable(config) -> nn.Module``.
-        optimizer: ``callable(model, config) -> torch.optim.Optimizer``.
+        optimizer: ``callable(model, config) -> torch.optim.Optimizer``; None in a fitted
+            model's creators, which train nothing.
         loss: An ``nn.Module``, an ``nn.Module`` class, or ``callable(outputs, labels)``.
         scheduler: ``callable(optimizer, config) -> LR scheduler``, or None.
         metrics: ``{name: callable(outputs, labels) -> tensor | torchmetrics.Metric}``.
@@ -42,7 +43,7 @@ class Creators:
     """
 
     model: nn.Module | Callable[[dict], nn.Module]
-    optimizer: Callable[[nn.Module, dict], torch.optim.Optimizer]
+    optimizer: Callable[[nn.Module, dict], torch.optim.Optimizer] | None
     loss: nn.Module | Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     scheduler: Callable[[torch.optim.Optimizer, dict], Any] | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)
@@ -59,7 +60,13 @@ class Creators:
         return model
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        """Calls the optimizer creator on ``model``."""
+        """Calls the optimizer creator on ``model``.
+
+        Raises:
+            CreatorError: There is none (a fitted model's creators), or it returned no optimizer.
+        """
+        if self.optimizer is None:
+            raise CreatorError("optimizer", "no optimizer creator: these creators (a fitted model's) train nothing")
         optimizer = _call("optimizer", self.optimizer, model, dict(self.config))
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise CreatorError(
@@ -74,7 +81,8 @@ class Creators:
         scheduler = _call("scheduler", self.scheduler, optimizer, dict(self.config))
         if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
             raise CreatorError(
-                "scheduler", f"the scheduler creator returned {type(scheduler).__name__}, which has no step()/state_dict()"
+                "scheduler",
+                f"the scheduler creator returned {type(scheduler).__name__}, which has no step()/state_dict()",
             )
         return scheduler
 
@@ -89,7 +97,7 @@ class Creators:
         """Returns the loss callable (instantiating an ``nn.Module`` class)."""
         if isinstance(self.loss, type) and issubclass(self.loss, nn.Module):
             return _call("loss", self.loss)
-        return self.loss
+        return cast(Callable[[torch.Tensor, torch.Tensor], torch.Tensor], self.loss)
 
 
 def _call(creator: str, fn: Callable[..., Any], *args: Any) -> Any:

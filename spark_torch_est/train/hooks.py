@@ -76,9 +76,11 @@ STAGES: tuple[str, ...] = tuple(s for s in STAGE_ARGUMENTS if s != "train_step")
 @dataclass
 class Control:
     """Requests hooks make to the loop. Any rank may set a flag; the loop combines the
-    flags of all ranks where a request can have been made (after each step when a
-    per-step stage takes ``control``, after ``before_run``, ``before_train_epoch`` and
-    each epoch otherwise), so every rank stops at the same step.
+    flags of all ranks after ``before_run``, ``before_train_epoch`` and each epoch, so every
+    rank stops at the same step. A request made in a per-step stage is acted on after that
+    step only if some hook names ``control`` in a per-step stage (``train_step`` or
+    ``before_train_iter`` to ``after_train_iter``): that asks for a vote of the ranks after
+    every step (one small all-reduce per step). Otherwise it is acted on at the epoch's end.
 
     Attributes:
         stop_training: End the fit after the current step (the run can be resumed).
@@ -95,7 +97,8 @@ class Control:
 
 class Hook:
     """Base class for hooks. Override the stages you need; each method declares only the
-    keyword arguments it uses (see :data:`STAGE_ARGUMENTS`), or ``**kwargs`` for all.
+    keyword arguments it uses (see :data:`STAGE_ARGUMENTS`), or ``**kwargs`` for all. (The
+    stages here take ``*args, **kwargs``, so that type checkers accept any such override.)
 
     A hook may also define ``train_step(model, batch, loss_fn, optimizer, ...)`` to replace
     the forward, backward and optimizer step (at most one hook may); it returns the loss or
@@ -104,51 +107,51 @@ class Hook:
     and loaded into the driver's hook object when ``fit`` returns.
     """
 
-    def before_run(self, **kwargs: Any) -> None:
+    def before_run(self, *args: Any, **kwargs: Any) -> None:
         """Once per fit, after resuming and wrapping the model in DDP."""
 
-    def before_train_epoch(self, **kwargs: Any) -> None:
+    def before_train_epoch(self, *args: Any, **kwargs: Any) -> None:
         """At the start of every epoch (not when a fit resumes mid-epoch)."""
 
-    def before_train_iter(self, **kwargs: Any) -> Any:
+    def before_train_iter(self, *args: Any, **kwargs: Any) -> Any:
         """Before each training batch; may return a replacement ``(inputs, labels)``."""
 
-    def before_backward(self, **kwargs: Any) -> Any:
+    def before_backward(self, *args: Any, **kwargs: Any) -> Any:
         """After the loss is computed; may return a replacement loss."""
 
-    def after_backward(self, **kwargs: Any) -> None:
+    def after_backward(self, *args: Any, **kwargs: Any) -> None:
         """After ``loss.backward()``; gradients are synchronized across ranks."""
 
-    def before_optimizer_step(self, **kwargs: Any) -> None:
+    def before_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         """Before ``optimizer.step()`` (gradient clipping goes here)."""
 
-    def after_optimizer_step(self, **kwargs: Any) -> None:
+    def after_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         """After ``optimizer.step()``; ``global_step`` includes this step from here on."""
 
-    def after_train_iter(self, **kwargs: Any) -> None:
+    def after_train_iter(self, *args: Any, **kwargs: Any) -> None:
         """After each training batch; ``global_step`` includes this step."""
 
-    def before_val_epoch(self, **kwargs: Any) -> None:
+    def before_val_epoch(self, *args: Any, **kwargs: Any) -> None:
         """Before validation, when there are validation rows."""
 
-    def before_val_iter(self, **kwargs: Any) -> None:
+    def before_val_iter(self, *args: Any, **kwargs: Any) -> None:
         """Before each validation batch."""
 
-    def after_val_iter(self, **kwargs: Any) -> None:
+    def after_val_iter(self, *args: Any, **kwargs: Any) -> None:
         """After each validation batch."""
 
-    def after_val_epoch(self, **kwargs: Any) -> None:
+    def after_val_epoch(self, *args: Any, **kwargs: Any) -> None:
         """After validation; ``metrics`` holds this epoch's validation values (numbers a
         hook adds are recorded in the history)."""
 
-    def after_train_epoch(self, **kwargs: Any) -> None:
+    def after_train_epoch(self, *args: Any, **kwargs: Any) -> None:
         """After every epoch; ``metrics`` is the epoch's history entry: numbers a hook adds
         to it are recorded in the history (rank 0's values)."""
 
-    def after_run(self, **kwargs: Any) -> None:
+    def after_run(self, *args: Any, **kwargs: Any) -> None:
         """Once per fit, after the last step of this fit."""
 
-    def on_exception(self, **kwargs: Any) -> None:
+    def on_exception(self, *args: Any, **kwargs: Any) -> None:
         """When a stage raised; ``exception`` and ``stage`` say what and where."""
 
     def state_dict(self) -> dict:
@@ -286,6 +289,12 @@ def bind_keywords(method: Callable[..., Any], stage: str, allowed: tuple[str, ..
     return _invoker(method, tuple(names), positional), tuple(names)
 
 
+def _names(method: Callable[..., Any], argument: str) -> bool:
+    """Whether ``method`` declares ``argument`` by name (not merely through ``**kwargs``)."""
+    parameter = inspect.signature(method).parameters.get(argument)
+    return parameter is not None and parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL)
+
+
 def _plan(name: str, hook: Hook, stage: str) -> _Call | None:
     """Inspects one hook method: returns (hook name, invoker, argument names or None for
     ``**kwargs``), or None when the hook does not override the stage."""
@@ -320,14 +329,20 @@ class HookSet:
             )
         self.train_step: _Call | None = steppers[0] if steppers else None
         self.current_hook: str | None = None
-        per_step = [self.train_step] if self.train_step else []
-        per_step += [plan for stage in _PER_STEP for plan in self._plans[stage]]
-        #: Whether a per-step stage can reach ``control`` (then the loop combines the
-        #: ranks' flags after every step; otherwise only at epoch ends).
-        self.controls_steps = any(names is None or "control" in names for _, _, names in per_step)
+        per_step = [(stage, name) for stage in ("train_step", *_PER_STEP) for name in self._named(stage)]
+        #: Whether a hook asks for a vote after every step by naming ``control`` in a per-step
+        #: stage (then the loop combines the ranks' flags after every step; otherwise at the
+        #: epoch's end only). Receiving it through ``**kwargs`` does not ask for one.
+        self.votes_per_step = any(_names(getattr(self.hooks[name], stage), "control") for stage, name in per_step)
 
     def __bool__(self) -> bool:
         return bool(self.hooks)
+
+    def _named(self, stage: str) -> list[str]:
+        """The hooks that override ``stage``."""
+        if stage == "train_step":
+            return [self.train_step[0]] if self.train_step is not None else []
+        return [name for name, _, _ in self._plans[stage]]
 
     def has(self, stage: str) -> bool:
         """Whether any hook overrides ``stage``."""
@@ -340,7 +355,7 @@ class HookSet:
         plans = self._plans[stage]
         index = 0
         try:
-            for index, (_, invoke, _) in enumerate(plans):
+            for index, (_, invoke, _) in enumerate(plans):  # noqa: B007 - index names the hook that raises
                 value = invoke(context)
                 if value is not None:
                     result = value

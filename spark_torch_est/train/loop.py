@@ -3,44 +3,50 @@
 (:meth:`Trainer.run_step`), each with its hooks around it. Every rank runs the same
 collectives in the same order.
 
-The rows come agreed on by the ranks (:mod:`~spark_torch_est.ingest.agreement`); a checkpoint is
-built from one :class:`~spark_torch_est.train.run_state.RunState`. Hook arguments are passed at
-each call: the run's objects, the progress as it is, the step's :class:`~step.Batch`,
-outputs and loss. The stage is set only by :meth:`~step.Stage.at`.
+The rows come agreed on by the ranks (:mod:`~spark_torch_est.ingest.agreement`); the model is
+distributed by the fit's strategy (:mod:`~spark_torch_est.train.strategies`); a checkpoint is
+built from one :class:`~spark_torch_est.train.run_state.RunState`; an epoch's end validates
+with :class:`~spark_torch_est.train.validation.Validation`. Hook arguments are passed at each
+call: the run's objects, the progress as it is, the step's :class:`~step.Batch`, outputs and
+loss. The stage is set only by :meth:`~step.Stage.at`.
+
+A step waits for nothing on the device: its loss stays there (:class:`~step.PendingLosses`)
+until the loop reads the losses of several steps at once, every :data:`~step.READ_EVERY`
+steps, at the end of an epoch and before any checkpoint. A NaN or infinite loss fails the fit
+there, naming its step, before a checkpoint can hold it. The ranks combine their ``Control``
+flags after a step only when a hook asks for it by naming ``control`` in a per-step stage.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from spark_torch_est.checkpoints.checkpoint import Checkpoint, check_compatible
+from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.core import rng
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
+from spark_torch_est.ingest.canonical import EpochRows
 from spark_torch_est.ingest.shard import Shard
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import Control, HookSet
 from spark_torch_est.train.losses import Loss, scalar_loss, zero_through
 from spark_torch_est.train.metrics import MetricAccumulator, format_entry
 from spark_torch_est.train.precision import Precision
-from spark_torch_est.train.prefetch import prefetch, transfer_for
+from spark_torch_est.train.prefetch import prefetch
 from spark_torch_est.train.reporter import SILENT, Reporter
 from spark_torch_est.train.run_state import RunState
-from spark_torch_est.train.step import Batch, Stage, forward, non_finite_loss
-from spark_torch_est.train.strategies.fsdp import shard_model
-
-if TYPE_CHECKING:
-    from spark_torch_est.core.schema import ModelInputs
+from spark_torch_est.train.step import Batch, Feed, PendingLosses, Stage, StepLoss, non_finite_loss
+from spark_torch_est.train.strategies import Strategy, for_spec
+from spark_torch_est.train.validation import Validation
 
 __all__ = ["Trainer"]
 
@@ -76,25 +82,30 @@ class Trainer:
     Attributes:
         hooks: The fit's hooks (``hooks.current_hook`` names a hook while it runs).
         rows: The rows as the ranks agreed on them; ``state``: the run's state (from setup).
-        model: The model; ``ddp_model``: the module a step calls (DDP-wrapped, compiled).
+        strategy: How the model is distributed (from setup; None before).
+        model: The model; ``ddp_model``: the module a step calls (wrapped by the strategy,
+            compiled with ``compileModel``).
     """
 
     def __init__(self, creators: Creators, spec: TaskSpec, shard: Shard, rank: int,
                  world_size: int, device: torch.device, reporter: Reporter = SILENT) -> None:
-        self.creators, self.spec, self.shard, self.device = creators, spec, shard, device
+        self.creators, self.spec, self.device = creators, spec, device
+        self.shard: Shard | None = shard
         self.ranks = Ranks(rank, world_size, device)
         self.reporter = reporter
         self.hooks = HookSet(creators.hooks)
         self.control = Control()
         self.rows: AgreedRows
-        self.state: RunState | None = None
+        self.state: RunState
+        self.strategy: Strategy | None = None
         self._stage = Stage("setup")
         self._batch_idx = 0  # the index of the last training batch in its epoch
         self._run_args: dict[str, Any] = {"rank": rank, "world_size": world_size, "control": self.control,
                                           "device": device, "config": dict(creators.config)}
         self._sync_flags = world_size > 1 and (bool(self.hooks) or spec.stop_wait_s is not None)
-        self._sync_step_flags = world_size > 1 and self.hooks.controls_steps
-        self._transfer = transfer_for(device)
+        self._vote_each_step = self.hooks.votes_per_step  # a hook named control in a per-step stage
+        self._losses = PendingLosses(device)
+        self._plan: EpochRows  # the current epoch's rows of this rank (from its first step)
         self._compiling = False  # until the first step of a compiled model has run
 
     @property
@@ -120,6 +131,7 @@ class Trainer:
                 while not (self.control.stop_training or self.spec.target.reached(self.state.progress)):
                     self.run_epoch()
             self._call("after_run", metrics=self.state.history[-1] if self.state.history else {})
+            self._read_losses()
             with self._stage.at("checkpoint"):
                 return self.state.result()
         except BaseException as error:  # the final checkpoint's too: a hook that alerts or cleans up hears of it
@@ -136,25 +148,35 @@ class Trainer:
                 self._agree_on_flags()
             if self.control.stop_training:  # asked before the epoch's first step: none of it runs
                 return
+        ended = self._run_steps()
+        self._read_losses()
+        if ended:
+            self._end_epoch()
+
+    def _run_steps(self) -> bool:
+        """The epoch's remaining steps; returns whether the epoch ends with them (False: the
+        fit stops in the middle of it)."""
         with self._stage.at("collective"):  # the same rows per step on any number of ranks
-            plan = self.rows.epoch(self.state.progress.epoch, self.state.offset)
-        batches = prefetch((plan.take(step) for step in range(plan.steps)), self._transfer)
+            plan = self._plan = self.rows.epoch(self.state.progress.epoch, self.state.offset)
+        batches = prefetch((plan.take(step) for step in range(plan.steps)), self.feed.transfer)
         for step in range(plan.steps):
             if self.spec.target.reached(self.state.progress):
-                return
-            self.run_step(self._on_device(*next(batches)), plan.samples(step))
+                return False
+            self.run_step(self.feed.batch(*next(batches)), plan.samples(step), step)
             self._checkpoint_if_due("ba")
-            if self._sync_step_flags:
-                self._agree_on_flags()
+            if not self._vote_each_step:  # requests made during steps wait for the epoch's end
+                continue
+            self._agree_on_flags()
             if self.control.stop_training and step < plan.steps - 1:  # the epoch stays open
-                return
+                return False
             if self.control.stop_training or self.control.stop_epoch:
                 break
-        self._end_epoch()
+        return True
 
-    def run_step(self, batch: Batch, samples: int) -> None:
-        """One optimizer step on ``batch`` (``samples`` rows of all ranks) with the hooks
-        around it: the default step, or the ``train_step`` of a hook."""
+    def run_step(self, batch: Batch, samples: int, position: int) -> None:
+        """One optimizer step on ``batch`` (``samples`` rows of all ranks; ``position``: the
+        step's place in the epoch's plan) with the hooks around it: the default step, or the
+        ``train_step`` of a hook."""
         self._batch_idx = self.state.progress.batch_in_epoch
         started = time.perf_counter()
         replaced = self._call("before_train_iter", batch)
@@ -166,9 +188,10 @@ class Trainer:
             loss, outputs = self._default_step(batch, samples)
         if self._compiling:
             self._report_compile(time.perf_counter() - started)
-        self._account(batch, loss)
+        due = self._keep_loss(batch, loss, position)
         self._call("after_train_iter", batch, outputs=outputs, loss=loss)
-        self.reporter.step(self.state.progress, loss.detach(), self.rows.steps_per_epoch)
+        if due:
+            self._read_losses()
 
     # ------------------------------------------------------------------------ setup
 
@@ -176,24 +199,29 @@ class Trainer:
         """Agrees on the rows; builds the model (with the run's weights), the module a step
         calls, the optimizer, scheduler, loss and metrics; then the run's state."""
         spec, creators = self.spec, self.creators
+        shard, self.shard = self.shard, None  # the agreed rows hold them from here on
+        if shard is None:
+            raise RuntimeError("a Trainer runs one fit: make another for the next")
         with self._stage.at("collective"):
-            self.rows = agree_on_rows(self.shard, spec, self.ranks, resume.shards if resume is not None else None)
-        self.shard = None  # the rows above hold them from here on
+            self.rows = agree_on_rows(shard, spec, self.ranks, resume.shards if resume is not None else None)
+        self.feed = Feed(spec.schema, self.device, spec.batch_size, self.rows.train_rows)
         torch.manual_seed(spec.seed)
         model = self.model = creators.build_model().to(self.device)
-        if resume is not None and resume.sharded is None:
-            check_compatible(model.state_dict(), resume.model_state)
-            model.load_state_dict(resume.model_state)
+        strategy = self.strategy = for_spec(spec, self.ranks)
+        strategy.load_weights(model, resume)
         output_shape = self._shape_labels(model)
         self.precision = Precision(spec.precision, self.device)
-        self.ddp_model = self._wrap(model, resumed=resume is not None)
+        wrapped = strategy.wrap(model, resumed=resume is not None)
+        self.ddp_model = self._compile(wrapped) if spec.compile_model else wrapped
         self.optimizer = creators.build_optimizer(model)
+        strategy.attach(self.optimizer)
         made = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.scheduler = creators.build_scheduler(self.optimizer)
         self.loss_fn = Loss(creators.build_loss())
-        self.val_metrics = MetricAccumulator(self.loss_fn, creators.metrics, self.device)
-        self.state = RunState(spec, self.ranks, self.rows, output_shape, model, self.optimizer, made, self.scheduler,
-                              self.precision, self.hooks)
+        metrics = MetricAccumulator(self.loss_fn, creators.metrics, self.device)
+        self.validation = Validation(self.rows, self.feed, metrics, self.precision, strategy, self._stage, self._call)
+        self.state = RunState(spec, self.ranks, self.rows, output_shape, made, self.scheduler, self.precision,
+                              self.hooks, strategy)
         if resume is not None:
             self.state.restore(resume)
         self._batch_idx = max(self.state.progress.batch_in_epoch - 1, 0)
@@ -208,7 +236,7 @@ class Trainer:
         with torch.no_grad():
             inputs = self.rows.train.slice(0, 2)[0]
             try:
-                output_shape = list(self._forward(self._model_inputs(inputs), model).shape[1:])
+                output_shape = list(self.feed.forward(model, self.feed.model_inputs(inputs)).shape[1:])
             except Exception as error:  # say what the model was given (the failure report adds notes)
                 note = self.spec.schema.describe(inputs, self.spec.columns.features)
                 error.__notes__ = [*getattr(error, "__notes__", ()), note]
@@ -216,22 +244,6 @@ class Trainer:
         model.train(was_training)
         self.rows.shape_labels(output_shape, self.spec.columns.label, self.creators.loss_reads_labels_as_held)
         return output_shape
-
-    def _wrap(self, model: nn.Module, resumed: bool) -> nn.Module:
-        """The module a step calls: the model sharded in place under "fsdp", else wrapped in
-        DDP on several ranks; compiled with ``compileModel``."""
-        wrapped = model
-        if self.spec.strategy == "fsdp":
-            shard_model(model, self.spec.shard_modules, self.device)
-        elif self.ranks.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            # Resumed, every rank has just loaded the same checked state: DDP's broadcast of
-            # all parameters and buffers from rank 0 would only copy it again.
-            skip_sync = resumed and "init_sync" in inspect.signature(DistributedDataParallel).parameters
-            wrapped = DistributedDataParallel(model, device_ids=ids, **({"init_sync": False} if skip_sync else {}))
-        return self._compile(wrapped) if self.spec.compile_model else wrapped
 
     def _compile(self, model: nn.Module) -> nn.Module:
         """The training module compiled (the DDP wrapper, as torch recommends). The model
@@ -244,7 +256,7 @@ class Trainer:
         for name in _PROFILER_LOGS:
             logging.getLogger(name).addFilter(_PROFILER_NOTICE)  # once: a logger keeps a filter once
         self._compiling = True
-        return torch.compile(model, dynamic=False)
+        return cast(nn.Module, torch.compile(model, dynamic=False))  # compiling a module gives a module
 
     # ------------------------------------------------------------------------ steps
 
@@ -253,7 +265,7 @@ class Trainer:
         with self.precision.autocast():
             with self._stage.at("forward"):
                 self.optimizer.zero_grad(set_to_none=True)
-                outputs = self._forward(batch.inputs)
+                outputs = self.feed.forward(self.ddp_model, batch.inputs)
             with self._stage.at("loss"):
                 loss = scalar_loss(self.loss_fn(outputs, batch.labels, batch.weights))
         replaced = self._call("before_backward", batch, outputs=outputs, loss=loss)
@@ -289,32 +301,41 @@ class Trainer:
             logger.info("rank 0: %s", note)
             self.reporter.note(__name__, note)
 
-    def _model_inputs(self, inputs: list[torch.Tensor]) -> ModelInputs:
-        """A batch's column tensors on the rank's device, as the model takes them."""
-        return self.spec.schema.model_inputs([x.to(self.device, non_blocking=True) for x in inputs])
+    # ------------------------------------------------------------------------ losses
 
-    def _on_device(self, inputs: list[torch.Tensor], labels: torch.Tensor, weights: torch.Tensor | None) -> Batch:
-        """A batch of the tables' rows on the rank's device."""
-        return Batch(self._model_inputs(inputs), labels.to(self.device, non_blocking=True),
-                     weights.to(self.device, non_blocking=True) if weights is not None else None)
-
-    def _forward(self, inputs: ModelInputs, model: nn.Module | None = None) -> torch.Tensor:
-        """The model (by default the module a step calls) on one batch."""
-        return forward(model if model is not None else self.ddp_model, inputs, self.spec.schema,
-                       self.spec.batch_size, self.rows.train_rows)
-
-    def _account(self, batch: Batch, loss: Any) -> None:
-        """Adds the step's loss to the epoch's mean (weighted by the rows' weights); a NaN or
-        infinite loss fails the fit (unless ``allowNonFinite``), before it can reach a
-        checkpoint."""
+    def _keep_loss(self, batch: Batch, loss: Any, position: int) -> bool:
+        """Keeps the step's loss on the device for the epoch's mean (weighted by the rows'
+        weights); returns whether the kept losses are due to be read."""
         with self._stage.at("loss"):
-            value = float(scalar_loss(loss).detach())
-            if not math.isfinite(value) and not self.spec.allow_non_finite:
-                progress = self.state.progress
-                raise non_finite_loss(value, batch, self.spec.schema, self.spec.columns.label,
-                                      f"epoch {progress.epoch + 1}, batch {self._batch_idx} (global step "
-                                      f"{progress.global_step}) on rank {self.ranks.rank}")
-        self.state.add_loss(value, float(batch.weights.sum()) if batch.weights is not None else len(batch.labels))
+            loss = scalar_loss(loss)
+        if self.hooks.train_step is not None:
+            loss = loss.detach().clone()  # the hook's tensor, which it may change in place later
+        rows = batch.weights.sum() if batch.weights is not None else len(batch.labels)
+        return self._losses.add(loss, rows, self.state.progress, self._batch_idx, position)
+
+    def _read_losses(self) -> None:
+        """Reads the losses kept since the last reading on the host, at once: a NaN or
+        infinite one fails the fit naming its step (unless ``allowNonFinite``); the others
+        join the epoch's mean, and rank 0 reports the last to the driver."""
+        if not len(self._losses):
+            return
+        with self._stage.at("loss"):
+            steps = self._losses.read()
+            for step in steps:
+                if not math.isfinite(step.value) and not self.spec.allow_non_finite:
+                    raise self._non_finite(step)
+                self.state.add_loss(step.value, step.rows)
+        self.reporter.step(steps[-1].progress, steps[-1].value, self.rows.steps_per_epoch)
+
+    def _non_finite(self, step: StepLoss) -> Exception:
+        """The error of the non-finite loss of ``step``, naming the columns of its rows (as the
+        table holds them) that hold NaN or infinite values."""
+        inputs, labels, weights = self._plan.take(step.position)
+        batch = Batch(self.spec.schema.model_inputs(inputs), labels, weights)
+        progress = step.progress
+        return non_finite_loss(step.value, batch, self.spec.schema, self.spec.columns.label,
+                               f"epoch {progress.epoch + 1}, batch {step.batch_idx} (global step "
+                               f"{progress.global_step}) on rank {self.ranks.rank}")
 
     # ------------------------------------------------------------ end of an epoch
 
@@ -323,7 +344,7 @@ class Trainer:
         with self._stage.at("collective"):
             entry = self.state.epoch_entry()
         if self.rows.val_rows:
-            entry.update(self._validate())
+            entry.update(self.validation.run(self.model))
         self.state.end_epoch(entry)
         self._call("after_train_epoch", metrics=entry)  # hooks may add to the entry
         self.reporter.epoch(entry)
@@ -335,50 +356,12 @@ class Trainer:
         self._checkpoint_if_due("ep")
         logger.info("rank %d: epoch %d %s", self.ranks.rank, entry["epoch"], format_entry(entry))
 
-    def _validate(self) -> dict[str, float]:
-        """Loss and metrics over every rank's validation rows, weighted by rows (or by
-        their weights)."""
-        self._call("before_val_epoch")
-        with self._stage.at("validation"):
-            totals = self._validation_totals()
-        with self._stage.at("collective"):
-            values = {f"val_{name}": value
-                      for name, value in self.val_metrics.results(self.ranks.all_reduce(totals)).items()}
-        self._call("after_val_epoch", metrics=values)  # hooks may add to the entry
-        return values
-
-    def _validation_totals(self) -> torch.Tensor:
-        """This rank's sums of the validation loss and metrics, with the hooks around each batch."""
-        model, table, size, metrics = self.model, self.rows.validation, self.spec.batch_size, self.val_metrics
-        metrics.reset()
-        model.eval()
-        starts = range(0, len(table), size)
-        most = len(starts)
-        if self.state.sharded is not None:  # every rank makes as many forward passes: each gathers the parameters
-            with self._stage.at("collective"):
-                most = int(self.ranks.all_reduce(torch.tensor([most]), dist.ReduceOp.MAX)[0])
-        with torch.no_grad():
-            for start, rows in zip(starts, prefetch((table.slice(s, s + size) for s in starts), self._transfer)):
-                batch = self._on_device(*rows)
-                self._call("before_val_iter", batch, batch_idx=start // size)
-                with self.precision.autocast():
-                    outputs = self._forward(batch.inputs, model)
-                    loss = metrics.update(outputs, batch.labels, batch.weights)
-                self._call("after_val_iter", batch, batch_idx=start // size, outputs=outputs, loss=loss)
-            extra = most - len(starts)
-            inputs = self._model_inputs(self.rows.train.slice(0, 1)[0]) if extra > 0 else None
-            for _ in range(extra):
-                with self.precision.autocast():
-                    self._forward(inputs, model)
-        model.train()
-        return metrics.totals()
-
     # --------------------------------------------------------- hooks, flags, checkpoints
 
     def _arguments(self, batch: Batch | None = None, **extra: Any) -> dict[str, Any]:
         """Every argument on offer now: the run's objects, the progress as it is, the batch,
         and the stage's extras."""
-        progress = self.state.progress if self.state is not None else Progress()
+        progress = self.state.progress if hasattr(self, "state") else Progress()
         return {**self._run_args, "epoch": progress.epoch, "global_step": progress.global_step, "state": progress,
                 "batch_idx": self._batch_idx, **(batch.arguments() if batch is not None else {}), **extra}
 
@@ -395,8 +378,8 @@ class Trainer:
             return
         with self._stage.at("collective"):
             flags = torch.tensor([self.control.stop_training, self.control.stop_epoch], dtype=torch.int32)
-            flags = self.ranks.all_reduce(flags, dist.ReduceOp.MAX)
-        self.control.stop_training, self.control.stop_epoch = bool(flags[0]), bool(flags[1])
+            stop_training, stop_epoch = self.ranks.all_reduce(flags, dist.ReduceOp.MAX).tolist()
+        self.control.stop_training, self.control.stop_epoch = bool(stop_training), bool(stop_epoch)
 
     def _ask_driver_to_go_on(self, epoch: int) -> None:
         """Rank 0 asks whether a driver-side logger stops the fit at the end of ``epoch``
@@ -420,5 +403,10 @@ class Trainer:
         self.hooks.current_hook = failed_hook
 
     def _checkpoint_if_due(self, unit: str) -> None:
+        """Writes a periodic checkpoint when one is due after this ``unit`` ("ep" or "ba"),
+        once the losses kept so far are read: a non-finite one fails the fit first."""
+        if not self.state.checkpoint_due(unit):
+            return
+        self._read_losses()
         with self._stage.at("checkpoint"):
-            self.state.write_if_due(unit)
+            self.state.write_checkpoint()

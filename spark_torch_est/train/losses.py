@@ -65,10 +65,10 @@ class Loss:
         """The loss without reduction: a copy of a loss module with ``reduction="none"``, a
         function that takes ``reduction`` called with ``"none"``, else the callable itself."""
         if self._per_row is None:
-            function = self.function
+            function: Callable[..., torch.Tensor] = self.function
             if isinstance(function, nn.Module) and hasattr(function, "reduction"):
                 function = copy.copy(function)
-                function.reduction = "none"
+                setattr(function, "reduction", "none")  # noqa: B010 - a loss module's plain attribute
             elif not isinstance(function, nn.Module) and _takes_reduction(function):
                 function = functools.partial(function, reduction="none")
             self._per_row = function

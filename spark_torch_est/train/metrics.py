@@ -58,6 +58,7 @@ class MetricAccumulator:
 
     def update(self, outputs: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         """Adds one batch (with its rows' weights, if any); returns its loss."""
+        rows: float
         if weights is None:
             loss, rows = self.loss_fn(outputs, labels), len(outputs)
         else:

@@ -17,7 +17,7 @@ scale it had. The same autocast runs validation, ``evaluate`` and ``transform``.
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -27,7 +27,7 @@ __all__ = ["PRECISIONS", "Precision", "autocast"]
 PRECISIONS: dict[str, torch.dtype | None] = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
-def autocast(precision: str, device: torch.device) -> ContextManager:
+def autocast(precision: str, device: torch.device) -> AbstractContextManager:
     """The context a forward pass (and its loss) runs in under ``precision`` on ``device``."""
     dtype = PRECISIONS[precision]
     if dtype is None:
@@ -59,7 +59,7 @@ class Precision:
         self.device = device
         self.scaler = torch.amp.GradScaler(device.type, enabled=name == "16-mixed")
 
-    def autocast(self) -> ContextManager:
+    def autocast(self) -> AbstractContextManager:
         """The context of a forward pass and its loss."""
         return autocast(self.name, self.device)
 

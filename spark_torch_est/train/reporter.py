@@ -4,7 +4,7 @@ the loop never imports the network."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from spark_torch_est.core.progress import Progress
 
@@ -14,8 +14,10 @@ __all__ = ["Reporter", "SILENT"]
 class Reporter(Protocol):
     """Rank 0's reports to the driver; every method is a no-op where nothing listens."""
 
-    def step(self, progress: Progress, loss: Any, steps_per_epoch: int) -> None:
-        """The position after a step (throttled by the implementation)."""
+    def step(self, progress: Progress, loss: float, steps_per_epoch: int) -> None:
+        """The position after a step and that step's loss, as the loop reads them: every few
+        steps (see :data:`spark_torch_est.train.step.READ_EVERY`), never a tensor the call
+        would have to wait for; the implementation may send fewer."""
 
     def epoch(self, entry: dict) -> None:
         """A finished epoch's history entry."""
@@ -30,7 +32,7 @@ class Reporter(Protocol):
 class _Silent:
     """Reports nothing: a loop run without a driver (tests, a rank without a channel)."""
 
-    def step(self, progress: Progress, loss: Any, steps_per_epoch: int) -> None:
+    def step(self, progress: Progress, loss: float, steps_per_epoch: int) -> None:
         pass
 
     def epoch(self, entry: dict) -> None:

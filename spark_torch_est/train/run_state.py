@@ -5,8 +5,10 @@ advances (progress, history, the epoch's loss so far, where the epoch continues)
 objects whose states the checkpoint keeps (model, optimizer, scheduler, gradient scaler,
 hooks) and what the fit's rows were. It continues the run of the checkpoint a fit resumes
 (:meth:`RunState.restore`) and writes checkpoints: periodic ones to ``checkpointDir``
-(:meth:`RunState.write_if_due`) and the one the driver keeps (:meth:`RunState.result`).
-Writing a checkpoint is a collective: every rank's RNG state and loss sums go into it.
+(:meth:`RunState.write_checkpoint`, when :meth:`RunState.checkpoint_due`) and the one the
+driver keeps (:meth:`RunState.result`); what they hold of the model and optimizer is the
+strategy's business (:mod:`spark_torch_est.train.strategies`). Writing a checkpoint is a
+collective: every rank's RNG state and loss sums go into it.
 """
 
 from __future__ import annotations
@@ -16,20 +18,18 @@ import time
 from typing import Any
 
 import torch
-from torch import nn
 
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.checkpoints.storage import CheckpointDir
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
-from spark_torch_est.errors import IncompatibleCheckpointError, InputDataError
+from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import AgreedRows
-from spark_torch_est.train.devices import to_cpu
 from spark_torch_est.train.hooks import HookSet
 from spark_torch_est.train.losses import NonFiniteLossError
 from spark_torch_est.train.precision import Precision
-from spark_torch_est.train.strategies.fsdp import ShardedState, full_model_state
+from spark_torch_est.train.strategies.base import Strategy
 
 __all__ = ["RunState"]
 
@@ -51,30 +51,27 @@ class RunState:
         scheduler: Its LR scheduler, or None.
         precision: The fit's precision (and gradient scaler).
         hooks: The fit's hooks.
+        strategy: How the model is distributed: what a checkpoint holds of it and of the
+            optimizer (the model is wrapped, the optimizer attached).
 
     Attributes:
         progress: Where the run stands.
         history: One metrics entry per completed epoch.
-        loss_sum: This rank's weighted loss sum of the epoch so far.
+        loss_sum: This rank's weighted loss sum of the epoch so far (the steps read so far).
         loss_count: This rank's weight (rows) of the epoch so far.
         offset: Rows of its order each rank trained on in this epoch before this fit.
-        sharded: Under "fsdp", this rank's part of the model and optimizer state; else None.
     """
 
-    def __init__(self, spec: TaskSpec, ranks: Ranks, rows: AgreedRows, output_shape: list[int], model: nn.Module,
-                 optimizer: torch.optim.Optimizer, optimizer_made: list[dict], scheduler: Any, precision: Precision,
-                 hooks: HookSet) -> None:
+    def __init__(self, spec: TaskSpec, ranks: Ranks, rows: AgreedRows, output_shape: list[int],
+                 optimizer_made: list[dict], scheduler: Any, precision: Precision, hooks: HookSet,
+                 strategy: Strategy) -> None:
         self.spec, self.ranks, self.rows, self.output_shape = spec, ranks, rows, output_shape
-        self.model, self.optimizer, self.optimizer_made = model, optimizer, optimizer_made
-        self.scheduler, self.precision, self.hooks = scheduler, precision, hooks
-        self.sharded = (ShardedState(model, optimizer, ranks.rank, ranks.world_size)
-                        if spec.strategy == "fsdp" else None)
+        self.model, self.optimizer, self.optimizer_made = strategy.model, strategy.optimizer, optimizer_made
+        self.scheduler, self.precision, self.hooks, self.strategy = scheduler, precision, hooks, strategy
         self.progress = Progress()
         self.history: list[dict] = []
         self.loss_sum = self.loss_count = 0.0
         self.offset = 0
-        self._pointer: dict[str, str] | None = None  # the newest sharded checkpoint of the run
-        self._pointer_step = -1
 
     # ------------------------------------------------------------------- the run
 
@@ -86,19 +83,13 @@ class RunState:
         Hooks added since keep their own state.
 
         Raises:
-            IncompatibleCheckpointError: "fsdp" resuming from a checkpoint that is not sharded.
+            IncompatibleCheckpointError: The checkpoint does not hold what the strategy needs
+                ("fsdp" resuming from a checkpoint that is not sharded).
         """
         self.progress, self.history = resume.progress, resume.history
         if self.ranks.rank == 0 and self.progress.batch_in_epoch > 0:  # rank 0 carries the epoch's sums
             self.loss_sum, self.loss_count = resume.partial_loss
-        self._pointer, self._pointer_step = resume.sharded, resume.progress.global_step
-        if self.sharded is not None:
-            if resume.sharded is None:
-                raise IncompatibleCheckpointError('strategy="fsdp" resumes from a sharded checkpoint; this one '
-                                                  f"holds the whole state (strategy={resume.strategy!r})")
-            self.sharded.load(resume.sharded)
-        else:
-            self.optimizer.load_state_dict(resume.optimizer_state)
+        self.strategy.restore(resume)
         self.precision.load_state_dict(resume.scaler_state)
         if self.scheduler is not None and resume.scheduler_state is not None:
             self.scheduler.load_state_dict(resume.scheduler_state)
@@ -146,7 +137,8 @@ class RunState:
     def loss_totals(self) -> tuple[float, float]:
         """Collective: the epoch's weighted loss sum and weight so far, all ranks together."""
         totals = self.ranks.all_reduce(torch.tensor([self.loss_sum, self.loss_count], dtype=torch.float64))
-        return float(totals[0]), float(totals[1])
+        total, count = totals.tolist()
+        return total, count
 
     def epoch_entry(self) -> dict[str, Any]:
         """Collective: the history entry of the epoch ending now, with its mean training
@@ -180,59 +172,46 @@ class RunState:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def write_if_due(self, unit: str) -> None:
-        """Collective: writes a periodic checkpoint to ``checkpointDir`` when
-        ``checkpointInterval`` says one is due just after this ``unit`` ("ep" or "ba")."""
+    def checkpoint_due(self, unit: str) -> bool:
+        """Whether ``checkpointInterval`` asks for a periodic checkpoint in ``checkpointDir``
+        just after this ``unit`` ("ep" or "ba")."""
         every = self.spec.checkpoint_every
-        if self.spec.checkpoint_dir is None or every is None or not every.due(self.progress, unit):
-            return
-        if self.sharded is not None:
-            self._write_sharded()
-            return
+        return self.spec.checkpoint_dir is not None and every is not None and every.due(self.progress, unit)
+
+    def write_checkpoint(self) -> None:
+        """Collective: writes a checkpoint of the run as it is now to ``checkpointDir``: every
+        rank's parts where the strategy shards the state, then rank 0 the ``.pt`` (written
+        last: a checkpoint whose parts are not all written has none)."""
+        started = time.perf_counter()
+        directory = CheckpointDir(self.spec.checkpoint_dir or "", run_id=self.spec.run_id)
+        progress = self.progress
+        self.strategy.save_parts(directory.sharded_url(progress.epoch, progress.global_step), progress.global_step)
         blob = self.checkpoint_bytes()
         if blob is not None:
-            started = time.perf_counter()
-            path = self._directory().write(blob, self.progress.epoch, self.progress.global_step)
+            path = directory.write(blob, progress.epoch, progress.global_step)
             logger.info("rank 0: wrote %s (%.1f MB) in %.2fs", path, len(blob) / 1e6, time.perf_counter() - started)
 
     def result(self) -> bytes | None:
-        """Collective: the checkpoint the driver keeps, on rank 0. Under "fsdp" it points at a
-        sharded checkpoint of the state as it is now (written unless the last one is) and
-        holds the full weights, gathered once here, for the fitted model."""
-        if self.sharded is None:
-            return self.checkpoint_bytes()
-        if self._pointer_step != self.progress.global_step:
-            self._write_sharded()
-        return self.checkpoint_bytes(full_model_state(self.model))
+        """Collective: the checkpoint the driver keeps, on rank 0. Where the strategy shards
+        the state it points at a sharded checkpoint of the state as it is now (written unless
+        the last one is) and holds the full weights, gathered once here, for the fitted model."""
+        if self.strategy.parts_behind(self.progress.global_step):
+            self.write_checkpoint()
+        return self.checkpoint_bytes(final=True)
 
-    def _directory(self) -> CheckpointDir:
-        return CheckpointDir(self.spec.checkpoint_dir, run_id=self.spec.run_id)
-
-    def _write_sharded(self) -> None:
-        """Collective: every rank writes its part of the model and optimizer state, then rank 0
-        writes the checkpoint that points at them (see :mod:`spark_torch_est.train.strategies.fsdp`)."""
-        started = time.perf_counter()
-        directory = self._directory()
-        self._pointer = self.sharded.save(directory.sharded_url(self.progress.epoch, self.progress.global_step))
-        self._pointer_step = self.progress.global_step
-        blob = self.checkpoint_bytes()
-        if blob is not None:
-            path = directory.write(blob, self.progress.epoch, self.progress.global_step)
-            logger.info("rank 0: wrote %s and every rank's part in %.2fs", path, time.perf_counter() - started)
-
-    def checkpoint_bytes(self, model_state: dict[str, torch.Tensor] | None = None) -> bytes | None:
-        """Collective: gathers every rank's RNG state; rank 0 returns the serialized checkpoint.
-        Under "fsdp" it holds ``model_state`` (the full weights, or none) and points at the
-        newest sharded checkpoint for the rest.
+    def checkpoint_bytes(self, final: bool = False) -> bytes | None:
+        """Collective: gathers every rank's RNG state; rank 0 returns the serialized checkpoint,
+        with what the strategy saves of the model and optimizer (``final``: the fit's last
+        checkpoint, which holds the full weights).
 
         Raises:
             NonFiniteLossError: The weights hold NaN or infinite values (unless ``allowNonFinite``).
         """
+        states = self.strategy.saved_states(final)
         rng_states, partial = self.ranks.rng_states(), self.loss_totals()
-        if self.ranks.rank != 0:
+        if states is None:
             return None
-        model_state = to_cpu(self.model.state_dict()) if self.sharded is None else model_state or {}
-        self._check_finite(model_state)
+        self._check_finite(states.model)
         spec, train = self.spec, self.rows.train
         return Checkpoint.build(
             run_id=spec.run_id, fit_id=spec.fit_id, progress=self.progress, history=self.history,
@@ -243,11 +222,11 @@ class RunState:
             input_schema=spec.schema.to_dict(),
             input_rows=[list(c.shape) if c.shape is not None else list(rows.row_shape) if rows.row_shape is not None
                         else None for c, rows in zip(spec.schema.columns, train.inputs)],
-            model=model_state, optimizer=to_cpu(self.optimizer.state_dict()) if self.sharded is None else {},
+            model=states.model, optimizer=states.optimizer,
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
             rng=rng_states, hooks=self.hooks.state_dict(), precision=self.precision.name,
             scaler=self.precision.state_dict(), strategy=spec.strategy,
-            sharded=self._pointer if self.sharded is not None else None, parent=spec.parent,
+            sharded=states.sharded, parent=spec.parent,
         ).to_bytes()
 
     def _check_finite(self, model_state: dict[str, torch.Tensor]) -> None:

@@ -1,7 +1,8 @@
 """[executor] What the training loop is made of, below its order: where a rank is
-(:class:`Stage`), the batch a step takes (:class:`Batch`), the model's forward pass with its
-errors told in the user's terms (:func:`forward`) and the report of a non-finite loss
-(:func:`non_finite_loss`).
+(:class:`Stage`), the batch a step takes (:class:`Batch`), the way of a table's rows into the
+model (:class:`Feed`, :func:`forward`, with errors told in the user's terms), the steps'
+losses kept on the device until the loop reads them (:class:`PendingLosses`) and the report
+of a non-finite loss (:func:`non_finite_loss`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.schema import InputSchema, call_model
 from spark_torch_est.train.losses import NonFiniteLossError
+from spark_torch_est.train.prefetch import Transfer, transfer_for
 
 if TYPE_CHECKING:
     from spark_torch_est.core.schema import ModelInputs
 
-__all__ = ["Stage", "Batch", "forward", "non_finite_loss"]
+__all__ = ["Stage", "Batch", "Feed", "forward", "READ_EVERY", "StepLoss", "PendingLosses", "non_finite_loss"]
+
+#: Steps between two readings of the training losses on the host (and so between two
+#: progress reports): a read waits for the device to finish the steps before it.
+READ_EVERY = 10
 
 _ONE_ROW_BATCH_NORM = "Expected more than 1 value per channel when training"
 
@@ -76,6 +83,38 @@ class Batch:
                 "weights": self.weights}
 
 
+class Feed:
+    """A table's rows on their way into the model: on the rank's device, as the model takes
+    them, through its forward pass.
+
+    Args:
+        schema: The fit's input columns.
+        device: The rank's device.
+        batch_size: The ``batchSize`` Param, and ...
+        train_rows: ... the training rows of every rank, both named by errors that depend on them.
+
+    Attributes:
+        transfer: How batches are copied to the device ahead of their step (None on the CPU).
+    """
+
+    def __init__(self, schema: InputSchema, device: torch.device, batch_size: int, train_rows: list[int]) -> None:
+        self.schema, self.device, self.batch_size, self.train_rows = schema, device, batch_size, train_rows
+        self.transfer: Transfer | None = transfer_for(device)
+
+    def model_inputs(self, inputs: Sequence[torch.Tensor]) -> ModelInputs:
+        """A batch's column tensors on the device, as the model takes them."""
+        return self.schema.model_inputs([x.to(self.device, non_blocking=True) for x in inputs])
+
+    def batch(self, inputs: Sequence[torch.Tensor], labels: torch.Tensor, weights: torch.Tensor | None) -> Batch:
+        """A batch of a table's rows on the device."""
+        return Batch(self.model_inputs(inputs), labels.to(self.device, non_blocking=True),
+                     weights.to(self.device, non_blocking=True) if weights is not None else None)
+
+    def forward(self, model: nn.Module, inputs: ModelInputs) -> torch.Tensor:
+        """``model`` on one batch (see :func:`forward`)."""
+        return forward(model, inputs, self.schema, self.batch_size, self.train_rows)
+
+
 def forward(model: nn.Module, inputs: ModelInputs, schema: InputSchema, batch_size: int,
             train_rows: list[int]) -> torch.Tensor:
     """The model on one batch (see :func:`schema.call_model`). An id past an embedding's
@@ -102,6 +141,69 @@ def forward(model: nn.Module, inputs: ModelInputs, schema: InputSchema, batch_si
             f"per worker {train_rows}), and BatchNorm cannot train on one row. Choose a batchSize that "
             "leaves more than one row in the last batch of each worker"
         ) from None
+
+
+@dataclass(frozen=True)
+class StepLoss:
+    """One step's loss, read on the host.
+
+    Attributes:
+        value: The loss.
+        rows: Its weight in the epoch's mean: the batch's rows, or the sum of their weights.
+        progress: The run's progress after the step.
+        batch_idx: The step's batch in its epoch.
+        position: The step's place in the epoch's plan (:class:`~spark_torch_est.ingest.shard.EpochPlan`).
+    """
+
+    value: float
+    rows: float
+    progress: Progress
+    batch_idx: int
+    position: int
+
+
+class PendingLosses:
+    """The steps' losses since the loop last read them, kept on the device: a step adds its
+    loss without waiting for the device (a GPU runs ahead of the host), and :meth:`read`
+    takes every kept loss to the host in one transfer.
+
+    Args:
+        device: Where the losses are gathered before they are read.
+        every: Steps after which :meth:`add` says a reading is due.
+    """
+
+    def __init__(self, device: torch.device, every: int = READ_EVERY) -> None:
+        self.device = device
+        self.every = every
+        self._tensors: list[torch.Tensor] = []  # each step's loss, then its weight when a tensor
+        self._steps: list[tuple[float | None, Progress, int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(self, loss: torch.Tensor, rows: torch.Tensor | float, progress: Progress, batch_idx: int,
+            position: int) -> bool:
+        """Keeps one step's ``loss`` and its weight ``rows`` (a number, or a tensor on the
+        device); returns whether a reading is due."""
+        self._tensors.append(loss.detach())
+        if isinstance(rows, torch.Tensor):
+            self._tensors.append(rows.detach())
+            self._steps.append((None, progress, batch_idx, position))
+        else:
+            self._steps.append((float(rows), progress, batch_idx, position))
+        return len(self._steps) >= self.every
+
+    def read(self) -> list[StepLoss]:
+        """Every kept step's loss, in step order, read on the host at once; forgets them."""
+        if not self._steps:
+            return []
+        values = iter(torch.stack([t.to(self.device, torch.float64) for t in self._tensors]).tolist())
+        read = []
+        for rows, progress, batch_idx, position in self._steps:
+            value = next(values)
+            read.append(StepLoss(value, next(values) if rows is None else rows, progress, batch_idx, position))
+        self._tensors, self._steps = [], []
+        return read
 
 
 def non_finite_loss(value: float, batch: Batch, schema: InputSchema, label_col: str, where: str) -> NonFiniteLossError:

@@ -88,13 +88,17 @@ def test_state_round_trips_by_name():
     assert len(target.hooks["rec"].calls) == 3 and target.hooks["other"].calls == []
 
 
-def test_ranks_sync_stop_flags_every_step_only_when_a_step_stage_can_set_them():
+def test_ranks_vote_on_stop_flags_every_step_only_when_a_step_stage_names_control():
     class Reads(Hook):
         def after_train_iter(self, loss):
             pass
 
     class StopsPerStep(Hook):
         def after_train_iter(self, control):
+            pass
+
+    class StepsItself(Hook):
+        def train_step(self, model, batch, control):
             pass
 
     class StopsPerEpoch(Hook):
@@ -105,7 +109,13 @@ def test_ranks_sync_stop_flags_every_step_only_when_a_step_stage_can_set_them():
         def before_backward(self, **kwargs):
             pass
 
-    assert not HookSet({"r": Reads()}).controls_steps
-    assert not HookSet({"e": StopsPerEpoch()}).controls_steps
-    assert HookSet({"s": StopsPerStep()}).controls_steps
-    assert HookSet({"a": TakesAll()}).controls_steps
+    class NamesItBesideTheRest(Hook):
+        def before_backward(self, control, **kwargs):
+            pass
+
+    assert not HookSet({"r": Reads()}).votes_per_step
+    assert not HookSet({"e": StopsPerEpoch()}).votes_per_step
+    assert not HookSet({"a": TakesAll()}).votes_per_step  # **kwargs alone asks for no vote
+    assert HookSet({"s": StopsPerStep()}).votes_per_step
+    assert HookSet({"t": StepsItself()}).votes_per_step
+    assert HookSet({"a": TakesAll(), "n": NamesItBesideTheRest()}).votes_per_step

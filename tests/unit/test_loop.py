@@ -368,3 +368,139 @@ def test_a_final_checkpoint_that_fails_calls_on_exception():
     with pytest.raises(RankFailure, match="No space left on device"):
         _run(Target(epoch=1), creators=creators)
     assert FailsAtTheEnd.heard == [("OSError", "checkpoint")]
+
+
+def _host_reads(monkeypatch) -> list[str]:
+    """Counts the package's reads of a tensor's value on the host (each waits for the
+    device to finish what it was given): ``item``, ``tolist``, ``float``/``int``/``bool``."""
+    import sys
+
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("spark_torch_est."):
+                reads.append(f"{caller}.{_name}")
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+def test_a_fit_reads_no_tensor_on_the_host_each_step(monkeypatch):
+    short = _host_reads(monkeypatch)
+    _run(Target(epoch=1), rows=16 * 20, creators=Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss()))
+    setup_and_end = len(short) - 20 // 10  # what a fit reads beside its steps' losses
+    short.clear()
+    checkpoint = _run(Target(epoch=1), rows=16 * 250,
+                      creators=Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss()))
+    assert checkpoint.progress.global_step == 250
+    assert len(short) <= 250 // 10 + setup_and_end, sorted(set(short))
+    assert setup_and_end < 40  # setup (the ranks agreeing on rows), the epoch's end and the checkpoint
+
+
+class NaNAt(Hook):
+    """Makes the loss of the step after ``global_step`` completed steps NaN."""
+
+    def __init__(self, global_step):
+        self.global_step = global_step
+
+    def before_backward(self, loss, global_step):
+        return loss * math.nan if global_step == self.global_step else None
+
+
+def test_a_non_finite_loss_read_later_names_its_step_and_no_checkpoint_after_it_exists(tmp_path):
+    from spark_torch_est.checkpoints.storage import CheckpointDir
+    from spark_torch_est.core.progress import Interval
+
+    creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"nan": NaNAt(12)})
+    spec = task_spec(Target(epoch=3), creators=creators, checkpoint_dir=str(tmp_path),
+                     checkpoint_every=Interval(5, "ba"))
+    failure = _failure(spec)  # 13 steps per epoch: step 13 is the epoch's last, read at its end
+    assert failure.kind == USER and failure.stage == "loss"
+    assert "non-finite loss (nan) at epoch 1, batch 12 (global step 13) on rank 0" in failure.message
+    assert "the model diverged" in failure.message
+    written = sorted(c.global_step for c in CheckpointDir(str(tmp_path), run_id="0123456789abcdef").files())
+    assert written == [5, 10]
+
+    creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"nan": NaNAt(16)})
+    spec = task_spec(Target(epoch=3), creators=creators, checkpoint_dir=str(tmp_path / "b"),
+                     checkpoint_every=Interval(5, "ba"))
+    failure = _failure(spec)  # step 17 is read before the checkpoint of step 20 would be written
+    assert "at epoch 2, batch 3 (global step 17)" in failure.message
+    written = sorted(c.global_step for c in CheckpointDir(str(tmp_path / "b"), run_id="0123456789abcdef").files())
+    assert written == [5, 10, 15]
+
+
+class AllKeywords(Hook):
+    """Takes every argument of a per-step stage through ``**kwargs``; rank 1 asks to stop
+    after global step 3 without naming ``control``."""
+
+    def after_train_iter(self, **kwargs):
+        if kwargs["rank"] == 1 and kwargs["global_step"] == 3:
+            kwargs["control"].stop_training = True
+
+
+class StopsOnRankOne(Hook):
+    """Names ``control`` in a per-step stage: the ranks vote after every step; rank 1 asks
+    to stop after global step 12."""
+
+    def after_train_iter(self, control, rank, global_step):
+        if rank == 1 and global_step == 12:
+            control.stop_training = True
+
+
+def _two_rank_fits(rank: int, store_path: str, results) -> None:
+    """Runs two fits of the real loop on rank ``rank`` of a two-rank gloo group, counting the
+    collectives each makes; puts ``(rank, hook, collectives, global steps)`` in ``results``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from spark_torch_est.ingest.shard import read_shard
+    from spark_torch_est.train.loop import Trainer
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    calls = []
+    for name in ("all_reduce", "all_gather", "broadcast", "barrier"):
+        def counted(*args, _original=getattr(dist, name), _name=name, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    try:
+        for hook in (AllKeywords(), StopsOnRankOne()):
+            creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"hook": hook})
+            spec = task_spec(Target(epoch=1), creators=creators, world_size=2)
+            shard = read_shard(iter(arrow_batches(16 * 20, seed=rank)), spec.schema, spec.columns)
+            trainer = Trainer(creators, spec, shard, rank, 2, torch.device("cpu"))
+            calls.clear()
+            trainer.run()
+            results.put((rank, type(hook).__name__, len(calls), trainer.state.progress.global_step))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_only_a_hook_that_names_control_in_a_step_stage_costs_a_collective_per_step(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_two_rank_fits, args=(r, str(tmp_path / "store"), results)) for r in range(2)]
+    for process in processes:
+        process.start()
+    reported = (results.get(timeout=120) for _ in range(4))
+    outcome = {(rank, hook): (calls, steps) for rank, hook, calls, steps in reported}
+    for process in processes:
+        process.join(30)
+    steps_per_epoch = 20
+    for rank in (0, 1):
+        calls, steps = outcome[rank, "AllKeywords"]
+        assert steps == steps_per_epoch  # the request waited for the epoch's end: both ranks trained it all
+        assert calls < 10, "no collective per step for a hook that takes **kwargs"
+        calls, steps = outcome[rank, "StopsOnRankOne"]
+        assert steps == 12  # both ranks stopped after the step rank 1 asked at
+        assert calls >= 12, "one vote after each step"

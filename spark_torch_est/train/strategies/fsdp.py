@@ -1,10 +1,10 @@
 """[both] Sharded models (``strategy="fsdp"``): FSDP2 ``fully_shard`` and sharded checkpoints.
 
 On the driver, :func:`check_shardable` refuses a model or a ``shardModules`` that cannot be
-sharded, before any job. On the executors, :func:`shard_model` shards each rank's model and
-:class:`ShardedState` saves and loads the run's model and optimizer state with
-``torch.distributed.checkpoint`` (DCP): every rank writes its own part, into one folder
-per checkpoint under ``checkpointDir``::
+sharded, before any job. On the executors, the :class:`FSDP` strategy shards each rank's
+model (:func:`shard_model`) and saves and loads the run's model and optimizer state
+(:class:`ShardedState`) with ``torch.distributed.checkpoint`` (DCP): every rank writes its
+own part, into one folder per checkpoint under ``checkpointDir``::
 
     ckpt-3f9c0a1b2d4e-ep000002-ba000000000040.dcp/   # one folder per checkpoint
         __0_0.distcp  __1_0.distcp                   # each rank's shards
@@ -42,13 +42,16 @@ import torch.distributed as dist
 from torch import nn
 
 from spark_torch_est.core import support
+from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
+from spark_torch_est.train.strategies.base import SavedStates, Strategy
 
 if TYPE_CHECKING:
+    from spark_torch_est.checkpoints.checkpoint import Checkpoint
     from spark_torch_est.train.creators import Creators
 
-__all__ = ["STRATEGIES", "model_to_check", "check_shardable", "shard_targets", "shard_model", "full_model_state",
-           "ShardedState", "check_present", "copy_sharded"]
+__all__ = ["STRATEGIES", "FSDP", "model_to_check", "check_shardable", "shard_targets", "shard_model",
+           "full_model_state", "ShardedState", "check_present", "copy_sharded"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +132,72 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {key: value.detach().cpu() for key, value in state.items()}
+    return {key: value.detach().cpu() for key, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+class FSDP(Strategy):
+    """Fully sharded: each rank holds its shards of the parameters, gradients and optimizer
+    state (FSDP2 ``fully_shard``); checkpoints are sharded, the fit's last one also holds the
+    full weights, gathered once.
+
+    Args:
+        ranks: This rank and its peers.
+        shard_modules: The ``shardModules`` Param (see :func:`shard_targets`).
+    """
+
+    name = "fsdp"
+
+    def __init__(self, ranks: Ranks, shard_modules: Sequence[str] | None) -> None:
+        super().__init__(ranks)
+        self.shard_modules = shard_modules
+        self._state: ShardedState | None = None
+        self._pointer: dict[str, Any] | None = None  # the newest sharded checkpoint of the run
+        self._pointer_step = -1
+
+    def _wrapped(self, model: nn.Module, resumed: bool) -> nn.Module:
+        """The model itself, sharded in place."""
+        return shard_model(model, self.shard_modules, self.ranks.device)
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        super().attach(optimizer)
+        self._state = ShardedState(self.model, optimizer, self.ranks.rank, self.ranks.world_size)
+
+    def _sharded(self) -> ShardedState:
+        if self._state is None:
+            raise RuntimeError("FSDP: attach() the optimizer first")
+        return self._state
+
+    def restore(self, resume: Checkpoint) -> None:
+        """Loads the model's and optimizer's shards of ``resume`` (DCP reshards them).
+
+        Raises:
+            IncompatibleCheckpointError: ``resume`` is not sharded, or its folder is altered.
+        """
+        self._pointer, self._pointer_step = resume.sharded, resume.progress.global_step
+        if resume.sharded is None:
+            raise IncompatibleCheckpointError('strategy="fsdp" resumes from a sharded checkpoint; this one '
+                                              f"holds the whole state (strategy={resume.strategy!r})")
+        self._sharded().load(resume.sharded)
+
+    def save_parts(self, url: str, global_step: int) -> None:
+        self._pointer = self._sharded().save(url)
+        self._pointer_step = global_step
+
+    def parts_behind(self, global_step: int) -> bool:
+        return self._pointer_step != global_step
+
+    def saved_states(self, final: bool) -> SavedStates | None:
+        """The full weights when ``final`` (gathered: collective), else none; the optimizer's
+        state lies in the parts only."""
+        weights = full_model_state(self.model) if final else {}
+        if self.ranks.rank != 0:
+            return None
+        return SavedStates(weights, {}, self._pointer)
+
+    def forward_passes(self, mine: int) -> int:
+        """The most batches any rank has: every forward pass gathers the parameters, so every
+        rank makes as many. Collective."""
+        return int(self.ranks.all_reduce(torch.tensor([mine]), dist.ReduceOp.MAX)[0])
 
 
 class ShardedState:
@@ -224,7 +292,7 @@ class ShardedState:
         metadata = _checked_metadata(pointer["url"], pointer["digest"])
         self._check_files(pointer)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
+        state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}  # dcp.load fills it in place
         try:
             dcp.load(state, storage_reader=_reader(pointer["url"], metadata), planner=_planner())
         except (CheckpointException, RuntimeError, ValueError, KeyError, OSError) as error:
