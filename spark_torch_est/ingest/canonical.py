@@ -154,7 +154,7 @@ class CanonicalRows:
         self.table, self.total, self.shards, self.shard_batch = table, total, shards, shard_batch
         self.seed, self.ranks, self.budget = seed, ranks, budget
         self.held = torch.arange(ranks.rank, total, ranks.world_size)
-        self.holders = torch.arange(total) % ranks.world_size
+        self.holders: torch.Tensor | None = None  # which rank holds each row; made on W != L ranks only
 
     @property
     def shard_rows(self) -> list[int]:
@@ -172,10 +172,12 @@ class CanonicalRows:
         world, wanted = self.ranks.world_size, []
         for w in range(world):
             wanted.append(torch.cat([*(step[w] for step in pieces), done[done % world == w]]))
-        self.table = regroup(self.table, self.held, self.holders, wanted, self.ranks, self.budget)
+        holders = self.holders if self.holders is not None else torch.arange(self.total) % world
+        self.table = regroup(self.table, self.held, holders, wanted, self.ranks, self.budget)
         self.held = wanted[self.ranks.rank]
         for w in range(world):
-            self.holders[wanted[w]] = w
+            holders[wanted[w]] = w
+        self.holders = holders
         lengths = torch.tensor([len(step[self.ranks.rank]) for step in pieces], dtype=torch.int64)
         bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
         return EpochRows(self.table, plan, plan.steps, _bounds=bounds)
