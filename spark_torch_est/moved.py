@@ -4,7 +4,9 @@ Saved models, estimators and checkpoints pickle the package's creators, hooks an
 module path (``spark_torch_est.builtin_hooks.EarlyStopping``), and users' code imports
 them by it. :func:`install` puts a finder on ``sys.meta_path`` that answers an old name with
 the module that lives under the new one, so both keep working; new pickles name the new
-module. A module that moves again gets a row here; a row is never removed.
+module. A module that moves again gets a row here; a row stays while its module exists
+(``balance``, which no pickle named, is gone: the logical shards of
+:mod:`~spark_torch_est.ingest.canonical` even out the ranks' rows).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ MOVED = {
     "params_runtime": "params.runtime", "params_training": "params.training",
     "frames": "ingest.frames", "sources": "ingest.parquet_plan", "files": "ingest.parquet_read",
     "data": "ingest.shard", "columns": "ingest.rows", "kept": "ingest.kept", "ingest_cache": "ingest.kept_registry",
-    "balance": "ingest.balance", "agreement": "ingest.agreement",
+    "agreement": "ingest.agreement",
     "loop": "train.loop", "step": "train.step", "run_state": "train.run_state", "hooks": "train.hooks",
     "builtin_hooks": "train.builtin_hooks", "creators": "train.creators", "losses": "train.losses",
     "metrics": "train.metrics", "precision": "train.precision", "prefetch": "train.prefetch",

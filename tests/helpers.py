@@ -329,6 +329,35 @@ def layout_frame(spark, layout: str, x: np.ndarray, y: np.ndarray):
     return df, {"featuresCol": "vec"}
 
 
+class StepRows(Hook):
+    """Every global step's row ids (the labels times ``scale``, unique per row), gathered
+    from all ranks and kept in the hook's state (so a resumed run forgets what its
+    checkpoint forgets)."""
+
+    def __init__(self, scale: float = 1.0):
+        self.steps = {}
+        self.scale = scale
+
+    def after_train_iter(self, labels, global_step, world_size):
+        import torch.distributed as dist
+
+        mine = torch.round(labels.reshape(-1).double() * self.scale).to(torch.int64)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+        dist.all_gather(sizes, torch.tensor([len(mine)]))
+        most = int(max(sizes))
+        padded = torch.full((most,), -1, dtype=torch.int64)
+        padded[:len(mine)] = mine
+        gathered = [torch.empty(most, dtype=torch.int64) for _ in range(world_size)]
+        dist.all_gather(gathered, padded)
+        self.steps[str(global_step)] = sorted(int(v) for g in gathered for v in g.tolist() if v >= 0)
+
+    def state_dict(self):
+        return {"steps": dict(self.steps)}
+
+    def load_state_dict(self, state):
+        self.steps = dict(state["steps"])
+
+
 class RecordRows(Hook):
     """Saves the labels each rank trained on in each completed epoch, with the batch sizes
     and the world size, to ``<directory>/e<epoch>-w<world_size>-r<rank>.npz`` (an epoch a

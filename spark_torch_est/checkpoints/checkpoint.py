@@ -13,6 +13,7 @@ runs code::
     partial_epoch   {"loss_sum": float, "count": float} of an epoch stopped mid-way
     epoch_rows      training rows of the epoch in progress, all ranks together
     world_size      ranks of the fit that wrote it
+    shards          the run's logical shards (its first world size; an epoch's order is made of them)
     data_source     which rows each rank read: the digest of a table's file parts, or "spark"
     seed            the seed of the epoch orders (the ``seed`` Param)
     optimizer_made  each param group's hyper-parameters as the optimizer creator made them (before
@@ -95,12 +96,14 @@ class Checkpoint:
               model: Mapping[str, torch.Tensor], optimizer: dict, scheduler: dict | None,
               rng: list[torch.Tensor], hooks: dict[str, dict], precision: str = "32",
               scaler: dict | None = None, strategy: str = "ddp",
-              sharded: dict | None = None, parent: Parent | None = None) -> Checkpoint:
+              sharded: dict | None = None, parent: Parent | None = None,
+              shards: int | None = None) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
         return cls({
             "format_version": FORMAT_VERSION, "run_id": run_id, "fit_id": fit_id, "progress": progress.to_dict(),
             "history": history, "partial_epoch": {"loss_sum": float(partial_loss[0]), "count": float(partial_loss[1])},
             "epoch_rows": int(epoch_rows), "world_size": int(world_size), "data_source": data_source,
+            "shards": int(shards if shards is not None else world_size),
             "seed": int(seed),
             "optimizer_made": optimizer_made,
             "outputs": {"shape": list(output_shape), "label_kind": label_kind},
@@ -147,6 +150,11 @@ class Checkpoint:
     def world_size(self) -> int:
         """Ranks of the fit that saved the state."""
         return int(self._state["world_size"])
+
+    @property
+    def shards(self) -> int:
+        """The run's logical shards (its first world size): an epoch's order is made of them."""
+        return int(self._state.get("shards", self._state["world_size"]))
 
     @property
     def data_source(self) -> str:
@@ -336,6 +344,7 @@ def _check_structure(state: Mapping[str, Any]) -> None:
         need(isinstance(state[name], str), name, "a string")
     for name, low in (("epoch_rows", 0), ("world_size", 1), ("seed", 0)):
         need(integer(state[name], low), name, f"an integer >= {low}")
+    need(integer(state.get("shards", 1), 1), "shards", "an integer >= 1")
     progress = state["progress"]
     need(isinstance(progress, Mapping) and set(progress) == set(Progress.__dataclass_fields__)
          and all(integer(v) for v in progress.values()), "progress", "a dict of every counter >= 0 (Progress.to_dict)")

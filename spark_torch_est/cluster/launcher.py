@@ -135,6 +135,7 @@ class Launcher:
         self.replan = replan
         self.on_ask = on_ask
         self._frames: dict[int, tuple[DataFrame, FileSource | None]] = {}
+        self._grown_at = -float("inf")  # when this fit last grew back (monotonic seconds)
 
     def run(self, spec: TaskSpec, start: Progress) -> bytes:
         """Trains; returns rank 0's checkpoint bytes.
@@ -157,11 +158,15 @@ class Launcher:
             logger.info("launching training job %s on %d of numWorkers=%d ranks (%d rows per rank per step), "
                         "from %s", launch.job_id, ranks, spec.world_size, job.batch_size, start)
             try:
-                checkpoint = self._launch(job, launch, frame)
+                checkpoint = self._launch(job, launch, frame, spec.world_size)
                 self.rows.succeeded(job)
                 return checkpoint
             except _SlotsLost as lost:
                 logger.warning("%s: cancelled the job, launching again (not counted in maxRetries)", lost)
+            except _GrowBack as grow:
+                self._grown_at = time.monotonic()
+                logger.warning("%s: cancelled the job, growing the run from %d to numWorkers=%d ranks (not counted "
+                               "in maxRetries)", grow, ranks, spec.world_size)
             except SparkTorchError as error:
                 if self.rows.missing(error):  # read through Spark instead: not counted in maxRetries
                     continue
@@ -232,12 +237,12 @@ class Launcher:
             if store is not None:
                 store.close()
 
-    def _launch(self, spec: TaskSpec, launch: Launch, frame: DataFrame) -> bytes:
+    def _launch(self, spec: TaskSpec, launch: Launch, frame: DataFrame, wanted: int | None = None) -> bytes:
         with self._driver_services(launch, spec.world_size) as (launch, channel):
             started = time.perf_counter()
             try:
-                table = self._collect(spec, launch, frame)
-            except (SparkTorchError, _SlotsLost):
+                table = self._collect(spec, launch, frame, self._grow_watch(spec, wanted))
+            except (SparkTorchError, _SlotsLost, _GrowBack):
                 raise
             except Exception as error:
                 if not is_spark_error(error):
@@ -249,19 +254,30 @@ class Launcher:
                         time.perf_counter() - started)
             return _checkpoint_bytes(table, channel, launch.job_id)
 
-    def _collect(self, spec: TaskSpec, launch: Launch, frame: DataFrame):
+    def _grow_watch(self, job: TaskSpec, wanted: int | None) -> _GrowWatch | None:
+        """What watches a shrunk job for the slots to come back: only with periodic
+        checkpoints to grow at, and at most once per ``slotWaitTimeout``."""
+        if wanted is None or job.world_size >= wanted or not job.checkpoint_dir or job.checkpoint_every is None:
+            return None
+        if time.monotonic() - self._grown_at < self.slot_wait_s:
+            return None
+        return _GrowWatch(self.spark, wanted, CheckpointDir(job.checkpoint_dir, run_id=job.run_id))
+
+    def _collect(self, spec: TaskSpec, launch: Launch, frame: DataFrame, grow: _GrowWatch | None = None):
         """Runs the job in a thread so the driver can tick, turn Ctrl-C into a cancel, and
         cancel a job whose ranks can no longer all have a slot (an executor was lost), which
-        Spark would otherwise retry for minutes waiting for every slot.
+        Spark would otherwise retry for minutes waiting for every slot, or a shrunk job
+        whose slots came back, once it wrote its next checkpoint (``grow``).
 
         Raises:
             _SlotsLost: The cluster's task slots fell below the job's ranks.
+            _GrowBack: The slots of ``numWorkers`` ranks are back and a checkpoint to grow at is written.
         """
         with _shipped(self.spark, spec) as shipped:
             job = frame.mapInArrow(train_task(shipped, launch), RESULT_SCHEMA, barrier=True)
-            return self._run_job(job, launch, spec.world_size)
+            return self._run_job(job, launch, spec.world_size, grow)
 
-    def _run_job(self, job: DataFrame, launch: Launch, ranks: int):
+    def _run_job(self, job: DataFrame, launch: Launch, ranks: int, grow: _GrowWatch | None = None):
         group = f"spark_torch_est-{launch.job_id}"
         control = _JobControl(self.spark, group)
         outcome: dict = {}
@@ -287,6 +303,11 @@ class Launcher:
                         thread.join(60)
                         raise _SlotsLost(f"the cluster's task slots fell to {slots} while job {launch.job_id} "
                                          f"needed {ranks}")
+                    reason = grow.ready(slots) if grow is not None and slots is not None else None
+                    if reason is not None:
+                        control.cancel()
+                        thread.join(60)
+                        raise _GrowBack(f"job {launch.job_id} on {ranks} ranks: {reason}")
         except KeyboardInterrupt:
             logger.warning("interrupted: cancelling the training job")
             control.cancel()
@@ -340,6 +361,50 @@ def _point_to_checkpoint(error: SparkTorchError, spec: TaskSpec, start: Progress
 
 class _SlotsLost(Exception):
     """The cluster lost task slots the running job needs (see :meth:`Launcher._collect`)."""
+
+
+class _GrowBack(Exception):
+    """A shrunk job's slots are back and it wrote a checkpoint to grow at (see :class:`_GrowWatch`)."""
+
+
+class _GrowWatch:
+    """Watches a job running on fewer than ``numWorkers`` ranks: once the cluster offers
+    ``wanted`` slots again, the next checkpoint the run writes is where it grows.
+
+    Args:
+        spark: The session.
+        wanted: ``numWorkers``.
+        checkpoints: The run's checkpointDir.
+    """
+
+    def __init__(self, spark: SparkSession, wanted: int, checkpoints: CheckpointDir) -> None:
+        self.spark, self.wanted, self.checkpoints = spark, wanted, checkpoints
+        self._newest_when_back: int | None = None  # global step of the newest checkpoint when the slots came back
+
+    def ready(self, slots: int) -> str | None:
+        """Why the job should end now to grow back, or None (called about once a second)."""
+        if self._newest_when_back is None:
+            if slots < self.wanted:
+                return None
+            self._newest_when_back = self._newest_step()
+            logger.info("the cluster offers numWorkers=%d task slots again: the run grows at its next checkpoint",
+                        self.wanted)
+            return None
+        step = self._newest_step()
+        if step <= self._newest_when_back:
+            return None
+        if slots < self.wanted:  # gone again before the checkpoint: keep training as it is
+            self._newest_when_back = None
+            return None
+        return f"{slots} task slots are free again and the run wrote its checkpoint at global step {step}"
+
+    def _newest_step(self) -> int:
+        try:
+            newest = self.checkpoints.newest()
+        except (OSError, ValueError) as error:  # unreadable storage: no growing on it
+            logger.debug("cannot list checkpointDir: %s", error)
+            return -1
+        return newest.global_step if newest is not None else -1
 
 
 def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> bytes:

@@ -140,6 +140,8 @@ class TaskSpec:
             epoch end, whether a driver-side logger asks the fit to stop; None when no logger
             may ask (rank 0 then never asks).
         parent: The point the run branched from, recorded in its checkpoints, or None.
+        global_batch: Rows of all ranks per step when the job runs on fewer ranks than
+            ``numWorkers`` (see :meth:`shrunk`); None: ``batch_size * world_size``.
     """
 
     run_id: str
@@ -167,6 +169,12 @@ class TaskSpec:
     kept: KeptPlan | None = None
     stop_wait_s: float | None = None
     parent: Parent | None = None
+    global_batch: int | None = None
+
+    @property
+    def global_rows_per_step(self) -> int:
+        """Rows of all ranks together per optimizer step."""
+        return self.global_batch if self.global_batch is not None else self.batch_size * self.world_size
 
     @property
     def data_source(self) -> str:
@@ -184,7 +192,8 @@ class TaskSpec:
             source: The Parquet parts of those ranks, or None when the rows come through Spark.
         """
         batch_size = -(-self.batch_size * self.world_size // world_size)
-        return replace(self, world_size=world_size, batch_size=batch_size, source=source, kept=None)
+        return replace(self, world_size=world_size, batch_size=batch_size, source=source, kept=None,
+                       global_batch=self.global_rows_per_step)
 
 
 @dataclass(frozen=True)

@@ -4,5 +4,6 @@ Driver side: which columns a fit reads and how (:mod:`.frames`), Parquet read di
 (:mod:`.parquet_plan`), and the registry of rows kept between fits (:mod:`.kept_registry`).
 Rank side: Arrow batches to a shard of contiguous rows (:mod:`.shard`, :mod:`.rows`),
 Parquet parts (:mod:`.parquet_read`), kept rows (:mod:`.kept`), and the ranks' agreement on
-shapes and steps (:mod:`.agreement`, :mod:`.balance`).
+shapes and steps (:mod:`.agreement`), and the run's logical shards, which give an epoch one
+order on any number of ranks (:mod:`.canonical`).
 """

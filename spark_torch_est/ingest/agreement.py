@@ -3,8 +3,9 @@
 Each rank shares its row counts and the layout of each of its columns (see :func:`layout`)
 in one all-reduce. Every column then takes one layout on all ranks (:func:`agree`,
 :func:`conform`: arrays padded per batch where lengths differ), the training rows are
-evened out (see :mod:`spark_torch_est.ingest.balance`) and all ranks take the same steps per
-epoch (:func:`agree_on_rows`). Once the model's output shape is known, labels take the
+laid out in the run's logical shards (see :mod:`spark_torch_est.ingest.canonical`), so all
+ranks take the same steps per epoch and an epoch's order does not depend on the world size
+(:func:`agree_on_rows`). Once the model's output shape is known, labels take the
 shape the loss expects beside it, never by broadcasting (:func:`shape_labels`).
 """
 
@@ -21,7 +22,7 @@ from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.schema import FEATURES_LAYOUT
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.ingest.balance import rebalance, transfer_plan
+from spark_torch_est.ingest.canonical import CanonicalRows, EpochRows, to_canonical
 from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows
 from spark_torch_est.ingest.shard import TORCH_DTYPES, EpochPlan, Shard, Table
 
@@ -35,18 +36,40 @@ class AgreedRows:
     """A rank's rows once every rank agreed on them.
 
     Attributes:
-        train: This rank's training rows, each column in its agreed layout.
+        canonical: This rank's training rows in the run's logical shards, each column in
+            its agreed layout.
         validation: This rank's validation rows (maybe none), in the same layouts.
-        train_rows: Training rows of every rank, evened out.
         val_rows: Validation rows of all ranks together.
-        steps_per_epoch: Optimizer steps of a whole epoch, the same on every rank.
     """
 
-    train: Table
+    canonical: CanonicalRows
     validation: Table
-    train_rows: list[int]
     val_rows: int
-    steps_per_epoch: int
+
+    @property
+    def train(self) -> Table:
+        """The training rows this rank holds now."""
+        return self.canonical.table
+
+    @property
+    def train_rows(self) -> list[int]:
+        """Training rows of every logical shard."""
+        return self.canonical.shard_rows
+
+    @property
+    def shards(self) -> int:
+        """The run's logical shards."""
+        return self.canonical.shards
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps of a whole epoch, the same on every rank."""
+        return EpochPlan(self.train_rows, self.canonical.shard_batch).steps
+
+    def epoch(self, epoch: int, offset: int) -> EpochRows:
+        """Collective (on another world size than the run's shards): the rows this rank
+        trains in ``epoch`` from ``offset`` rows of each shard's order on."""
+        return self.canonical.epoch(epoch, offset)
 
     def shape_labels(self, output_shape: list[int], label_name: str, as_held: bool = False) -> None:
         """Gives both tables' labels the shape the loss expects beside a model output of
@@ -57,9 +80,11 @@ class AgreedRows:
             table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
 
 
-def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks) -> AgreedRows:
+def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None = None) -> AgreedRows:
     """Collective: shares every rank's row counts and column layouts, gives each column one
-    layout on all ranks, evens the training rows out and fixes the steps per epoch.
+    layout on all ranks and lays the training rows out in the run's ``shards`` logical
+    shards (None: a new run, one per rank), each taking ``ceil(global batch / shards)``
+    rows per step.
 
     Raises:
         InputDataError: Ranks hold rows that cannot take one layout, rows do not fit
@@ -90,9 +115,13 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks) -> AgreedRows:
                 raise InputDataError(f"inputShapes[{column.name!r}] needs rows of one size, but column "
                                      f"{column.name!r} holds arrays of different lengths")
             column.check_row_size(math.prod(rows.row_shape))
-    train, train_rows = _evened(train, [int(n) for n in info[:, 0, 0]], ranks)
-    return AgreedRows(train, validation, train_rows, int(info[:, 1, 0].sum()),
-                      EpochPlan(train_rows, spec.batch_size).steps)
+    counts = [int(n) for n in info[:, 0, 0]]
+    _check_enough(counts)
+    shards = shards or ranks.world_size
+    canonical = to_canonical(train, counts, shards, -(-spec.global_rows_per_step // shards), spec.seed, ranks,
+                             spec.memory_budget)
+    logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
+    return AgreedRows(canonical, validation, int(info[:, 1, 0].sum()))
 
 
 def _local_layouts(tables: tuple[Table | None, Table | None], width: int, ranks: Ranks) -> torch.Tensor:
@@ -106,27 +135,17 @@ def _local_layouts(tables: tuple[Table | None, Table | None], width: int, ranks:
     return info
 
 
-def _evened(train: Table, train_rows: list[int], ranks: Ranks) -> tuple[Table, list[int]]:
-    """Collective: the training rows evened out over the ranks (see :mod:`balance`), and
-    every rank's row count after.
-
-    Raises:
-        InputDataError: A rank has no training rows.
+def _check_enough(counts: list[int]) -> None:
+    """Raises:
+        InputDataError: Fewer training rows than ranks, so a rank would hold none.
     """
-    plan = transfer_plan(train_rows)
-    if plan:
-        train = rebalance(train, plan, ranks.rank, ranks.device)
-        logger.info("rank %d: evened out %s training rows per rank", ranks.rank, train_rows)
-        for source, destination, rows in plan:
-            train_rows[source] -= rows
-            train_rows[destination] += rows
-    empty = [r for r, n in enumerate(train_rows) if n == 0]
-    if empty:
+    total, world = sum(counts), len(counts)
+    if total < world:
+        empty = list(range(total, world))
         raise InputDataError(
-            f"rank(s) {empty} received no training rows (rows per rank: {train_rows}); "
+            f"rank(s) {empty} received no training rows (rows per rank: {counts}); "
             "give the DataFrame at least numWorkers training rows, or lower numWorkers"
         )
-    return train, train_rows
 
 
 #: Values describing one column on one rank (see :func:`layout`).

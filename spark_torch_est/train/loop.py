@@ -34,7 +34,8 @@ from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
-from spark_torch_est.ingest.shard import EpochPlan, Shard, epoch_order
+from spark_torch_est.ingest.canonical import EpochRows
+from spark_torch_est.ingest.shard import Shard
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import Control, HookSet
 from spark_torch_est.train.losses import Loss, scalar_loss, zero_through
@@ -104,8 +105,7 @@ class Trainer:
         self._sync_flags = world_size > 1 and (bool(self.hooks) or spec.stop_wait_s is not None)
         self._vote_each_step = self.hooks.votes_per_step  # a hook named control in a per-step stage
         self._losses = PendingLosses(device)
-        self._plan: EpochPlan  # the current epoch's plan and order of rows (from its first step)
-        self._order: torch.Tensor
+        self._plan: EpochRows  # the current epoch's rows of this rank (from its first step)
         self._compiling = False  # until the first step of a compiled model has run
 
     @property
@@ -156,12 +156,9 @@ class Trainer:
     def _run_steps(self) -> bool:
         """The epoch's remaining steps; returns whether the epoch ends with them (False: the
         fit stops in the middle of it)."""
-        train = self.rows.train
-        plan = EpochPlan(self.rows.train_rows, self.spec.batch_size, self.state.offset)
-        order = epoch_order(len(train), self.spec.seed, self.state.progress.epoch, self.ranks.rank)
-        self._plan, self._order = plan, order
-        batches = prefetch((train.take(plan.positions(order, step)) for step in range(plan.steps)),
-                           self.feed.transfer)
+        with self._stage.at("collective"):  # the same rows per step on any number of ranks
+            plan = self._plan = self.rows.epoch(self.state.progress.epoch, self.state.offset)
+        batches = prefetch((plan.take(step) for step in range(plan.steps)), self.feed.transfer)
         for step in range(plan.steps):
             if self.spec.target.reached(self.state.progress):
                 return False
@@ -206,7 +203,7 @@ class Trainer:
         if shard is None:
             raise RuntimeError("a Trainer runs one fit: make another for the next")
         with self._stage.at("collective"):
-            self.rows = agree_on_rows(shard, spec, self.ranks)
+            self.rows = agree_on_rows(shard, spec, self.ranks, resume.shards if resume is not None else None)
         self.feed = Feed(spec.schema, self.device, spec.batch_size, self.rows.train_rows)
         torch.manual_seed(spec.seed)
         model = self.model = creators.build_model().to(self.device)
@@ -333,7 +330,7 @@ class Trainer:
     def _non_finite(self, step: StepLoss) -> Exception:
         """The error of the non-finite loss of ``step``, naming the columns of its rows (as the
         table holds them) that hold NaN or infinite values."""
-        inputs, labels, weights = self.rows.train.take(self._plan.positions(self._order, step.position))
+        inputs, labels, weights = self._plan.take(step.position)
         batch = Batch(self.spec.schema.model_inputs(inputs), labels, weights)
         progress = step.progress
         return non_finite_loss(step.value, batch, self.spec.schema, self.spec.columns.label,

@@ -102,16 +102,18 @@ class RunState:
     def _resume_offset(self, resume: Checkpoint) -> int:
         """Rows of its order each rank already trained on in the current epoch.
 
-        The position is kept in samples, so a changed ``batchSize`` continues the epoch
-        exactly where it stopped. With other data or another ``numWorkers`` the rows and
-        orders differ: the epoch then continues from the same fraction of its rows.
+        The position is kept in samples, so a changed ``batchSize`` or ``numWorkers``, or
+        the same rows read another way, continue the epoch exactly where it stopped (the
+        order is the run's logical shards', see :mod:`spark_torch_est.ingest.canonical`).
+        With other data the rows and orders differ: the epoch then continues from the same
+        fraction of its rows.
         """
         done, train_rows, world_size = self.progress.sample_in_epoch, self.rows.train_rows, self.ranks.world_size
         if done == 0:
             return 0
         rows, source = sum(train_rows), self.spec.data_source
-        if (resume.epoch_rows, resume.world_size, resume.data_source) == (rows, world_size, source):
-            return done // world_size
+        if resume.epoch_rows == rows:
+            return done // self.rows.shards
         fraction = done / max(resume.epoch_rows, 1)
         if self.ranks.rank == 0:
             def read(data_source: str) -> str:
@@ -214,6 +216,7 @@ class RunState:
         return Checkpoint.build(
             run_id=spec.run_id, fit_id=spec.fit_id, progress=self.progress, history=self.history,
             partial_loss=partial, epoch_rows=sum(self.rows.train_rows), world_size=self.ranks.world_size,
+            shards=self.rows.shards,
             data_source=spec.data_source, seed=spec.seed, optimizer_made=self.optimizer_made,
             output_shape=self.output_shape, label_kind="float" if train.labels.dtype.is_floating_point else "int",
             input_schema=spec.schema.to_dict(),

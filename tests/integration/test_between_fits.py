@@ -45,14 +45,16 @@ def test_other_data_mid_epoch_continues_from_the_same_fraction_and_says_so(spark
                for r in caplog.records)
 
 
-def test_fewer_workers_mid_epoch_and_at_an_epoch_end(spark, indexed_df, caplog):
-    est = estimator(batchSize=64, maxEpochs=3)
+def test_fewer_workers_mid_epoch_and_at_an_epoch_end(spark, indexed_df, tmp_path, caplog):
+    est = estimator(batchSize=64, maxEpochs=3, hooks=[SeenRows(str(tmp_path))])
     est.fit(indexed_df, duration="10ba")
     est.setNumWorkers(1)
     with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
         est.fit(indexed_df, duration="1ep")
-    assert est.progress.epoch == 1 and est.progress.global_step == 10 + 12  # the last 36% on one worker
-    assert any("same fraction" in r.getMessage() for r in caplog.records)
+    # the run's two logical shards go on, 32 rows of each per step: the last 36% on one worker
+    assert est.progress.epoch == 1 and est.progress.global_step == 10 + 12
+    assert not any("same fraction" in r.getMessage() for r in caplog.records), "the epoch continues exactly"
+    assert _seen(tmp_path, 0) == list(range(ROWS)), "every row exactly once in the epoch"
     est.fit(indexed_df, duration="1ep")
     assert est.progress.epoch == 2 and est.progress.global_step == 22 + 32
     est.setNumWorkers(2)  # and back
@@ -145,3 +147,27 @@ def test_a_new_seed_is_refused_mid_epoch_and_taken_at_an_epoch_end(spark, indexe
     est.setSeed(99)
     est.fit(indexed_df)
     assert est.progress.epoch == 2 and est.checkpoint.seed == 99
+
+
+def test_a_run_continued_mid_epoch_on_one_then_three_workers_trains_each_step_as_undisturbed():
+    """On local[3] (a script of its own): numWorkers 2, then 1, then 3 between fits, the
+    global batch kept at 12 rows; every global step trains the rows of an undisturbed run."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "scripts" / "resized_fit.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    line = next((part for part in result.stdout.splitlines() if part.startswith("RESULT ")), None)
+    assert line, result.stdout[-2000:] + result.stderr[-6000:]
+    found = json.loads(line[len("RESULT "):])
+    whole, resized = found["whole"], found["resized"]
+    assert (resized["global_step"], resized["samples"]) == (whole["global_step"], whole["samples"]) == (100, 1200)
+    assert resized["steps"] == whole["steps"], "each global step trains the rows it trains undisturbed"
+    for epoch in range(2):
+        seen = sorted(v for step in range(50 * epoch + 1, 50 * epoch + 51) for v in resized["steps"][str(step)])
+        assert seen == list(range(600)), "every row exactly once per epoch"
+    for changed, undisturbed in zip(resized["history"], whole["history"]):
+        assert changed["train_loss"] == pytest.approx(undisturbed["train_loss"], rel=1e-3)
+    assert [e["world_size"] for e in resized["history"]] == [1, 3]

@@ -91,13 +91,15 @@ class _Standalone:
              "--port", str(self.port), "--webui-port", str(_free_port())],
             stdout=self.log, stderr=subprocess.STDOUT, env=self.env)]
 
-    def start_worker(self, cores: int) -> subprocess.Popen:
-        """Starts a worker of ``cores`` cores (its JVM is the returned process)."""
+    def start_worker(self, cores: int, own_group: bool = False) -> subprocess.Popen:
+        """Starts a worker of ``cores`` cores (its JVM is the returned process); with
+        ``own_group`` it leads a process group of its own (its executors and their Python
+        processes in it), so SIGKILL of the group takes the whole worker."""
         worker = subprocess.Popen(
             [str(self.spark_class), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
              "--cores", str(cores), "--memory", "4g", "--work-dir", str(self.directory / "work"),
              "--webui-port", str(_free_port()), self.url],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env, start_new_session=own_group)
         self.processes.append(worker)
         return worker
 
@@ -239,3 +241,49 @@ def test_a_lost_standalone_worker_shrinks_the_run_which_grows_back_when_it_retur
     assert found["first_fit_jobs"] == 0, "a first fit on too few slots is refused before any Spark job"
     print(f"kill -> training on the survivor: {resumed[0] - kill:.1f}s; kill -> error without minWorkers: "
           f"{found['today_seconds']:.1f}s (slotWaitTimeout=10)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_three_whole_worker_kills_in_one_fit_train_every_row_once_per_epoch_and_grow_back(tmp_path):
+    """numWorkers=2, minWorkers=1, a checkpoint every 10 steps, two one-core workers; rank
+    1's whole worker is SIGKILLed (its process group) three times during one fit, each time
+    restarted 25 s later. Every global step trains the rows of an undisturbed run, every row
+    once per epoch; the run shrinks to one rank and grows back to two each time."""
+    cluster = _Standalone(tmp_path, worker_timeout_s=30)
+    for _ in range(2):
+        cluster.start_worker(cores=1, own_group=True)
+    log = tmp_path / "script.log"
+    with open(log, "w") as out:
+        script = subprocess.Popen([sys.executable, str(SCRIPTS / "killed_fit.py"), str(tmp_path), cluster.url],
+                                  stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, restarted = time.monotonic() + 1000, 0
+        while script.poll() is None and time.monotonic() < deadline:
+            marker = tmp_path / f"killed-{restarted}.json"
+            if marker.exists() and time.time() >= json.loads(marker.read_text())["time"] + 25:
+                cluster.start_worker(cores=1, own_group=True)
+                (tmp_path / f"restarted-{restarted}").touch()
+                restarted += 1
+            time.sleep(0.5)  # polling the script's progress
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        cluster.stop()
+    text = log.read_text()
+    found = _script_result(text, "")
+    undisturbed, elastic = found["undisturbed"], found["elastic"]
+    assert len(found["kills"]) == 3 and restarted == 3, found["kills"]
+    assert (elastic["epoch"], elastic["global_step"], elastic["samples"]) == \
+        (undisturbed["epoch"], undisturbed["global_step"], undisturbed["samples"]) == (8, 8 * 47, 8 * 3000)
+    assert elastic["steps"] == undisturbed["steps"], "each global step trains the rows it trains undisturbed"
+    for epoch in range(8):
+        seen = sorted(v for step in range(47 * epoch + 1, 47 * epoch + 48) for v in elastic["steps"][str(step)])
+        assert seen == list(range(3000)), f"epoch {epoch + 1}: every row exactly once"
+    for changed, whole in zip(elastic["history"], undisturbed["history"]):
+        assert changed["train_loss"] == pytest.approx(whole["train_loss"], rel=0.05), changed
+    assert {e["world_size"] for e in elastic["history"]} <= {1, 2}
+    assert found["scored"] == 3000 and found["scored_null"] == 0, "the fitted model scores every row"
+    grown = [line for line in text.splitlines() if "growing the run from 1 to numWorkers=2 ranks" in line]
+    assert len(grown) == 3, text[-6000:]

@@ -1,0 +1,146 @@
+"""One epoch order on any number of ranks: real ranks (gloo, one process each) train the
+real loop, and a hook gathers every step's row ids across them."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from spark_torch_est import Checkpoint
+from spark_torch_est.core.progress import Target
+from spark_torch_est.core.protocol import FEATURES, LABEL
+from spark_torch_est.core.spec import Launch
+from spark_torch_est.ingest.canonical import row_keys
+from spark_torch_est.ingest.rows import DenseRows
+from spark_torch_est.ingest.shard import Table
+from tests.helpers import StepRows, task_spec
+
+ROWS = 240
+
+
+def _batches(rows: np.ndarray) -> list[pa.RecordBatch]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 8)).astype(np.float32)[rows]
+    features = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 8)
+    return [pa.RecordBatch.from_arrays([features, pa.array(rows.astype(np.int64))], [FEATURES, LABEL])]
+
+
+class _FileBarrier:
+    """The barrier's all_gather through a file store, for ranks started as processes."""
+
+    def __init__(self, rank: int, world_size: int, path: str):
+        import torch.distributed as dist
+
+        self.rank, self.world_size = rank, world_size
+        self._store = dist.FileStore(path, world_size)
+
+    def all_gather(self, message: str) -> list[str]:
+        self._store.set(str(self.rank), message)
+        return [self._store.get(str(r)).decode() for r in range(self.world_size)]
+
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    def cpus(self) -> int:
+        return 1
+
+    def gpus(self) -> list[str]:
+        return []
+
+
+def _rank(rank, world, directory, spec, results):
+    from spark_torch_est.cluster.worker import run_rank
+
+    torch.set_num_threads(1)
+    rows = np.random.default_rng(world).permutation(ROWS)[rank::world]  # each world size deals rows anew
+    launch = Launch(job_id=f"job{world}", secret=b"s" * 32)
+    blob = run_rank(spec, launch, iter(_batches(np.sort(rows))), _FileBarrier(rank, world, directory + "/barrier"))
+    if blob is not None:
+        results.put(blob)
+
+
+def _run(tmp_path, world: int, target: Target, resume: bytes | None = None) -> Checkpoint:
+    """Trains on ``world`` ranks (a global batch of 12 rows) to ``target``; the checkpoint."""
+    directory = tmp_path / f"w{world}-{os.urandom(4).hex()}"
+    directory.mkdir()
+    spec = task_spec(target, hooks={"rows": StepRows()}, world_size=world, batch_size=12 // world, resume=resume)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_rank, args=(r, world, str(directory), spec, results)) for r in range(world)]
+    for process in processes:
+        process.start()
+    blob = results.get(timeout=120)
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    return Checkpoint.from_bytes(blob)
+
+
+def _weights(checkpoint: Checkpoint) -> torch.Tensor:
+    return torch.cat([v.reshape(-1) for v in checkpoint.model_state.values()])
+
+
+def test_a_run_continued_mid_epoch_on_one_then_three_ranks_trains_the_steps_of_an_undisturbed_run(tmp_path):
+    whole = _run(tmp_path, 2, Target(epoch=2))                              # 20 steps of 12 rows per epoch
+    part = _run(tmp_path, 2, Target(epoch=2, global_step=7))
+    shrunk = _run(tmp_path, 1, Target(epoch=2, global_step=15), resume=part.to_bytes())
+    grown = _run(tmp_path, 3, Target(epoch=2), resume=shrunk.to_bytes())
+    steps = whole.hook_states["rows"]["steps"]
+    assert sorted(map(int, steps)) == list(range(1, 41))
+    assert grown.hook_states["rows"]["steps"] == steps, "each global step trains the rows it trains undisturbed"
+    for epoch in (0, 1):
+        seen = sorted(v for s in range(20 * epoch + 1, 20 * epoch + 21) for v in steps[str(s)])
+        assert seen == list(range(ROWS)), "every row exactly once per epoch"
+    assert grown.progress == whole.progress and grown.shards == 2
+
+
+def test_a_run_resumed_mid_epoch_on_as_many_ranks_is_bitwise_the_undisturbed_one(tmp_path):
+    whole = _run(tmp_path, 2, Target(epoch=2))
+    part = _run(tmp_path, 2, Target(epoch=2, global_step=13))
+    resumed = _run(tmp_path, 2, Target(epoch=2), resume=part.to_bytes())
+    assert torch.equal(_weights(resumed), _weights(whole))
+    assert resumed.hook_states["rows"]["steps"] == whole.hook_states["rows"]["steps"]
+
+
+def test_a_row_key_depends_on_the_values_only():
+    x = torch.arange(12, dtype=torch.float32).reshape(6, 2)
+    table = Table([DenseRows(x)], DenseRows(torch.arange(6)))
+    keys = row_keys(table)
+    assert len(set(keys.tolist())) == 6
+    reversed_table = Table([DenseRows(x.flip(0))], DenseRows(torch.arange(6).flip(0)))
+    assert torch.equal(row_keys(reversed_table), keys.flip(0))
+    ragged = Table([DenseRows(x).to_ragged(0.0)], DenseRows(torch.arange(6)))
+    assert torch.equal(row_keys(ragged), keys), "the same values however the column holds them"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_equal_rows_have_equal_keys_and_others_differ(seed):
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.integers(0, 3, size=(500, 3)).astype(np.float32))
+    keys = row_keys(Table([DenseRows(x)], DenseRows(torch.zeros(500))))
+    distinct_rows = len({tuple(r) for r in x.tolist()})
+    assert len(set(keys.tolist())) == distinct_rows
+
+
+@pytest.mark.parametrize("budget", [None, 64])
+def test_the_layout_keeps_every_row_whole_whatever_its_columns_hold(budget, tmp_path, monkeypatch):
+    from spark_torch_est.core.ranks import Ranks
+    from spark_torch_est.ingest.canonical import to_canonical
+    from spark_torch_est.ingest.rows import RaggedRows
+
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))  # where rows past the budget spill
+    lengths = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    ragged = RaggedRows(DenseRows(torch.arange(int(lengths.sum()), dtype=torch.float32)), offsets, -1.0)
+    dense = DenseRows(torch.arange(16, dtype=torch.int64).reshape(8, 2))
+    table = Table([ragged, dense], DenseRows(torch.arange(8, dtype=torch.float32)))
+    laid = to_canonical(table, [8], 1, 4, 0, Ranks(0, 1, torch.device("cpu")), budget).table
+    ids = laid.labels.tensor.long()
+    assert sorted(ids.tolist()) == list(range(8)) and ids.tolist() != list(range(8))
+    assert torch.equal(laid.inputs[1].slice(0, 8), dense.tensor[ids])
+    assert torch.equal(laid.inputs[0].take(torch.arange(8)), ragged.take(ids))
