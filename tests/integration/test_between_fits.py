@@ -54,7 +54,7 @@ def test_fewer_workers_mid_epoch_and_at_an_epoch_end(spark, indexed_df, tmp_path
     # the run's two logical shards go on, 32 rows of each per step: the last 36% on one worker
     assert est.progress.epoch == 1 and est.progress.global_step == 10 + 12
     assert not any("same fraction" in r.getMessage() for r in caplog.records), "the epoch continues exactly"
-    assert _seen(tmp_path, 0) == list(range(ROWS)), "every row exactly once in the epoch"
+    assert seen_rows(tmp_path, 0) == list(range(ROWS)), "every row exactly once in the epoch"
     est.fit(indexed_df, duration="1ep")
     assert est.progress.epoch == 2 and est.progress.global_step == 22 + 32
     est.setNumWorkers(2)  # and back
