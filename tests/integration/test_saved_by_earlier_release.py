@@ -1,8 +1,8 @@
 """What the release before the move to folders by concept (3b72a3f) saved still works with
 this code: its TorchModel and TorchEstimator load (their pickles name the old flat module
 paths, e.g. ``spark_torch_est.builtin_hooks.EarlyStopping``), predict exactly what the old
-code predicted, and continue their run where it stopped, as the old code continued it. The
-samples and the script that made them are in tests/data/saved_3b72a3f/."""
+code predicted, and continue their run where it stopped. The samples and the script that made
+them are in tests/data/saved_3b72a3f/."""
 
 from __future__ import annotations
 
@@ -74,7 +74,10 @@ def test_the_saved_run_continues_to_its_fourth_epoch(rows_df, samples, resume):
                for path in (samples / "continued").iterdir())
 
 
-@pytest.mark.xfail(strict=True, reason="passed at main 28ba905; fails since the merge of i35 (8305fa0: the loop "
-                   "takes a rank's epoch rows from the logical shards), which changed the order of a run's rows")
-def test_the_saved_run_continues_exactly_as_the_old_code_continued_it(rows_df, samples):
-    assert _predictions(_continue(rows_df, samples, "estimator"), rows_df) == PREDICTED["epoch4"]
+def test_the_saved_run_continues_the_same_from_the_estimator_the_model_and_its_checkpoints(rows_df, samples):
+    """The third and fourth epochs follow this release's epoch order (the run's logical shards,
+    docs/reliability.md), not 3b72a3f's, so they need not equal the old code's continuation
+    (within 0.25 above); but the run goes on the same whichever saved thing it resumes from."""
+    continued = {resume: _predictions(_continue(rows_df, samples, resume), rows_df)
+                 for resume in ("estimator", "model", "checkpointDir")}
+    assert continued["model"] == continued["estimator"] == continued["checkpointDir"]
