@@ -267,6 +267,17 @@ def rss_mb(pid: int | str = "self") -> float:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
 
 
+def worker_jvm(pid: int) -> int:
+    """The standalone worker JVM above a process (python worker -> daemon -> executor -> worker)."""
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"org.apache.spark.deploy.worker.Worker" in f.read():
+                return pid
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("not under a standalone worker")
+
+
 def descendants(pid: int) -> set[int]:
     """All live descendant process ids of ``pid``."""
     children: dict[int, list[int]] = {}

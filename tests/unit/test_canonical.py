@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from spark_torch_est import Checkpoint
+from spark_torch_est.cluster.barrier import LocalBarrier
 from spark_torch_est.core.progress import Target
 from spark_torch_est.core.protocol import FEATURES, LABEL
 from spark_torch_est.core.spec import Launch
@@ -30,8 +31,8 @@ def _batches(rows: np.ndarray) -> list[pa.RecordBatch]:
     return [pa.RecordBatch.from_arrays([features, pa.array(rows.astype(np.int64))], [FEATURES, LABEL])]
 
 
-class _FileBarrier:
-    """The barrier's all_gather through a file store, for ranks started as processes."""
+class _FileBarrier(LocalBarrier):
+    """A lone rank's barrier whose all_gather goes through a file store, for ranks started as processes."""
 
     def __init__(self, rank: int, world_size: int, path: str):
         import torch.distributed as dist
@@ -42,15 +43,6 @@ class _FileBarrier:
     def all_gather(self, message: str) -> list[str]:
         self._store.set(str(self.rank), message)
         return [self._store.get(str(r)).decode() for r in range(self.world_size)]
-
-    def host(self) -> str:
-        return "127.0.0.1"
-
-    def cpus(self) -> int:
-        return 1
-
-    def gpus(self) -> list[str]:
-        return []
 
 
 def _rank(rank, world, directory, spec, results):

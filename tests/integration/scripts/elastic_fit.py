@@ -16,22 +16,11 @@ from pyspark.sql import SparkSession
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 from spark_torch_est import Hook, TorchEstimator  # noqa: E402
 from spark_torch_est.errors import InvalidInputError  # noqa: E402
-from tests.helpers import RecordRows, descendants, linear_model, sgd, spark_jobs_started  # noqa: E402
+from tests.helpers import RecordRows, descendants, linear_model, sgd, spark_jobs_started, worker_jvm  # noqa: E402
 
 mode, out_dir = sys.argv[1], sys.argv[2]
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 logging.getLogger("spark_torch_est.cluster.launcher").setLevel(logging.INFO)
-
-
-def _worker_jvm(pid: int) -> int:
-    """The standalone worker JVM above a process (python worker -> daemon -> executor -> worker)."""
-    while pid > 1:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"org.apache.spark.deploy.worker.Worker" in f.read():
-                return pid
-        with open(f"/proc/{pid}/stat") as f:
-            pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    raise RuntimeError("not under a standalone worker")
 
 
 class KillWorkerOnce(Hook):
@@ -43,7 +32,7 @@ class KillWorkerOnce(Hook):
 
     def after_train_iter(self, rank, state):
         if rank == 1 and state.epoch == 1 and state.batch_in_epoch == 5 and not os.path.exists(self.marker):
-            worker = _worker_jvm(os.getpid())
+            worker = worker_jvm(os.getpid())
             victims = [worker, *sorted(descendants(worker) - {os.getpid()})]
             with open(self.marker, "w") as f:
                 json.dump({"time": time.time(), "killed": victims}, f)

@@ -16,23 +16,12 @@ from pyspark.sql import SparkSession
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 from spark_torch_est import Hook, TorchEstimator  # noqa: E402
-from tests.helpers import StepRows, linear_model, sgd  # noqa: E402
+from tests.helpers import StepRows, linear_model, sgd, worker_jvm  # noqa: E402
 
 out_dir, master = sys.argv[1], sys.argv[2]
 ROWS, KILLS_AT = 3000, (30, 130, 230)  # a kill at the first two-rank step past each
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 logging.getLogger("spark_torch_est.cluster.launcher").setLevel(logging.INFO)
-
-
-def _worker_jvm(pid: int) -> int:
-    """The standalone worker JVM above a process (python worker -> daemon -> executor -> worker)."""
-    while pid > 1:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"org.apache.spark.deploy.worker.Worker" in f.read():
-                return pid
-        with open(f"/proc/{pid}/stat") as f:
-            pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    raise RuntimeError("not under a standalone worker")
 
 
 class KillWorkers(Hook):
@@ -51,7 +40,7 @@ class KillWorkers(Hook):
                 continue
             if global_step < at or (i and not os.path.exists(os.path.join(self.directory, f"restarted-{i - 1}"))):
                 return
-            worker = _worker_jvm(os.getpid())
+            worker = worker_jvm(os.getpid())
             with open(marker + ".tmp", "w") as f:
                 json.dump({"time": time.time(), "global_step": global_step, "worker": worker}, f)
             os.rename(marker + ".tmp", marker)
