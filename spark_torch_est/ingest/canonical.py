@@ -78,30 +78,36 @@ def _hash_rows(elements: np.ndarray) -> np.ndarray:
     return _mix(mixed.sum(axis=1, dtype=np.uint64) + np.uint64(width * int(_M2) % (1 << 64)))
 
 
-def _column_keys(rows: Rows) -> np.ndarray:
-    """A key per row of one column, read in chunks (spilled rows stay on disk)."""
+def _column_keys(rows: Rows, by_value: bool = False) -> np.ndarray:
+    """A key per row of one column, read in chunks (spilled rows stay on disk); ``by_value``:
+    of the values as float64, so that 3 and 3.0 hash alike."""
     count, keys = len(rows), []
+
+    def bits(values: torch.Tensor) -> np.ndarray:
+        return _bits(values.to(torch.float64) if by_value else values)
+
     if isinstance(rows, RaggedRows):
         lengths = rows.lengths().numpy()
         step = max(1, _CHUNK_VALUES // max(1, int(lengths.mean()) if count else 1))
         for start in range(0, count, step):
             stop = min(start + step, count)
-            keys.append(_hash_elements(_bits(rows.flat(start, stop)).reshape(-1), lengths[start:stop]))
+            keys.append(_hash_elements(bits(rows.flat(start, stop)).reshape(-1), lengths[start:stop]))
     else:
         width = math.prod(rows.row_shape)
         step = max(1, _CHUNK_VALUES // max(width, 1))
         for start in range(0, count, step):
             stop = min(start + step, count)
-            keys.append(_hash_rows(_bits(rows.slice(start, stop)).reshape(stop - start, width)))
+            keys.append(_hash_rows(bits(rows.slice(start, stop)).reshape(stop - start, width)))
     return np.concatenate(keys) if keys else np.zeros(0, dtype=np.uint64)
 
 
 def row_keys(table: Table) -> torch.Tensor:
     """A 64-bit hash of every row's values in every column (int64), independent of where
-    the row sits or how its columns are held."""
+    the row sits or how its columns are held. Labels hash by value: a column of whole numbers
+    holds them as int64 or float32 as Spark typed it, and both train alike."""
     keys = np.zeros(len(table), dtype=np.uint64)
     for rows in table.columns():
-        keys = _mix(keys * _GOLDEN + _column_keys(rows))
+        keys = _mix(keys * _GOLDEN + _column_keys(rows, by_value=rows is table.labels))
     return torch.from_numpy(keys.view(np.int64))
 
 

@@ -376,7 +376,9 @@ class SmallEmbedding(nn.Module):
 def test_an_id_past_an_embedding_names_the_inputs_and_their_ids(spark, typed_df):
     est = linear_estimator(SETTINGS, model=lambda c: SmallEmbedding(), inputCols=["id_byte"], inputShapes=None,
                            maxEpochs=1)
-    with pytest.raises(TrainingFailedError, match="index out of range in self: an id is out of an embedding's range; "
-                                                  "in this batch 'id_byte' holds 0\\.\\.\\d\\d"):
+    with pytest.raises(TrainingFailedError, match=(
+            "index out of range in self: an id is out of an embedding's range; in this batch 'id_byte' holds "
+            "\\d+\\.\\.\\d+ \\(an nn.Embedding of n rows takes ids 0\\.\\.n-1\\); the model was called as "
+            "model\\(\\*inputs\\) with inputCols 'id_byte': int64")):
         est.fit(typed_df)
     assert est.checkpoint is None
