@@ -1,10 +1,12 @@
-"""``python -m benchmarks [--quick] [--repeat N] [--only KEY ...] [--write-docs]``
+"""``python -m benchmarks [--quick] [--repeat N] [--only KEY ...] [--baseline CHECKOUT] [--write-docs]``
 
 Writes the three workloads' Parquet once, runs every contender of :data:`CONTENDERS` in
 interleaved rounds (each a fresh process, :mod:`benchmarks.contenders`), and prints the
 comparisons of :data:`COMPARISONS` (each ratio taken within a round, between two contenders
-run side by side) and every figure. Exits non-zero when a contender fails or when
-``TorchEstimator`` did not do the same work as bare DDP (its final loss).
+run side by side) and every figure. ``--baseline`` adds, right after each ``TorchEstimator``
+contender of a round, the same contender importing ``spark_torch_est`` from another
+checkout, and compares the two (:data:`AGAINST_BASELINE`). Exits non-zero when a contender
+fails or when ``TorchEstimator`` did not do the same work as bare DDP (its final loss).
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ COMPARISONS = [
     ("ingest: transform rows/s, through Spark's scan", ("ingest", "transform_spark_rows_per_s"),
      ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process"), ""),
 ]
+#: Figures of this checkout against ``--baseline``'s, per TorchEstimator contender: a cost of
+#: the loop within 1.05x of the baseline's is a samples/s ratio of at least 0.952.
+AGAINST_BASELINE = {
+    "te": [("loop samples/s (warm fit)", "warm_samples_per_s", ">=0.952"), ("fit wall time, warm", "warm_wall_s", ""),
+           ("call to first step, warm", "warm_first_step_s", ""),
+           ("peak RSS of a rank, warm fit", "warm_peak_rss_mb", "")],
+    "rec_te": [("recommender: loop samples/s", "warm_samples_per_s", ">=0.952"),
+               ("recommender: peak RSS of a rank", "warm_peak_rss_mb", "")],
+    "ingest": [(f"ingest: {what}, {fit} fit", f"{fit}_{field}", "")
+               for fit in ("warm", "spark") for what, field in (("call to first step", "first_step_s"),
+                                                                 ("peak RSS of a rank", "peak_rss_mb"))],
+}
+BASELINE = "then_"  # key prefix of the baseline's contenders
+
 #: Targets that fail the run when missed: the same work, not the timings of a shared machine.
 MUST = ("final loss",)
 
@@ -82,10 +98,12 @@ def _met(value: float | None, target: str) -> str:
     return "yes" if (value <= bound if target.startswith("<=") else value >= bound) else "NO"
 
 
-def comparisons(rounds: list[dict]) -> tuple[str, list[str]]:
+def comparisons(rounds: list[dict], baseline: str | None = None) -> tuple[str, list[str]]:
     """The comparison table and the figures whose :data:`MUST` target was missed."""
     rows, missed = [], []
-    for figure, ours, ref, target in COMPARISONS:
+    against = [(f"{figure}, against the baseline", (key, field), (BASELINE + key, field, "the baseline"), target)
+               for key, figures in AGAINST_BASELINE.items() for figure, field, target in figures] if baseline else []
+    for figure, ours, ref, target in COMPARISONS + against:
         if not any(_value(r, ours) is not None and _value(r, ref) is not None for r in rounds):
             continue
         ratios = [_value(r, ours) / _value(r, ref) for r in rounds if _value(r, ours) and _value(r, ref)]
@@ -100,7 +118,9 @@ def comparisons(rounds: list[dict]) -> tuple[str, list[str]]:
 
 def every_figure(rounds: list[dict]) -> str:
     rows = []
-    for key, (_, _, label) in CONTENDERS.items():
+    keys = dict.fromkeys(key for r in rounds for key in r)
+    for key in keys:
+        label = CONTENDERS[key.removeprefix(BASELINE)][2] + (" (baseline)" if key.startswith(BASELINE) else "")
         fields = dict.fromkeys(field for r in rounds for field in r.get(key, {}) if field != "error")
         rows += [[label, field, show([r.get(key, {}).get(field) for r in rounds])] for field in fields]
     return markdown(["Contender", "Figure", "Value"], rows)
@@ -116,17 +136,24 @@ def write_docs(text: str, block: str, path: Path = Path(__file__).resolve().pare
     path.write_text(f"{before}{start}\n\n{text.strip()}\n\n{end}{rest.split(end, 1)[1]}")
 
 
-def run_rounds(contenders: list[str], workloads: dict[str, Workload], repeat: int) -> list:
+def run_rounds(contenders: list[str], workloads: dict[str, Workload], repeat: int, baseline: str | None = None) -> list:
     """``repeat`` rounds of every contender, each a fresh process; ``{key: figures}`` per round
-    (``{"error": ...}`` for a contender that failed: the others still run)."""
+    (``{"error": ...}`` for a contender that failed: the others still run). With ``baseline``,
+    each TorchEstimator contender is followed by the same one on that checkout's package."""
     rounds = []
+    runs = [(key, None) for key in contenders]
+    if baseline:
+        runs = [run for key in contenders for run in [(key, None)] + [(BASELINE + key, baseline)] * (
+            key in AGAINST_BASELINE)]
     for number in range(1, repeat + 1):
         results = {}
-        for key in contenders:
-            name, workload, label = CONTENDERS[key]
+        for key, package in runs:
+            name, workload, label = CONTENDERS[key.removeprefix(BASELINE)]
+            label += " (baseline)" if package else ""
             started = time.perf_counter()
             try:
-                results[key] = run_child("contenders", name, json.dumps(dataclasses.asdict(workloads[workload])))
+                results[key] = run_child("contenders", name, json.dumps(dataclasses.asdict(workloads[workload])),
+                                         package=package)
             except Exception as error:  # noqa: BLE001 - reported, and the run exits non-zero
                 results[key] = {"error": str(error)}
                 print(error, file=sys.stderr)
@@ -142,8 +169,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: small tables, 1 epoch, 1 round")
     parser.add_argument("--repeat", type=int, help="interleaved rounds (default 2, --quick 1)")
     parser.add_argument("--only", nargs="+", choices=list(CONTENDERS), help="run only these contenders")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also run each TorchEstimator contender on this checkout's package, side by side")
     parser.add_argument("--write-docs", action="store_true", help="write the tables into docs/benchmarks.md")
     args = parser.parse_args(argv)
+    baseline = args.baseline and os.path.abspath(args.baseline)
+    if baseline and not os.path.isfile(os.path.join(baseline, "spark_torch_est", "__init__.py")):
+        parser.error(f"--baseline {args.baseline}: no spark_torch_est package there")
     repeat = args.repeat or (1 if args.quick else 2)
     contenders = args.only or list(CONTENDERS)
     needed = {CONTENDERS[key][1] for key in contenders}
@@ -151,13 +183,14 @@ def main(argv: list[str] | None = None) -> None:
                  for name, w in WORKLOADS.items() if name in needed}
     header = (f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `python -m benchmarks {shlex.join(sys.argv[1:])}`"
               f"\n\n- {machine()}\n" + "".join(f"- {name}: {w.describe()}\n" for name, w in workloads.items())
+              + (f"- baseline: `spark_torch_est` from {baseline}\n" if baseline else "")
               + f"\n{repeat} interleaved round(s): median [min-max]; ratios taken within each round.")
     print(header + "\n", flush=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="spark-torch-est-bench-") as directory:
         workloads = {name: write_data(w, directory) for name, w in workloads.items()}
-        rounds = run_rounds(contenders, workloads, repeat)
-    table, missed = comparisons(rounds)
+        rounds = run_rounds(contenders, workloads, repeat, baseline)
+    table, missed = comparisons(rounds, baseline)
     text = (f"{header}\n\n{table}\n\nEvery figure (s: seconds from the call; loss: on the table's first 20k rows):"
             f"\n\n{every_figure(rounds)}\n\nTotal {(time.perf_counter() - started) / 60:.1f} min; load average at "
             f"the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}.")

@@ -353,12 +353,14 @@ def spark_session(ranks: int, app: str, **conf: str) -> Iterator:
         SparkContext._gateway = SparkContext._jvm = None
 
 
-def run_child(module: str, *args: str, timeout_s: float = 600) -> dict:
+def run_child(module: str, *args: str, timeout_s: float = 600, package: str | None = None) -> dict:
     """Runs ``python -m benchmarks.<module> args...`` in a fresh process (a cold start is a
-    fresh process) and returns the JSON it printed after :data:`RESULT`."""
+    fresh process) and returns the JSON it printed after :data:`RESULT`; ``package``: the
+    checkout it imports ``spark_torch_est`` from (``BENCH_PACKAGE``, default this run's)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "BENCH_PACKAGE": package} if package else None
     done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], capture_output=True, text=True,
-                          timeout=timeout_s, cwd=root)
+                          timeout=timeout_s, cwd=root, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode or not lines:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
