@@ -170,6 +170,13 @@ class Launcher:
             except SparkTorchError as error:
                 if self.rows.missing(error):  # read through Spark instead: not counted in maxRetries
                     continue
+                slots = self._slots_lost(error, ranks)
+                if slots is not None:  # a lost executor failed the job before the watch saw it go
+                    logger.warning("%s: the cluster's task slots fell to %d while the job needed %d, launching "
+                                   "again (not counted in maxRetries)", error, slots, ranks)
+                    spec, start = self._relaunch_spec(spec, start)
+                    self.rows.relaunching()
+                    continue
                 decision = policy.decide(error)
                 if decision is Decision.RAISE:
                     _point_to_checkpoint(error, spec, fit_start)
@@ -179,6 +186,22 @@ class Launcher:
                     continue
             spec, start = self._relaunch_spec(spec, start)
             self.rows.relaunching()
+
+    def _slots_lost(self, error: SparkTorchError, ranks: int, grace_s: float = 3.0) -> int | None:
+        """The cluster's task slots when they fell below ``ranks`` by the time the job
+        failed (a relaunch can fix the failure, and Spark has ``grace_s`` to see the lost
+        executor), else None."""
+        if not (isinstance(error, TrainingFailedError) and error.retryable) or task_slots(self.spark) is None \
+                or _LOCAL_MASTER.match(self.spark.sparkContext.getConf().get("spark.master", "")):
+            return None  # local mode loses no executor
+        deadline = time.monotonic() + grace_s
+        while True:
+            slots = task_slots(self.spark)
+            if slots is not None and slots < ranks:
+                return slots
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.2)
 
     def _sized(self, spec: TaskSpec, ranks: int) -> tuple[TaskSpec, DataFrame]:
         """The fit as a job of ``ranks`` ranks, and its frame: the spec's own, or one shrunk

@@ -63,3 +63,19 @@ class Ranks:
             except ValueError as error:
                 raise ValueError(f"rank {peer} sent a malformed RNG state: {error}") from None
         return states
+
+    def counts(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``local`` int64 counts, one row per rank (``(world, *local.shape)``)."""
+        gathered = torch.zeros(self.world_size, *local.shape, dtype=torch.int64)
+        gathered[self.rank] = local
+        return self.all_reduce(gathered)
+
+    def exchange(self, values: torch.Tensor, sent: list[int], received: list[int]) -> torch.Tensor:
+        """All to all: the first ``sent[0]`` rows of ``values`` go to rank 0, the next
+        ``sent[1]`` to rank 1, ...; returns the ``received[r]`` rows each rank ``r`` sent
+        here, in rank order, on the CPU."""
+        if self.world_size == 1:
+            return values
+        out = torch.empty((sum(received), *values.shape[1:]), dtype=values.dtype, device=self.device)
+        dist.all_to_all_single(out, values.contiguous().to(self.device), received, sent)
+        return out.cpu()

@@ -21,19 +21,21 @@ needs for it, so every rank holds about ``1/W`` of the rows.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from spark_torch_est.core.ranks import Ranks
-from spark_torch_est.ingest.rows import Budget, DenseRows, RaggedRows, Rows, RowsBuilder, SpilledRows
+from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows, SpilledRows, spark_local_dir
 from spark_torch_est.ingest.shard import EpochPlan, Table, epoch_order
 
 __all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical"]
 
-_CHUNK_VALUES = 1 << 20  # values hashed or copied at once (8 MB of temporaries each)
+_CHUNK_VALUES = 1 << 18  # values hashed, or sent by a rank in one round, at once (2 MB temporaries each)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -160,7 +162,6 @@ class CanonicalRows:
         self.table, self.total, self.shards, self.shard_batch = table, total, shards, shard_batch
         self.seed, self.ranks, self.budget = seed, ranks, budget
         self.held = torch.arange(ranks.rank, total, ranks.world_size)
-        self.holders: torch.Tensor | None = None  # which rank holds each row; made on W != L ranks only
 
     @property
     def shard_rows(self) -> list[int]:
@@ -175,15 +176,16 @@ class CanonicalRows:
             order = epoch_order(len(self.table), self.seed, epoch, self.ranks.rank)
             return EpochRows(self.table, plan, plan.steps, _order=order)
         pieces, done = self._pieces(plan, epoch)
-        world, wanted = self.ranks.world_size, []
+        world, rank = self.ranks.world_size, self.ranks.rank
+        to_rank, to_position = torch.empty(self.total, dtype=torch.int64), torch.empty(self.total, dtype=torch.int64)
         for w in range(world):
-            wanted.append(torch.cat([*(step[w] for step in pieces), done[done % world == w]]))
-        holders = self.holders if self.holders is not None else torch.arange(self.total) % world
-        self.table = regroup(self.table, self.held, holders, wanted, self.ranks, self.budget)
-        self.held = wanted[self.ranks.rank]
-        for w in range(world):
-            holders[wanted[w]] = w
-        self.holders = holders
+            wanted = torch.cat([*(step[w] for step in pieces), done[done % world == w]])
+            to_rank[wanted], to_position[wanted] = w, torch.arange(len(wanted))
+            if w == rank:
+                mine = wanted
+        self.table = move_rows(self.table, to_rank[self.held], to_position[self.held], len(mine), self.ranks,
+                               self.budget)
+        self.held = mine
         lengths = torch.tensor([len(step[self.ranks.rank]) for step in pieces], dtype=torch.int64)
         bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
         return EpochRows(self.table, plan, plan.steps, _bounds=bounds)
@@ -203,146 +205,185 @@ class CanonicalRows:
 
 def to_canonical(table: Table, counts: list[int], shards: int, shard_batch: int, seed: int, ranks: Ranks,
                  budget: int | None = None) -> CanonicalRows:
-    """Collective: hashes this rank's rows, gathers every rank's hashes and regroups the
-    rows so that this rank holds ids ``rank, rank + W, ...`` of the run's order.
+    """Collective: places every row in the run's order (:func:`run_ids`) and moves the rows
+    so that this rank holds ids ``rank, rank + W, ...`` in that order.
 
     Args:
         table: This rank's training rows, in the agreed layouts.
         counts: Training rows of every rank.
     """
-    keys = row_keys(table)
-    world, most = ranks.world_size, max(counts)
-    if world > 1:
-        padded = torch.zeros(most, dtype=torch.int64)
-        padded[:len(keys)] = keys
-        gathered = [torch.empty(most, dtype=torch.int64, device=ranks.device) for _ in range(world)]
-        dist.all_gather(gathered, padded.to(ranks.device))
-        keys = torch.cat([g.cpu()[:n] for g, n in zip(gathered, counts)])
-    sorted_at = torch.sort(keys, stable=True).indices
-    ids = torch.empty_like(sorted_at)
-    ids[sorted_at] = torch.arange(len(keys))
-    holders = torch.repeat_interleave(torch.arange(world), torch.tensor(counts))[sorted_at]
-    start = sum(counts[:ranks.rank])
-    held = ids[start:start + counts[ranks.rank]]
-    total = len(keys)
-    wanted = [torch.arange(w, total, world) for w in range(world)]
-    table = regroup(table, held, holders, wanted, ranks, budget)
+    ids, world, total = run_ids(row_keys(table), ranks), ranks.world_size, sum(counts)
+    table = move_rows(table, ids % world, ids // world, len(range(ranks.rank, total, world)), ranks, budget)
     return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
 
 
-def regroup(table: Table, held: torch.Tensor, holders: torch.Tensor, wanted: list[torch.Tensor], ranks: Ranks,
-            budget: int | None) -> Table:
-    """Collective: a new table of the rows of ids ``wanted[rank]``, in that order.
+def run_ids(keys: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """Collective: each row's id in the run, its key's place among every rank's keys (ties
+    by rank, then by row). The keys are sorted across the ranks: rank ``w`` sorts those in
+    the ``w``-th of W equal parts of the key range (the keys are uniform hashes, so about
+    ``1/W`` of them) and sends their places back, so no rank holds every rank's keys."""
+    local = torch.sort(keys, stable=True)
+    world, rank = ranks.world_size, ranks.rank
+    flipped = local.values.numpy().view(np.uint64) ^ np.uint64(1 << 63)  # in the keys' order, as unsigned
+    part = torch.from_numpy(((flipped >> np.uint64(32)) * np.uint64(world) >> np.uint64(32)).astype(np.int64))
+    matrix = ranks.counts(torch.bincount(part, minlength=world))  # [s, w]: keys rank s sends rank w
+    sent, received = matrix[rank].tolist(), matrix[:, rank].tolist()
+    arrived = ranks.exchange(local.values, sent, received)  # by sender, each sender's in order
+    start = int(matrix[:, :rank].sum())
+    places = torch.empty(len(arrived), dtype=torch.int64)
+    places[torch.sort(arrived, stable=True).indices] = torch.arange(start, start + len(arrived))
+    ids = torch.empty(len(keys), dtype=torch.int64)
+    ids[local.indices] = ranks.exchange(places, received, sent)
+    return ids
 
-    Args:
-        table: This rank's rows; row ``i`` has id ``held[i]``.
-        holders: The rank that sends each id (every rank holding it agrees on one).
-        wanted: The ids each rank needs, in its order.
+
+def move_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, size: int, ranks: Ranks,
+              budget: int | None) -> Table:
+    """Collective: this rank's new table of ``size`` rows, row ``i`` of every rank's
+    ``table`` going to row ``to_position[i]`` of rank ``to_rank[i]``'s.
+
+    The rows travel one column at a time, in rounds of about :data:`_CHUNK_VALUES` values
+    from each rank, straight into the new column: a rank holds its old rows, its new ones
+    and one round. Input columns spilled to disk stay on disk, and so do those that would
+    pass ``budget`` (bytes of input rows in RAM).
+
+    Raises:
+        ValueError: The ranks' positions do not fill this rank's ``size`` rows once each.
     """
-    rank, world = ranks.rank, ranks.world_size
-    local = torch.full((len(holders),), -1, dtype=torch.int64)
-    local[held] = torch.arange(len(held))
-    mine = wanted[rank]
-    source = holders[mine]
-    received: dict[int, list[Rows]] = {}
-    for sender in range(world):
-        for receiver in range(world):
-            if sender == receiver:
-                continue
-            if rank == sender:
-                ids = wanted[receiver][holders[wanted[receiver]] == rank]
-                if len(ids):
-                    for column in table.columns():
-                        _send(column, local[ids], receiver, ranks.device)
-            elif rank == receiver:
-                count = int((source == sender).sum())
-                if count:
-                    received[sender] = [_receive(column, count, sender, ranks.device) for column in table.columns()]
-    within = torch.empty_like(mine)
-    for sender in range(world):
-        at = torch.nonzero(source == sender).reshape(-1)
-        within[at] = torch.arange(len(at)) if sender != rank else local[mine[at]]
-    spill = Budget(budget)
-    columns: list[Rows] = []
+    route = _Route(to_rank, ranks)
+    places = route.arrive(to_position)
+    if len(places) != size or not bool((torch.bincount(places, minlength=size) == 1).all()):
+        raise ValueError(f"rank {ranks.rank}: the ranks' rows do not fill its {size} rows once each")
+    in_ram, columns = 0, list[Rows]()
     for c, column in enumerate(table.columns()):
-        pieces = [received.get(s, [None] * (c + 1))[c] for s in range(world)]
-        if budget is None and isinstance(column, DenseRows):  # one copy, straight into the new tensor
-            columns.append(DenseRows(_gathered(column, pieces, source, within, rank)))
-            continue
-        builder = RowsBuilder(column.dtype, spill if c < len(table.inputs) else None, len(mine))
-        step = max(1, _CHUNK_VALUES // max(1, math.prod(column.row_shape or (64,))))
-        for start in range(0, len(mine), step):
-            stop = min(start + step, len(mine))
-            _append(builder, column, pieces, source[start:stop], within[start:stop], rank)
-        columns.append(builder.finish(getattr(column, "padding", 0)) or _empty_like(column))
+        spillable = budget is not None and c < len(table.inputs)
+        if isinstance(column, RaggedRows):
+            lengths = torch.empty(size, dtype=torch.int64)
+            lengths[places] = route.arrive(column.lengths())
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+            target = _Target(int(offsets[-1]), (), column.dtype, isinstance(column.values, SpilledRows)
+                             or spillable and in_ram + _nbytes(int(offsets[-1]), (), column.dtype) > (budget or 0))
+            width = route.mean(len(column.values))
+            for rows, numbers in route.rounds(_CHUNK_VALUES // width):
+                at = places[numbers]
+                got = ranks.exchange(_flat(column, rows), route.sending(column.lengths()[rows]),
+                                     route.arriving(lengths[at]))
+                target.write(_spans(offsets[at], lengths[at]), got)
+            columns.append(RaggedRows(target.rows(), offsets, column.padding))
+        else:
+            target = _Target(size, column.row_shape, column.dtype, isinstance(column, SpilledRows)
+                             or spillable and in_ram + _nbytes(size, column.row_shape, column.dtype) > (budget or 0))
+            for rows, numbers in route.rounds(_CHUNK_VALUES // max(1, math.prod(column.row_shape))):
+                target.write(places[numbers], ranks.exchange(column.take(rows), route.sending(), route.arriving()))
+            columns.append(target.rows())
+        in_ram += 0 if target.file is not None else target.nbytes
     return table.with_columns(columns)
 
 
-def _append(builder: RowsBuilder, column: Rows, pieces: list[Rows | None], source: torch.Tensor,
-            within: torch.Tensor, rank: int) -> None:
-    """Appends the rows ``within`` their sources (this rank's ``column`` or a piece received)."""
-    if isinstance(column, RaggedRows):
-        lengths = torch.empty(len(source), dtype=torch.int64)
-        parts = []
-        for sender in torch.unique(source).tolist():
-            at = torch.nonzero(source == sender).reshape(-1)
-            rows = column if sender == rank else pieces[sender]
-            lengths[at] = rows.lengths()[within[at]]
-            parts.append((at, [rows.flat(int(i), int(i) + 1) for i in within[at].tolist()]))
-        values = [torch.empty(0, dtype=column.dtype)] * len(source)
-        for at, flats in parts:
-            for i, flat in zip(at.tolist(), flats):
-                values[i] = flat
-        flat = torch.cat(values) if values else torch.empty(0, dtype=column.dtype)
-        builder.append(flat.numpy(), lengths.numpy())
-        return
-    out = _gathered(column, pieces, source, within, rank)
-    if column.row_shape:
-        builder.append(out.reshape(-1, *column.row_shape[1:]).numpy(),
-                       np.full(len(out), column.row_shape[0], dtype=np.int64), tuple(column.row_shape[1:]))
-    else:
-        builder.append(out.numpy())
+class _Route:
+    """Which rows of this rank go to which rank, and which arrive from which, in rounds.
+
+    Args:
+        to_rank: The rank each row of this rank goes to.
+        ranks: This rank and the world.
+    """
+
+    def __init__(self, to_rank: torch.Tensor, ranks: Ranks) -> None:
+        self.ranks, world = ranks, ranks.world_size
+        self.going = torch.sort(to_rank, stable=True).indices  # this rank's rows, by the rank they go to
+        self.matrix = ranks.counts(torch.bincount(to_rank, minlength=world))  # [s, w]: rows rank s sends rank w
+        self.sent = self.matrix[ranks.rank].tolist()
+        self.received = self.matrix[:, ranks.rank].tolist()
+        self._sent_at = [sum(self.sent[:w]) for w in range(world)]
+        self._received_at = [sum(self.received[:w]) for w in range(world)]
+        self._most = int(self.matrix.max())
+
+    def arrive(self, values: torch.Tensor) -> torch.Tensor:
+        """Collective: one value per row of this rank (``values``) sent with the rows; those
+        of the rows arriving here, by sender (the order :meth:`rounds` numbers them in)."""
+        return self.ranks.exchange(values[self.going], self.sent, self.received)
+
+    def mean(self, local: int) -> int:
+        """Collective: ``local`` summed over the ranks, per row of all ranks (at least 1)."""
+        total = int(self.ranks.all_reduce(torch.tensor([local], dtype=torch.int64))[0])
+        return max(1, total // max(1, int(self.matrix.sum())))
+
+    def rounds(self, values: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The same rounds on every rank, each moving up to ``values // W`` rows (at least
+        one) from each rank to each: ``(rows, numbers)``, this rank's rows sent in the
+        round (by the rank they go to) and the numbers of those arriving (see :meth:`arrive`)."""
+        chunk = max(1, values // self.ranks.world_size)
+        for start in range(0, self._most, chunk):
+            self._round = [(min(max(n - start, 0), chunk), min(max(m - start, 0), chunk))
+                           for n, m in zip(self.sent, self.received)]
+            rows = torch.cat([self.going[at + start:at + start + n]
+                              for at, (n, _) in zip(self._sent_at, self._round)])
+            arriving = torch.cat([torch.arange(at + start, at + start + m)
+                                  for at, (_, m) in zip(self._received_at, self._round)])
+            yield rows, arriving
+
+    def sending(self, sizes: torch.Tensor | None = None) -> list[int]:
+        """How many values this round sends each rank: one per row, or ``sizes`` (per row sent)."""
+        counts = [n for n, _ in self._round]
+        return counts if sizes is None else [int(part.sum()) for part in torch.split(sizes, counts)]
+
+    def arriving(self, sizes: torch.Tensor | None = None) -> list[int]:
+        """How many values this round receives from each rank (see :meth:`sending`)."""
+        counts = [m for _, m in self._round]
+        return counts if sizes is None else [int(part.sum()) for part in torch.split(sizes, counts)]
 
 
-def _gathered(column: DenseRows | SpilledRows, pieces: list[Rows | None], source: torch.Tensor, within: torch.Tensor,
-              rank: int) -> torch.Tensor:
-    """The rows ``within`` their sources (this rank's ``column`` or a piece received), as one tensor."""
-    out = torch.empty((len(source), *column.row_shape), dtype=column.dtype)
-    senders = torch.unique(source).tolist()
-    if senders == [rank] and isinstance(column, DenseRows):
-        return torch.index_select(column.tensor, 0, within, out=out)
-    for sender in senders:
-        at = torch.nonzero(source == sender).reshape(-1)
-        out[at] = column.take(within[at]) if sender == rank else pieces[sender].take(within[at])
-    return out
+class _Target:
+    """A new column's values, in RAM or in a local file, written at their positions.
+
+    Args:
+        count: Rows of ``row_shape``.
+        to_disk: Write them to a file under Spark's local directory.
+    """
+
+    def __init__(self, count: int, row_shape: tuple[int, ...], dtype: torch.dtype, to_disk: bool) -> None:
+        self.count, self.row_shape, self.dtype = count, tuple(row_shape), dtype
+        self.nbytes = _nbytes(count, row_shape, dtype)
+        self.file = tempfile.TemporaryFile(dir=spark_local_dir(), prefix="spark_torch_est-") if to_disk else None
+        self.tensor = None if to_disk else torch.empty((count, *row_shape), dtype=dtype)
+        if self.file is not None:
+            self.file.truncate(self.nbytes)
+
+    def write(self, positions: torch.Tensor, rows: torch.Tensor) -> None:
+        """Puts ``rows`` at ``positions``; on disk one write per run of consecutive positions."""
+        if self.tensor is not None:
+            self.tensor[positions] = rows
+            return
+        if self.file is None or not len(positions):
+            return
+        order = torch.argsort(positions)
+        at, data = positions[order].numpy(), rows[order].contiguous().numpy()
+        breaks = np.flatnonzero(np.diff(at) != 1) + 1
+        row_bytes = self.nbytes // max(self.count, 1)
+        view = data.reshape(len(at), -1).view(np.uint8)
+        for first, last in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(at)]])):
+            os.pwrite(self.file.fileno(), view[first:last].tobytes(), int(at[first]) * row_bytes)
+
+    def rows(self) -> DenseRows | SpilledRows:
+        if self.tensor is not None:
+            return DenseRows(self.tensor)
+        return SpilledRows(self.file, self.count, self.row_shape, self.dtype)
 
 
-def _empty_like(column: Rows) -> Rows:
-    if isinstance(column, RaggedRows):
-        return RaggedRows(DenseRows(torch.empty(0, dtype=column.dtype)), torch.zeros(1, dtype=torch.int64),
-                          column.padding)
-    return DenseRows(torch.empty(0, *column.row_shape, dtype=column.dtype))
+def _nbytes(count: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return count * math.prod(row_shape) * torch.empty(0, dtype=dtype).element_size()
 
 
-def _send(column: Rows, positions: torch.Tensor, destination: int, device: torch.device) -> None:
-    if isinstance(column, RaggedRows):
-        lengths = column.lengths()[positions]
-        flat = torch.cat([column.flat(int(p), int(p) + 1) for p in positions.tolist()]) if len(positions) else \
-            torch.empty(0, dtype=column.dtype)
-        dist.send(lengths.to(device), destination)
-        dist.send(flat.contiguous().to(device), destination)
-    else:
-        dist.send(column.take(positions).contiguous().to(device), destination)
+def _spans(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Positions ``starts[i]`` to ``starts[i] + lengths[i]`` of every ``i``, one after the other."""
+    ends = torch.cumsum(lengths, 0)
+    return torch.repeat_interleave(starts - (ends - lengths), lengths) + torch.arange(int(ends[-1]) if len(ends) else 0)
 
 
-def _receive(column: Rows, rows: int, source: int, device: torch.device) -> Rows:
-    if isinstance(column, RaggedRows):
-        lengths = torch.empty(rows, dtype=torch.int64, device=device)
-        dist.recv(lengths, source)
-        values = torch.empty(int(lengths.sum()), dtype=column.dtype, device=device)
-        dist.recv(values, source)
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths.cpu(), 0)])
-        return RaggedRows(DenseRows(values.cpu()), offsets, column.padding)
-    received = torch.empty((rows, *column.row_shape), dtype=column.dtype, device=device)
-    dist.recv(received, source)
-    return DenseRows(received.cpu())
+def _flat(column: RaggedRows, rows: torch.Tensor) -> torch.Tensor:
+    """The values of ``rows`` of a ragged column, unpadded, one after the other."""
+    starts, lengths = column.offsets[rows], column.lengths()[rows]
+    if isinstance(column.values, DenseRows):
+        return column.values.tensor[_spans(starts, lengths)]
+    parts = [column.values.slice(s, s + n) for s, n in zip(starts.tolist(), lengths.tolist())]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=column.dtype)

@@ -136,3 +136,88 @@ def test_the_layout_keeps_every_row_whole_whatever_its_columns_hold(budget, tmp_
     assert sorted(ids.tolist()) == list(range(8)) and ids.tolist() != list(range(8))
     assert torch.equal(laid.inputs[1].slice(0, 8), dense.tensor[ids])
     assert torch.equal(laid.inputs[0].take(torch.arange(8)), ragged.take(ids))
+
+
+def _layout_inputs(world: int) -> tuple[list[torch.Tensor], list[Table]]:
+    """Every rank's keys (repeated keys within and across ranks, uneven counts, keys at both
+    ends of the range) and table (rows numbered by their label: ragged values in RAM and
+    spilled, dense and spilled rows of one shape)."""
+    from spark_torch_est.ingest.rows import Budget, RowsBuilder
+
+    rng = np.random.default_rng(7)
+    counts = [5 + 7 * r for r in range(world)]
+    ends = [-(2 ** 63), 2 ** 63 - 1, 0]
+    keys = [torch.from_numpy(rng.choice(np.concatenate([rng.integers(-2 ** 63, 2 ** 63 - 1, 6), ends]), n))
+            for n in counts]
+    tables, first = [], 0
+    for n in counts:
+        labels = np.arange(first, first + n)
+        lengths = (labels * 7) % 5
+        values = np.concatenate([np.full(k, g, dtype=np.float32) for g, k in zip(labels, lengths)])
+        ragged, ragged_spilled = RowsBuilder(torch.float32), RowsBuilder(torch.float32, Budget(0))
+        ragged.append(values, lengths)
+        ragged_spilled.append(values, lengths)
+        dense = np.stack([labels, -labels]).T.astype(np.int64)
+        spilled = RowsBuilder(torch.int64, Budget(0))
+        spilled.append(dense.ravel(), np.full(n, 2))
+        inputs = [ragged.finish_rows(-1.0), ragged_spilled.finish_rows(-1.0), DenseRows(torch.from_numpy(dense)),
+                  spilled.finish_rows()]
+        tables.append(Table(inputs, DenseRows(torch.from_numpy(labels.astype(np.float32)))))
+        first += n
+    return keys, tables
+
+
+def _layout_rank(rank: int, world: int, path: str, results) -> None:
+    import torch.distributed as dist
+
+    from spark_torch_est.core.ranks import Ranks
+    from spark_torch_est.ingest.canonical import move_rows, run_ids
+
+    torch.set_num_threads(1)
+    os.environ["SPARK_LOCAL_DIRS"] = os.path.dirname(path)
+    dist.init_process_group("gloo", store=dist.FileStore(path, world), rank=rank, world_size=world)
+    try:
+        ranks = Ranks(rank, world, torch.device("cpu"))
+        keys, tables = _layout_inputs(world)
+        ids = run_ids(keys[rank], ranks)
+        total = sum(len(t) for t in tables)
+        destination = torch.from_numpy(np.random.default_rng(3).permutation(total))  # row g goes to place [g]
+        mine = destination[tables[rank].labels.tensor.long()]
+        laid = move_rows(tables[rank], mine % world, mine // world, len(range(rank, total, world)), ranks, 10_000)
+        rows = torch.arange(len(laid))
+        results.put((rank, ids.tolist(), [c.take(rows).tolist() for c in laid.columns()],
+                     [type(c).__name__ + type(getattr(c, "values", c)).__name__ for c in laid.columns()]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_three_ranks_place_and_move_rows_as_one_sort_of_all_rows_would(tmp_path):
+    """The run's order, sorted across three ranks, is one stable sort of every rank's keys in
+    rank order; rows reach their places whole from every kind of column, spilled ones stay
+    on disk (those in RAM stay there within the budget)."""
+    world = 3
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_layout_rank, args=(r, world, str(tmp_path / "store"), results))
+                 for r in range(world)]
+    for process in processes:
+        process.start()
+    got = dict((rank, rest) for rank, *rest in (results.get(timeout=120) for _ in range(world)))
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    keys, tables = _layout_inputs(world)
+    expected = torch.empty(sum(map(len, keys)), dtype=torch.int64)
+    expected[torch.sort(torch.cat(keys), stable=True).indices] = torch.arange(len(expected))
+    assert torch.cat([torch.tensor(got[r][0]) for r in range(world)]).tolist() == expected.tolist()
+    destination = np.random.default_rng(3).permutation(len(expected))
+    for rank in range(world):
+        rows = torch.from_numpy(np.argsort(destination)[rank::world])  # the rows that land on this rank, in place order
+        ragged, ragged_spilled, dense, spilled, labels = got[rank][1]
+        assert labels == rows.float().tolist()
+        assert dense == spilled == torch.stack([rows, -rows], 1).tolist()
+        lengths = (rows * 7) % 5
+        padded = [[float(g)] * int(k) + [-1.0] * (int(lengths.max()) - int(k)) for g, k in zip(rows, lengths)]
+        assert ragged == ragged_spilled == padded
+        assert got[rank][2][1] == "RaggedRowsSpilledRows" and got[rank][2][3] == "SpilledRowsSpilledRows"
+        assert got[rank][2][2] == "DenseRowsDenseRows"

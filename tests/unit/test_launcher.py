@@ -92,3 +92,44 @@ def test_a_fit_rerouted_through_allgather_leaves_the_next_fit_on_the_store():
     rerouted = Launcher(None, None, max_retries=1, slot_wait_s=1)
     rerouted._store_unreachable.add("127.0.0.1")
     assert Launcher(None, None, max_retries=1, slot_wait_s=1)._store_unreachable == set()
+
+
+def test_a_shrunk_run_grows_at_its_first_checkpoint_once_the_slots_are_back_at_most_once_per_slot_wait(tmp_path):
+    """The driver's side of growing back (the standalone kills in test_cluster run it for
+    real): a checkpoint written while the slots are still missing is no reason to grow, the
+    first one written after they return is, slots that go again before it start the wait
+    anew, and a fit grows at most once per slotWaitTimeout."""
+    import time
+
+    from spark_torch_est.checkpoints.storage import CheckpointDir
+    from spark_torch_est.cluster.launcher import Launcher, _GrowWatch
+    from spark_torch_est.core.progress import Interval, Target
+    from tests.helpers import task_spec
+
+    directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef")
+    directory.write(b"step 10", epoch=0, global_step=10)
+    watch = _GrowWatch(None, 2, directory)
+    assert watch.ready(1) is None                                    # still shrunk
+    directory.write(b"step 20", epoch=0, global_step=20)
+    assert watch.ready(1) is None                                    # a checkpoint, but no slots for 2 ranks
+    assert watch.ready(2) is None and watch.ready(2) is None         # back: the run trains on to its next checkpoint
+    directory.write(b"step 30", epoch=0, global_step=30)
+    assert "global step 30" in watch.ready(2)
+
+    again = _GrowWatch(None, 2, directory)
+    assert again.ready(2) is None                                    # back at step 30 ...
+    directory.write(b"step 40", epoch=0, global_step=40)
+    assert again.ready(1) is None                                    # ... gone before the checkpoint of step 40
+    assert again.ready(2) is None                                    # back again, now after step 40
+    directory.write(b"step 50", epoch=0, global_step=50)
+    assert "global step 50" in again.ready(2)
+
+    shrunk = task_spec(Target(epoch=9), world_size=1, checkpoint_dir=str(tmp_path), checkpoint_every=Interval(10, "ba"))
+    launcher = Launcher(None, None, max_retries=0, slot_wait_s=60)
+    assert isinstance(launcher._grow_watch(shrunk, 2), _GrowWatch)
+    assert launcher._grow_watch(shrunk, 1) is None                   # not shrunk
+    assert launcher._grow_watch(task_spec(Target(epoch=9), world_size=1, checkpoint_dir=str(tmp_path)), 2) is None
+    launcher._grown_at = time.monotonic()                            # it grew back just now
+    assert launcher._grow_watch(shrunk, 2) is None
+    launcher._grown_at = time.monotonic() - 61
+    assert isinstance(launcher._grow_watch(shrunk, 2), _GrowWatch)
