@@ -164,9 +164,16 @@ def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Sha
         logger.info("rank %d: training on the rows this worker read in an earlier fit (the files are unchanged)", rank)
         return shard
     held.forget()
-    rows = sum(part.stop - part.start for part in spec.source.parts[rank])
-    shard = read_shard(read_part(spec.source, rank), spec.schema, spec.columns, spec.memory_budget, rows)
-    pa.default_memory_pool().release_unused()
+    source = spec.source
+    rows = sum(part.stop - part.start for part in source.parts[rank])
+
+    def read() -> Shard:
+        shard = read_shard(read_part(source, rank), spec.schema, spec.columns, spec.memory_budget, rows)
+        pa.default_memory_pool().release_unused()
+        return shard
+
+    shard = read()
+    shard.source, shard.reread = key, read
     held.hold(key, shard)
     return shard
 

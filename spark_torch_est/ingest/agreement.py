@@ -11,6 +11,7 @@ shape the loss expects beside it, never by broadcasting (:func:`shape_labels`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from dataclasses import dataclass
@@ -86,10 +87,25 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
     shards (None: a new run, one per rank), each taking ``ceil(global batch / shards)``
     rows per step.
 
+    A shard the worker holds for later fits keeps its training rows laid out (``shard.train``
+    is replaced, so the rows are held once): when every rank of a later fit holds its part of
+    the same layout (the same sources, ranks and shards), nothing is hashed or moved; when
+    only some do, those read their rows again first.
+
     Raises:
         InputDataError: Ranks hold rows that cannot take one layout, rows do not fit
             ``inputShapes``, or a rank has no training rows.
     """
+    shards = shards or ranks.world_size
+    holdable = spec.source is not None or spec.kept is not None  # the same on every rank: rows a worker may hold
+    layout, laid = _held_layout(shard, ranks, shards) if holdable else ("", False)
+    if shard.layout and not laid:
+        if shard.reread is None:
+            raise ValueError("a shard laid out by an earlier fit needs a way to read its rows again")
+        logger.info("rank %d: reading its rows again: not every rank holds its part of their layout", ranks.rank)
+        reread, shard.train, shard.validation, shard.layout = shard.reread, None, None, ""  # the laid-out rows go first
+        fresh = reread()
+        shard.train, shard.validation = fresh.train, fresh.validation
     schema, columns = spec.schema, spec.columns
     tables = (shard.train, shard.validation)
     names = [f"featuresCol {c.name!r}" if schema.layout == FEATURES_LAYOUT else f"inputCols column {c.name!r}"
@@ -109,6 +125,7 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
         return Table(done[:count], done[count], done[count + 1] if columns.weight is not None else None)
 
     train, validation = conformed(tables[0]), conformed(tables[1])
+    del tables
     for column, rows in zip(schema.columns, train.inputs):
         if column.shape is not None:
             if rows.row_shape is None:
@@ -117,11 +134,35 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
             column.check_row_size(math.prod(rows.row_shape))
     counts = [int(n) for n in info[:, 0, 0]]
     _check_enough(counts)
-    shards = shards or ranks.world_size
-    canonical = to_canonical(train, counts, shards, -(-spec.global_rows_per_step // shards), spec.seed, ranks,
-                             spec.memory_budget)
-    logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
+    shard_batch = -(-spec.global_rows_per_step // shards)
+    if laid:
+        logger.info("rank %d: training on rows this worker holds laid out from an earlier fit", ranks.rank)
+        canonical = CanonicalRows(train, sum(counts), shards, shard_batch, spec.seed, ranks, spec.memory_budget)
+    else:
+        shard.train = None  # the rows as read go once laid out, unless something else holds them
+        canonical = to_canonical(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
+        logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
+    shard.train, shard.layout = canonical.table, layout if shard.source else ""
+    canonical.moved = lambda table: setattr(shard, "train", table)  # rows moved for an epoch on W != L ranks
     return AgreedRows(canonical, validation, int(info[:, 1, 0].sum()))
+
+
+def _held_layout(shard: Shard, ranks: Ranks, shards: int) -> tuple[str, bool]:
+    """Collective: the layout of this fit's rows (from every rank's source, the ranks and
+    the shards; ``"moved"`` on another number of ranks than shards, which a later fit never
+    reuses), and whether every rank holds its part of it already."""
+    digests = ranks.counts(torch.tensor([_digest(shard.source), _digest(shard.layout)], dtype=torch.int64))
+    if ranks.world_size != shards or not bool((digests[:, 0] != 0).all()):
+        return "moved", False
+    layout = f"layout/{ranks.world_size}/{shards}/" + ",".join(str(int(d)) for d in digests[:, 0])
+    return layout, bool((digests[:, 1] == _digest(layout)).all())
+
+
+def _digest(text: str) -> int:
+    """64 bits of ``text``'s SHA-256 as an int64, 0 only for ``""``."""
+    if not text:
+        return 0
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True) or 1
 
 
 def _local_layouts(tables: tuple[Table | None, Table | None], width: int, ranks: Ranks) -> torch.Tensor:

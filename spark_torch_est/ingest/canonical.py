@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,6 +162,7 @@ class CanonicalRows:
         self.table, self.total, self.shards, self.shard_batch = table, total, shards, shard_batch
         self.seed, self.ranks, self.budget = seed, ranks, budget
         self.held = torch.arange(ranks.rank, total, ranks.world_size)
+        self.moved: Callable[[Table], None] = lambda table: None  # told the table after each move
 
     @property
     def shard_rows(self) -> list[int]:
@@ -186,6 +187,7 @@ class CanonicalRows:
         self.table = move_rows(self.table, to_rank[self.held], to_position[self.held], len(mine), self.ranks,
                                self.budget)
         self.held = mine
+        self.moved(self.table)
         lengths = torch.tensor([len(step[self.ranks.rank]) for step in pieces], dtype=torch.int64)
         bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
         return EpochRows(self.table, plan, plan.steps, _bounds=bounds)

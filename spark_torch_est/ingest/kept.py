@@ -85,7 +85,23 @@ def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: 
     _drop_requested(plan)
     shard = read_shard(_tee(batches, plan, part, spec.world_size), spec.schema, spec.columns, spec.memory_budget)
     if os.path.exists(part_path(plan.key, part, spec.world_size)):  # kept within the bound: held as well
-        held.hold(_memory_key(spec, plan, part), shard)
+        shard.source, shard.reread = _memory_key(spec, plan, part), lambda: _read_kept(spec, plan, part)
+        held.hold(shard.source, shard)
+    return shard
+
+
+def _read_kept(spec: TaskSpec, plan: KeptPlan, part: int) -> Shard:
+    """The rows of ``part`` this executor kept on disk, as a shard a later fit may hold.
+
+    Raises:
+        KeptPartMissing: The part's file is gone (evicted since).
+    """
+    path = part_path(plan.key, part, spec.world_size)
+    if not os.path.exists(path):
+        raise KeptPartMissing(f"{MISSING} (part {part} left this executor's disk)")
+    shard = read_shard(_read(path), spec.schema, spec.columns, spec.memory_budget)
+    pa.default_memory_pool().release_unused()
+    shard.source, shard.reread = _memory_key(spec, plan, part), lambda: _read_kept(spec, plan, part)
     return shard
 
 
@@ -291,10 +307,8 @@ def take_kept(spec: TaskSpec, batches: Iterator[pa.RecordBatch], store: Any, tas
     if shard is not None:
         logger.info("rank %d: training on the rows this worker holds from an earlier fit", rank)
     else:
-        path = part_path(plan.key, rank, spec.world_size)
         held.forget()
-        shard = read_shard(_read(path), spec.schema, spec.columns, spec.memory_budget)
-        pa.default_memory_pool().release_unused()
+        shard = _read_kept(spec, plan, rank)
         held.hold(memory_key, shard)
         logger.info("rank %d: training on the rows this executor kept on disk from an earlier fit", rank)
     try:

@@ -8,7 +8,7 @@ numpy views with no per-row Python, and one copy per column puts the rows into a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,10 +201,27 @@ class Table:
 @dataclass
 class Shard:
     """What one rank holds: its training rows and its validation rows (either may be
-    None when the partition has none)."""
+    None when the partition has none).
+
+    A worker may hold a shard for a later fit (:mod:`~spark_torch_est.ingest.held`); once a
+    fit laid its training rows out in the run's order, the held shard keeps them that way
+    (one copy of the rows, not two), so a later fit on the same rows and ranks trains on
+    them without laying them out again.
+
+    Attributes:
+        source: What the rows were read from, for a shard a later fit may find held; ""
+            for rows that came from the job's input.
+        layout: ``""`` while the training rows are as read; else the layout they are in
+            (see :func:`~spark_torch_est.ingest.agreement.agree_on_rows`).
+        reread: Reads the rows as they were read, again (for a held shard laid out by an
+            earlier fit that this fit cannot use).
+    """
 
     train: Table | None
     validation: Table | None
+    source: str = ""
+    layout: str = ""
+    reread: Callable[[], Shard] | None = None
 
 
 def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: Columns = Columns(),

@@ -221,3 +221,64 @@ def test_three_ranks_place_and_move_rows_as_one_sort_of_all_rows_would(tmp_path)
         assert ragged == ragged_spilled == padded
         assert got[rank][2][1] == "RaggedRowsSpilledRows" and got[rank][2][3] == "SpilledRowsSpilledRows"
         assert got[rank][2][2] == "DenseRowsDenseRows"
+
+
+def _held_rank(rank: int, world: int, directory: str, forget: bool, results) -> None:
+    """Two fits of a run from the start on this worker, reading a part of a Parquet file
+    (rank 0: 9 rows, rank 1: 15); with ``forget`` rank 0's worker lets its rows go between them."""
+    import pyarrow.parquet as pq
+
+    from spark_torch_est.cluster import worker
+    from spark_torch_est.core.spec import FilePart, FileSource, How
+    from spark_torch_est.ingest import held
+    from tests.helpers import features_schema
+
+    torch.set_num_threads(1)
+    path = os.path.join(directory, "rows.parquet")
+    if rank == 0:
+        x = np.random.default_rng(0).normal(size=(24, 8)).astype(np.float32)
+        pq.write_table(pa.table({"f": pa.array(list(x), pa.list_(pa.float32())), "y": np.arange(24.0)}), path + ".tmp")
+        os.rename(path + ".tmp", path)
+    while not os.path.exists(path):
+        pass
+    source = FileSource(outputs=((FEATURES, ("f",), How.AS_IS), (LABEL, ("y",), How.AS_IS)),
+                        parts=((FilePart(path, 0, 0, 9),), (FilePart(path, 0, 9, 24),)), digest="d")
+    spec = task_spec(Target(epoch=2), hooks={"rows": StepRows()}, schema=features_schema(8), source=source,
+                     world_size=world, batch_size=3)
+    before = None
+    for fit in range(2):
+        if fit == 1 and forget and rank == 0:
+            held.forget()
+        launch = Launch(job_id=f"fit{fit}", secret=b"s" * 32)
+        blob = worker.run_rank(spec, launch, iter([]), _FileBarrier(rank, world, f"{directory}/barrier{fit}"))
+        shard = held.held(worker._part_key(spec, rank))
+        rows = shard.train.inputs[0]
+        results.put((fit, rank, shard.layout.split("/")[0], len(shard.train), rows is before, blob))
+        before = rows
+
+
+@pytest.mark.parametrize("forget", [False, True])
+def test_a_held_shard_keeps_its_rows_laid_out_once_and_a_later_fit_trains_alike(forget, tmp_path):
+    """A worker holds a part of a table for later fits: after the first fit it holds the
+    rows of its logical shard (12 of the 24, not its part's 9 or 15 as well), and a second
+    fit from the start trains every step on the rows of the first and to the same weights,
+    whether every rank held its rows (nothing laid out again) or one worker let them go
+    (the other reads its part again)."""
+    world = 2
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_held_rank, args=(r, world, str(tmp_path), forget, results))
+                 for r in range(world)]
+    for process in processes:
+        process.start()
+    got = [results.get(timeout=180) for _ in range(2 * world)]
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    assert sorted(tuple(result[:5]) for result in got) == [
+        (fit, rank, "layout", 12, fit == 1 and not forget) for fit in (0, 1) for rank in (0, 1)], \
+        "the second fit trains on the very rows held, unless a rank had to read its part again"
+    first, second = (Checkpoint.from_bytes(next(r[5] for r in got if r[0] == fit and r[5])) for fit in (0, 1))
+    assert second.hook_states["rows"]["steps"] == first.hook_states["rows"]["steps"]
+    assert sorted(v for s in range(1, 5) for v in first.hook_states["rows"]["steps"][str(s)]) == list(range(24))
+    assert torch.equal(_weights(second), _weights(first))

@@ -500,7 +500,7 @@ def test_only_a_hook_that_names_control_in_a_step_stage_costs_a_collective_per_s
     for rank in (0, 1):
         calls, steps = outcome[rank, "AllKeywords"]
         assert steps == steps_per_epoch  # the request waited for the epoch's end: both ranks trained it all
-        assert calls < 10, "no collective per step for a hook that takes **kwargs"
+        assert calls < steps_per_epoch // 2, "no collective per step for a hook that takes **kwargs (a few to set up)"
         calls, steps = outcome[rank, "StopsOnRankOne"]
         assert steps == 12  # both ranks stopped after the step rank 1 asked at
         assert calls >= 12, "one vote after each step"
