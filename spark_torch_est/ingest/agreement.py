@@ -74,11 +74,15 @@ class AgreedRows:
 
     def shape_labels(self, output_shape: list[int], label_name: str, as_held: bool = False) -> None:
         """Gives both tables' labels the shape the loss expects beside a model output of
-        ``output_shape`` per row (see :func:`shape_labels`)."""
+        ``output_shape`` per row (see :func:`shape_labels`), in tables of their own (a
+        worker's held rows keep their labels as read, for a later fit's model)."""
+        shaped = []
         for table in (self.train, self.validation):
             if not isinstance(table.labels, DenseRows):  # labels never spill and are never ragged
                 raise TypeError(f"labels must be held as DenseRows, got {type(table.labels).__name__}")
-            table.labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
+            labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
+            shaped.append(Table(table.inputs, labels, table.weights))
+        self.canonical.table, self.validation = shaped
 
 
 def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None = None) -> AgreedRows:

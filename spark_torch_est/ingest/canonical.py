@@ -224,18 +224,22 @@ def run_ids(keys: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     by rank, then by row). The keys are sorted across the ranks: rank ``w`` sorts those in
     the ``w``-th of W equal parts of the key range (the keys are uniform hashes, so about
     ``1/W`` of them) and sends their places back, so no rank holds every rank's keys."""
-    local = torch.sort(keys, stable=True)
     world, rank = ranks.world_size, ranks.rank
-    flipped = local.values.numpy().view(np.uint64) ^ np.uint64(1 << 63)  # in the keys' order, as unsigned
+    values, order = torch.sort(keys, stable=True)
+    flipped = values.numpy().view(np.uint64) ^ np.uint64(1 << 63)  # in the keys' order, as unsigned
     part = torch.from_numpy(((flipped >> np.uint64(32)) * np.uint64(world) >> np.uint64(32)).astype(np.int64))
+    del flipped
     matrix = ranks.counts(torch.bincount(part, minlength=world))  # [s, w]: keys rank s sends rank w
+    del part
     sent, received = matrix[rank].tolist(), matrix[:, rank].tolist()
-    arrived = ranks.exchange(local.values, sent, received)  # by sender, each sender's in order
+    arrived = ranks.exchange(values, sent, received)  # by sender, each sender's in order
+    del values
     start = int(matrix[:, :rank].sum())
     places = torch.empty(len(arrived), dtype=torch.int64)
     places[torch.sort(arrived, stable=True).indices] = torch.arange(start, start + len(arrived))
+    del arrived
     ids = torch.empty(len(keys), dtype=torch.int64)
-    ids[local.indices] = ranks.exchange(places, received, sent)
+    ids[order] = ranks.exchange(places, received, sent)
     return ids
 
 
