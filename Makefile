@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 test: $(STAMP)  ## lints (ruff) and type-checks the package and the examples (mypy), then the suite without the slow tests (15-19 minutes on 2 idle cores)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy
-	$(RUN) $(BIN)/python -m pytest -m "not slow" tests
+	$(RUN) $(BIN)/python -m pytest -m "not slow" --durations=15 tests
 
 test-slow: $(STAMP)  ## only the slow tests: local-cluster, standalone + spark-submit, Connect, examples
 	$(RUN) $(BIN)/python -m pytest -m slow tests

@@ -23,6 +23,7 @@ from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.schema import FEATURES_LAYOUT
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InputDataError
+from spark_torch_est.ingest import held
 from spark_torch_est.ingest.canonical import CanonicalRows, EpochRows, to_canonical
 from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows
 from spark_torch_est.ingest.shard import TORCH_DTYPES, EpochPlan, Shard, Table
@@ -108,7 +109,11 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
             raise ValueError("a shard laid out by an earlier fit needs a way to read its rows again")
         logger.info("rank %d: reading its rows again: not every rank holds its part of their layout", ranks.rank)
         reread, shard.train, shard.validation, shard.layout = shard.reread, None, None, ""  # the laid-out rows go first
-        fresh = reread()
+        try:
+            fresh = reread()
+        except BaseException:
+            held.forget()  # the worker holds nothing rather than a shard without its rows
+            raise
         shard.train, shard.validation = fresh.train, fresh.validation
     schema, columns = spec.schema, spec.columns
     tables = (shard.train, shard.validation)
@@ -143,7 +148,6 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
         logger.info("rank %d: training on rows this worker holds laid out from an earlier fit", ranks.rank)
         canonical = CanonicalRows(train, sum(counts), shards, shard_batch, spec.seed, ranks, spec.memory_budget)
     else:
-        shard.train = None  # the rows as read go once laid out, unless something else holds them
         canonical = to_canonical(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
         logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
     shard.train, shard.layout = canonical.table, layout if shard.source else ""

@@ -2,9 +2,9 @@
 
 A run fixes ``shards`` (L) when it starts: its first world size, kept in its checkpoints.
 Every row has a place in that layout that does not depend on how Spark dealt the rows
-out: the ranks hash each training row's bytes (every column, :func:`row_keys`), gather the
-hashes once per launch, and sort them; the row with the ``g``-th smallest hash is row
-``g`` of the run, in logical shard ``g % L`` at position ``g // L``. Identical rows hash
+out: the ranks hash each training row's bytes (every column, :func:`row_keys`) once per
+launch and sort the hashes across the ranks (:func:`run_ids`); the row with the ``g``-th
+smallest hash is row ``g`` of the run, in logical shard ``g % L`` at position ``g // L``. Identical rows hash
 alike and are interchangeable. An epoch's order is then a function of ``(seed, epoch)``
 and the rows only: shard ``j`` visits its rows in ``epoch_order(rows of j, seed, epoch,
 j)``, and global step ``s`` trains positions ``s * b`` onwards of every shard's order
@@ -14,8 +14,8 @@ On L ranks (the usual case) rank ``r`` holds shard ``r`` and trains its part of 
 step, exactly the loop of a fixed world size: no exchange after the one at the launch.
 On W != L ranks (a shrink, a grow, a later fit with another ``numWorkers``) the rows of
 each step are cut into W runs of near-equal length, rank ``w`` training the ``w``-th; at
-the start of each epoch the ranks exchange (point to point, tensors only) the rows each
-needs for it, so every rank holds about ``1/W`` of the rows.
+the start of each epoch the ranks move (all to all, tensors only: :func:`move_rows`) the
+rows each needs for it, so every rank holds about ``1/W`` of the rows.
 """
 
 from __future__ import annotations
@@ -264,15 +264,15 @@ def move_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, si
     for c, column in enumerate(table.columns()):
         spillable = budget is not None and c < len(table.inputs)
         if isinstance(column, RaggedRows):
-            lengths = torch.empty(size, dtype=torch.int64)
-            lengths[places] = route.arrive(column.lengths())
+            held_lengths, lengths = column.lengths(), torch.empty(size, dtype=torch.int64)
+            lengths[places] = route.arrive(held_lengths)
             offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
             target = _Target(int(offsets[-1]), (), column.dtype, isinstance(column.values, SpilledRows)
                              or spillable and in_ram + _nbytes(int(offsets[-1]), (), column.dtype) > (budget or 0))
             width = route.mean(len(column.values))
             for rows, numbers in route.rounds(_CHUNK_VALUES // width):
                 at = places[numbers]
-                got = ranks.exchange(_flat(column, rows), route.sending(column.lengths()[rows]),
+                got = ranks.exchange(_flat(column, rows, held_lengths[rows]), route.sending(held_lengths[rows]),
                                      route.arriving(lengths[at]))
                 target.write(_spans(offsets[at], lengths[at]), got)
             columns.append(RaggedRows(target.rows(), offsets, column.padding))
@@ -386,9 +386,9 @@ def _spans(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(starts - (ends - lengths), lengths) + torch.arange(int(ends[-1]) if len(ends) else 0)
 
 
-def _flat(column: RaggedRows, rows: torch.Tensor) -> torch.Tensor:
-    """The values of ``rows`` of a ragged column, unpadded, one after the other."""
-    starts, lengths = column.offsets[rows], column.lengths()[rows]
+def _flat(column: RaggedRows, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The values of ``rows`` (of ``lengths``) of a ragged column, unpadded, one after the other."""
+    starts = column.offsets[rows]
     if isinstance(column.values, DenseRows):
         return column.values.tensor[_spans(starts, lengths)]
     parts = [column.values.slice(s, s + n) for s, n in zip(starts.tolist(), lengths.tolist())]

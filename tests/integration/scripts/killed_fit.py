@@ -85,9 +85,9 @@ result = {}
 undisturbed = estimator(hooks=[StepRows(1000.0)])
 model = undisturbed.fit(df)
 result["undisturbed"] = summary(undisturbed)
-# maxRetries=3: a kill that fails the job before the driver's once-a-second slot check sees
-# the lost worker counts as a relaunch, so each of the three kills may use one
-elastic = estimator(minWorkers=1, maxRetries=3, slotWaitTimeout=10.0, checkpointDir=os.path.join(out_dir, "ckpt"),
+# maxRetries=0: a lost worker is never a retry, whether the driver's slot watch cancels the
+# job or the kill fails it first
+elastic = estimator(minWorkers=1, maxRetries=0, slotWaitTimeout=10.0, checkpointDir=os.path.join(out_dir, "ckpt"),
                     checkpointInterval="10ba", hooks=[StepRows(1000.0), KillWorkers(out_dir), Pace()])
 model = elastic.fit(df)
 result["elastic"] = summary(elastic)
