@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -30,7 +29,7 @@ import numpy as np
 import torch
 
 from spark_torch_est.core.ranks import Ranks
-from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows, SpilledRows, spark_local_dir
+from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows, SpilledRows, spill_file
 from spark_torch_est.ingest.shard import EpochPlan, Table, epoch_order
 
 __all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical"]
@@ -330,13 +329,16 @@ class _Route:
 
     def sending(self, sizes: torch.Tensor | None = None) -> list[int]:
         """How many values this round sends each rank: one per row, or ``sizes`` (per row sent)."""
-        counts = [n for n, _ in self._round]
-        return counts if sizes is None else [int(part.sum()) for part in torch.split(sizes, counts)]
+        return _values([n for n, _ in self._round], sizes)
 
     def arriving(self, sizes: torch.Tensor | None = None) -> list[int]:
         """How many values this round receives from each rank (see :meth:`sending`)."""
-        counts = [m for _, m in self._round]
-        return counts if sizes is None else [int(part.sum()) for part in torch.split(sizes, counts)]
+        return _values([m for _, m in self._round], sizes)
+
+
+def _values(rows: list[int], sizes: torch.Tensor | None) -> list[int]:
+    """Values per rank of ``rows`` rows per rank: one a row, or ``sizes`` (one per row, in rank order)."""
+    return rows if sizes is None else [int(part.sum()) for part in torch.split(sizes, rows)]
 
 
 class _Target:
@@ -350,7 +352,7 @@ class _Target:
     def __init__(self, count: int, row_shape: tuple[int, ...], dtype: torch.dtype, to_disk: bool) -> None:
         self.count, self.row_shape, self.dtype = count, tuple(row_shape), dtype
         self.nbytes = _nbytes(count, row_shape, dtype)
-        self.file = tempfile.TemporaryFile(dir=spark_local_dir(), prefix="spark_torch_est-") if to_disk else None
+        self.file = spill_file() if to_disk else None
         self.tensor = None if to_disk else torch.empty((count, *row_shape), dtype=dtype)
         if self.file is not None:
             self.file.truncate(self.nbytes)

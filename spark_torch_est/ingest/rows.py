@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-__all__ = ["DenseRows", "SpilledRows", "RaggedRows", "Rows", "Budget", "RowsBuilder", "spark_local_dir"]
+__all__ = ["DenseRows", "SpilledRows", "RaggedRows", "Rows", "Budget", "RowsBuilder", "spark_local_dir", "spill_file"]
 
 _RELEASE_EVERY = 32 << 20  # bytes of copied batches after which Arrow returns freed memory
 
@@ -31,6 +31,12 @@ _RELEASE_EVERY = 32 << 20  # bytes of copied batches after which Arrow returns f
 def spark_local_dir() -> str:
     """Spark's first local directory in this Python worker, else the temp directory."""
     return os.environ.get("SPARK_LOCAL_DIRS", tempfile.gettempdir()).split(",")[0]
+
+
+def spill_file() -> BinaryIO:
+    """A new file for rows past the memory budget, under Spark's local directory, deleted
+    once closed (the name goes at once; the rank keeps it open)."""
+    return tempfile.TemporaryFile(dir=spark_local_dir(), prefix="spark_torch_est-")
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -313,7 +319,7 @@ class RowsBuilder:
         """Moves the rows collected so far to a file; later rows go there directly."""
         if self.budget is None or self.file is not None:
             return
-        self.file = tempfile.TemporaryFile(dir=spark_local_dir(), prefix="spark_torch_est-")
+        self.file = spill_file()
         self._written = 0
         if self._buffer is not None:
             self.parts.insert(0, self._buffer[:self._filled])
