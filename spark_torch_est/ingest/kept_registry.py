@@ -96,24 +96,40 @@ class KeptIngest:
         self.spark = spark
         self.training_frame = frame
         self.workers = workers
-        self.plan: KeptPlan | None = None
+        self._plan: KeptPlan | None = None
+        self._planned = source is not None or limit_mb <= 0  # nothing is kept: no plan to make
+        self._limit_mb = limit_mb
         self._caches: tuple[int, ...] = ()
-        if source is not None or limit_mb <= 0:
-            return
-        described = frame_key(frame)  # None under Spark Connect, whose client has no JVM
+
+    @property
+    def plan(self) -> KeptPlan | None:
+        """The next job's plan for kept rows (None: nothing is kept), made when the launcher
+        first asks, after the wait for task slots: describing a cached frame's plan can run
+        a Spark job (it materializes the cache), which a fit refused for its slots never runs."""
+        if not self._planned:
+            self._planned = True
+            self._plan = self._first_plan()
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: KeptPlan | None) -> None:
+        self._planned, self._plan = True, plan
+
+    def _first_plan(self) -> KeptPlan | None:
+        described = frame_key(self.training_frame)  # None under Spark Connect, whose client has no JVM
         if described is None:
             logger.info("the rows of this DataFrame are not kept between fits: its plan holds something the key "
                         "cannot describe (a user-defined function, local or RDD data, another data source)")
-            return
+            return None
         key, self._caches = described
         with _KEPT.lock:
-            _release_unpersisted(spark.sparkContext)
+            _release_unpersisted(self.spark.sparkContext)
             mode = "read" if key in _KEPT.keys else "write"
             released, _KEPT.released = tuple(sorted(_KEPT.released)), set()
-        self.plan = KeptPlan(key=key, mode=mode, limit=int(limit_mb * (1 << 20)), drop=released)
         if mode == "read":
             logger.info("the executors kept this DataFrame's rows from an earlier fit (%s): no scan, no shuffle",
                         key[:12])
+        return KeptPlan(key=key, mode=mode, limit=int(self._limit_mb * (1 << 20)), drop=released)
 
     @property
     def frame(self) -> DataFrame:
