@@ -144,21 +144,23 @@ class KeptIngest:
         return replace(spec, kept=self.plan)
 
     def missing(self, error: Exception) -> bool:
-        """Whether ``error`` is the ranks finding a kept part gone; then the next job reads
-        the training frame through Spark, keeping its rows anew."""
-        if self.plan is None or self.plan.mode != "read" or not isinstance(error, InvalidInputError) \
-                or MISSING not in str(error):
-            return False
-        logger.warning("%s: reading it through Spark again", MISSING)
+        """Whether ``error`` is the ranks finding a kept part gone (then :meth:`read_again`)."""
+        return self.plan is not None and self.plan.mode == "read" and isinstance(error, InvalidInputError) \
+            and MISSING in str(error)
+
+    def read_again(self) -> None:
+        """The next job reads the training frame through Spark, keeping its rows anew (a
+        kept part was gone, see :meth:`missing`)."""
+        if self.plan is None:
+            return
         with _KEPT.lock:
             _KEPT.keys.pop(self.plan.key, None)
         self.plan = replace(self.plan, mode="write", drop=())
-        return True
 
     def relaunching(self) -> None:
         """A job failed and is launched again: if it was keeping the rows, the ranks that
         got through their ingest kept their parts, so the relaunch takes them (all of them
-        when the failure came after the ingest; else :meth:`missing` reads through Spark)."""
+        when the failure came after the ingest; else :meth:`read_again`)."""
         if self.plan is not None:
             if self.plan.mode == "write":
                 logger.info("the relaunch takes the rows the failed job's ranks kept, if they all got through")
