@@ -34,7 +34,7 @@ __all__ = [
     "Outcome", "Action", "Decision", "Launches", "FailurePolicy", "ScalingPolicy", "wait_for_slots",
 ]
 
-logger = fit_logger(__name__)
+logger = fit_logger()
 
 #: Relaunches per fit that ``maxRetries`` does not count: after a lost executor, to grow
 #: back to ``numWorkers`` ranks, to read kept rows that are gone through Spark, to

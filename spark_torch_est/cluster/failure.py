@@ -40,7 +40,7 @@ __all__ = [
     "package_bug",
 ]
 
-logger = fit_logger(__name__)
+logger = fit_logger()
 
 USER = "user"                # user code raised (hook, creator, loss, model, shapes): deterministic, not retried
 INPUT = "input"              # the rows cannot be trained on (nulls, ragged arrays, no rows): not retried

@@ -50,7 +50,7 @@ from spark_torch_est.ingest.kept_registry import KeptIngest
 
 __all__ = ["Launcher", "wait_for_slots"]
 
-logger = fit_logger(__name__)
+logger = fit_logger()
 
 def _driver_host(spark: SparkSession) -> str | None:
     try:

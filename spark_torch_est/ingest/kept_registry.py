@@ -43,7 +43,7 @@ from spark_torch_est.ingest.kept import KEPT_FOLDER, MISSING
 
 __all__ = ["KeptIngest", "frame_key"]
 
-logger = fit_logger(__name__)
+logger = fit_logger()
 
 
 @dataclass
