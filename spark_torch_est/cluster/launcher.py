@@ -52,6 +52,7 @@ __all__ = ["Launcher", "wait_for_slots"]
 
 logger = fit_logger()
 
+
 def _driver_host(spark: SparkSession) -> str | None:
     try:
         return spark.sparkContext.getConf().get("spark.driver.host")

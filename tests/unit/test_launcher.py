@@ -56,23 +56,29 @@ def _seconds(n: float):
     return timedelta(seconds=n)
 
 
-def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
+def checkpoint(fit_id: str, step: int) -> bytes:
+    """A checkpoint of run ``0123456789abcdef`` written by fit ``fit_id`` at global step ``step``."""
     import torch
 
     from spark_torch_est.checkpoints.checkpoint import Checkpoint
+    from spark_torch_est.core import rng
+    from spark_torch_est.core.progress import Progress
+    from tests.helpers import features_schema
+
+    return Checkpoint.build(
+        run_id="0123456789abcdef", fit_id=fit_id, progress=Progress(epoch=step // 10, global_step=step), history=[],
+        partial_loss=(0.0, 0.0), epoch_rows=10, world_size=2, data_source="spark", seed=0, optimizer_made=[],
+        output_shape=[1], label_kind="float", input_schema=features_schema(8).to_dict(), input_rows=[[8]],
+        model={"w": torch.zeros(1)}, optimizer={"state": {}, "param_groups": []}, scheduler=None,
+        rng=[rng.capture(torch.device("cpu"))], hooks={}).to_bytes()
+
+
+def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
+    from spark_torch_est.checkpoints.checkpoint import Checkpoint
     from spark_torch_est.checkpoints.storage import CheckpointDir
     from spark_torch_est.cluster.launcher import Launcher
-    from spark_torch_est.core import rng
     from spark_torch_est.core.progress import Progress, Target
-    from tests.helpers import features_schema, task_spec
-
-    def checkpoint(fit_id: str, step: int) -> bytes:
-        return Checkpoint.build(
-            run_id="0123456789abcdef", fit_id=fit_id, progress=Progress(epoch=step // 10, global_step=step), history=[],
-            partial_loss=(0.0, 0.0), epoch_rows=10, world_size=2, data_source="spark", seed=0, optimizer_made=[],
-            output_shape=[1], label_kind="float", input_schema=features_schema(8).to_dict(), input_rows=[[8]],
-            model={"w": torch.zeros(1)}, optimizer={"state": {}, "param_groups": []}, scheduler=None,
-            rng=[rng.capture(torch.device("cpu"))], hooks={}).to_bytes()
+    from tests.helpers import task_spec
 
     spec = task_spec(Target(epoch=9), fit_id="this", checkpoint_dir=str(tmp_path), resume=checkpoint("earlier", 20))
     directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef")
@@ -184,21 +190,28 @@ def test_a_loop_of_lost_executors_ends_within_max_retries_and_the_bound_saying_w
 
     import pytest
 
+    from spark_torch_est.checkpoints.storage import CheckpointDir
     from spark_torch_est.cluster.control import MAX_UNCOUNTED_RELAUNCHES, Failed, SlotsLost
     from spark_torch_est.core.progress import Progress, Target
     from spark_torch_est.errors import TrainingFailedError
     from tests.helpers import task_spec
 
-    crash = Failed(TrainingFailedError("peer died", retryable=True))
-    launcher = _scripted(itertools.chain([crash], itertools.repeat(SlotsLost(1, 2))), max_retries=1)
+    def crash_after_a_checkpoint(launcher):  # the first job wrote its periodic checkpoint, then a peer died
+        CheckpointDir(str(tmp_path), run_id="0123456789abcdef").write(checkpoint("this", 10), epoch=1, global_step=10)
+        return Failed(TrainingFailedError("peer died", retryable=True))
+
+    launcher = _scripted(itertools.chain([crash_after_a_checkpoint], itertools.repeat(SlotsLost(1, 2))),
+                         max_retries=1)
+    spec = task_spec(Target(epoch=2), world_size=2, checkpoint_dir=str(tmp_path), fit_id="this")
     with caplog.at_level(logging.WARNING, logger="spark_torch_est"), \
             pytest.raises(TrainingFailedError) as raised:
-        launcher.run(task_spec(Target(epoch=2), world_size=2, checkpoint_dir=str(tmp_path)), Progress())
+        launcher.run(spec, Progress())
     assert len(launcher.jobs) == 1 + 1 + MAX_UNCOUNTED_RELAUNCHES  # maxRetries=1, then the bound
     text = str(raised.value)
     assert f"launched its training job {len(launcher.jobs)} times (1 relaunches counted in maxRetries, " \
            f"{MAX_UNCOUNTED_RELAUNCHES} not)" in text
     assert "job 1: failed: peer died; job 2: the cluster's task slots fell to 1 while the job needed 2" in text
+    assert "the newest at epoch 1, global step 10: continue from it with est.fit(df, resume_from=" in text
     assert raised.value.retryable
     relaunched = [r.getMessage() for r in caplog.records if r.getMessage().startswith("relaunching training")]
     assert len(relaunched) == len(launcher.jobs) - 1 and "after an executor was lost" in relaunched[-1]
