@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TorchEstimator"]
 
-logger = fit_logger(__name__)
+logger = fit_logger()
 
 _CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks")
 #: Guards every estimator's ``_fitting`` flag while a fit checks and sets it.

@@ -11,13 +11,12 @@ The rank then reports a :class:`Failure` twice: over the driver's authenticated 
 Py4J or Spark Connect wrap and others may write into. So every report carries an HMAC
 made with the job's secret; the driver drops reports that do not verify, and parses the
 rest defensively (:meth:`Failure.unseal`). :func:`explain_job_failure` turns what is
-left, or Spark's own error text, into the fit's error, and :class:`FailurePolicy` decides
-to relaunch, reroute or raise, and logs why.
+left, or Spark's own error text, into the fit's error; what follows it (relaunch, reroute or
+raise) is decided in :mod:`~spark_torch_est.cluster.control`.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import hmac
 import json
@@ -38,11 +37,10 @@ from spark_torch_est.errors import (
 __all__ = [
     "USER", "INPUT", "CHECKPOINT", "SYSTEM", "UNREACHABLE", "Failure", "RankFailure", "StoreUnreachableError",
     "PeerAuthenticationError", "describe", "is_communication_error", "explain_job_failure", "is_spark_error",
-    "package_bug", "Decision",
-    "FailurePolicy",
+    "package_bug",
 ]
 
-logger = fit_logger(__name__)
+logger = fit_logger()
 
 USER = "user"                # user code raised (hook, creator, loss, model, shapes): deterministic, not retried
 INPUT = "input"              # the rows cannot be trained on (nulls, ragged arrays, no rows): not retried
@@ -309,41 +307,3 @@ def _first_line(text: str) -> str:
     errors = [line for line in lines if "Error" in line or "Exception" in line]
     specific = [line for line in errors if "Job aborted" not in line]
     return (specific or errors or lines or ["(no message)"])[0][:500]
-
-
-class Decision(enum.Enum):
-    """What the launcher does after a failed job."""
-
-    RELAUNCH = "relaunch"  # again, from the newest checkpoint of the run
-    REROUTE = "reroute"    # again, rendezvousing through Spark's allGather instead of the driver's store
-    RAISE = "raise"        # fail the fit with the error
-
-
-class FailurePolicy:
-    """Decides what to do after each failed job of one fit, and logs why.
-
-    Args:
-        max_retries: Relaunches allowed after retryable failures (``maxRetries``).
-    """
-
-    def __init__(self, max_retries: int) -> None:
-        self.max_retries = max_retries
-        self.relaunches = 0
-
-    def decide(self, error: SparkTorchError) -> Decision:
-        """RELAUNCH after a system failure while relaunches are left, REROUTE when the
-        executors could not reach the driver's store, RAISE otherwise."""
-        if isinstance(error, StoreUnreachableError):
-            logger.warning("executors cannot reach the driver's rendezvous store; rendezvousing through Spark's "
-                           "allGather instead (%s)", error.message)
-            return Decision.REROUTE
-        if not (isinstance(error, TrainingFailedError) and error.retryable):
-            logger.info("not relaunching: the failure is not one a relaunch can fix (%s)", type(error).__name__)
-            return Decision.RAISE
-        if self.relaunches >= self.max_retries:
-            logger.warning("not relaunching: maxRetries=%d relaunches used (%s)", self.max_retries, error.message)
-            return Decision.RAISE
-        self.relaunches += 1
-        logger.warning("relaunching training (%d of %d) after a system failure: %s", self.relaunches,
-                       self.max_retries, error.message)
-        return Decision.RELAUNCH

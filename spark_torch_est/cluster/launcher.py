@@ -1,9 +1,9 @@
-"""[driver] The barrier job: slots, rendezvous store, launch, cancel, errors, relaunches."""
+"""[driver] The barrier jobs of a fit: rendezvous store, launch, cancel, each job's outcome, and the
+controller loop that applies the policies' decisions (see :mod:`~spark_torch_est.cluster.control`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import secrets
 import threading
 import time
@@ -12,13 +12,30 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pyarrow as pa
 from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.checkpoints.storage import CheckpointDir
 from spark_torch_est.cluster.channel import ChannelServer
-from spark_torch_est.cluster.failure import Decision, FailurePolicy, explain_job_failure, is_spark_error, package_bug
+from spark_torch_est.cluster.control import (
+    LOCAL_MASTER,
+    Action,
+    Failed,
+    FailurePolicy,
+    Finished,
+    GrowBack,
+    GrowWatch,
+    Launches,
+    Outcome,
+    RowsMissing,
+    ScalingPolicy,
+    SlotsLost,
+    StoreUnreachable,
+    wait_for_slots,
+)
+from spark_torch_est.cluster.failure import StoreUnreachableError, explain_job_failure, is_spark_error, package_bug
 from spark_torch_est.cluster.messages import RankMessage
 from spark_torch_est.cluster.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.cluster.store_gate import StoreGate
@@ -33,53 +50,7 @@ from spark_torch_est.ingest.kept_registry import KeptIngest
 
 __all__ = ["Launcher", "wait_for_slots"]
 
-logger = fit_logger(__name__)
-
-_LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
-
-
-def wait_for_slots(spark: SparkSession, needed: int, timeout_s: float, minimum: int | None = None) -> int:
-    """Waits (bounded) for executors to offer ``needed`` slots at once.
-
-    Args:
-        spark: The session.
-        needed: The ranks wanted (``numWorkers``).
-        timeout_s: The longest wait (``slotWaitTimeout``); local mode, which can never
-            gain slots, does not wait.
-        minimum: The fewest ranks a launch may train with (``minWorkers``); None: ``needed``.
-
-    Returns:
-        The ranks to launch: ``needed``, or the slots there are when fewer but at least
-        ``minimum`` remain after the wait.
-
-    Raises:
-        InvalidInputError: Fewer than ``minimum`` slots after the wait; says how many there are.
-    """
-    minimum = needed if minimum is None else minimum
-    deadline = time.monotonic() + timeout_s
-    slots = task_slots(spark)
-    while slots is not None and slots < needed:
-        conf = spark.sparkContext.getConf()
-        master = conf.get("spark.master", "?")
-        local = bool(_LOCAL_MASTER.match(master))  # local mode never gains slots: do not wait
-        if local or time.monotonic() >= deadline:
-            waited = "local mode cannot add slots" if local else f"waited {timeout_s:.0f}s, see slotWaitTimeout"
-            if slots >= minimum:
-                logger.warning("only %d of numWorkers=%d task slots are free (%s): training on %d ranks "
-                               "(minWorkers=%d) that keep the global batch of batchSize * numWorkers rows", slots,
-                               needed, waited, slots, minimum)
-                return slots
-            fewest = f"minWorkers={minimum} needs {minimum}" if minimum < needed else f"needs {needed}"
-            raise InvalidInputError(
-                f"numWorkers={needed} {fewest} task slots at once, but the cluster offers {slots} "
-                f"(master={master}, spark.task.cpus={conf.get('spark.task.cpus', '1')}, {waited}); "
-                "lower numWorkers" + (" or minWorkers" if minimum < needed else "") + " or add executor cores"
-                + (f" (e.g. master local[{needed}])" if local else "")
-            )
-        logger.info("waiting for task slots: %d of %d available", slots, needed)
-        time.sleep(0.5)  # polling the scheduler, not synchronizing
-        slots = task_slots(spark)
-    return needed
+logger = fit_logger()
 
 
 def _driver_host(spark: SparkSession) -> str | None:
@@ -103,8 +74,10 @@ def _max_blob() -> int | None:
 
 
 class Launcher:
-    """Runs the barrier training jobs of one fit, relaunching from checkpoints after
-    failures a relaunch can fix (see :class:`failure.FailurePolicy`).
+    """Runs the barrier training jobs of one fit: a small controller. Each job ends in one
+    outcome (see :mod:`~spark_torch_est.cluster.control`); the failure and scaling policies
+    turn it into a decision, which :meth:`run` applies: return, relaunch (from the newest
+    checkpoint this fit wrote), read the rows through Spark, reroute, grow back or raise.
 
     Args:
         spark: The session of the training DataFrame.
@@ -135,7 +108,6 @@ class Launcher:
         self.replan = replan
         self.on_ask = on_ask
         self._frames: dict[int, tuple[DataFrame, FileSource | None]] = {}
-        self._grown_at = -float("inf")  # when this fit last grew back (monotonic seconds)
 
     def run(self, spec: TaskSpec, start: Progress) -> bytes:
         """Trains; returns rank 0's checkpoint bytes.
@@ -148,51 +120,55 @@ class Launcher:
             SparkTorchError: The job failed for good.
             KeyboardInterrupt: The fit was interrupted; the job was cancelled first.
         """
-        policy = FailurePolicy(self.max_retries)
+        launches = Launches(self.max_retries)
+        failures = FailurePolicy(launches)
+        scaling = ScalingPolicy(self.spark, spec.world_size, self.min_workers, self.slot_wait_s, launches)
         quiet_task_failures(self.spark)
         fit_start = start
         while True:
-            launch = Launch(job_id=f"ste-{uuid.uuid4().hex[:12]}", secret=secrets.token_bytes(32))
-            ranks = wait_for_slots(self.spark, spec.world_size, self.slot_wait_s, self.min_workers)
+            ranks = scaling.ranks()
             job, frame = self._sized(spec, ranks)
+            launch = Launch(job_id=f"ste-{uuid.uuid4().hex[:12]}", secret=secrets.token_bytes(32))
             logger.info("launching training job %s on %d of numWorkers=%d ranks (%d rows per rank per step), "
                         "from %s", launch.job_id, ranks, spec.world_size, job.batch_size, start)
-            try:
-                checkpoint = self._launch(job, launch, frame, spec.world_size)
+            outcome = self._job(job, launch, frame, scaling.grow_watch(job))
+            launches.end(outcome)
+            if isinstance(outcome, Finished):
                 self.rows.succeeded(job)
-                return checkpoint
-            except _SlotsLost as lost:
-                logger.warning("%s: cancelled the job, launching again (not counted in maxRetries)", lost)
-            except _GrowBack as grow:
-                self._grown_at = time.monotonic()
-                logger.warning("%s: cancelled the job, growing the run from %d to numWorkers=%d ranks (not counted "
-                               "in maxRetries)", grow, ranks, spec.world_size)
-            except SparkTorchError as error:
-                if self.rows.missing(error):  # read through Spark instead: not counted in maxRetries
-                    continue
-                slots = self._slots_lost(error, ranks)
-                if slots is not None:  # a lost executor failed the job before the watch saw it go
-                    logger.warning("%s: the cluster's task slots fell to %d while the job needed %d, launching "
-                                   "again (not counted in maxRetries)", error, slots, ranks)
-                    spec, start = self._relaunch_spec(spec, start)
-                    self.rows.relaunching()
-                    continue
-                decision = policy.decide(error)
-                if decision is Decision.RAISE:
-                    _point_to_checkpoint(error, spec, fit_start)
-                    raise
-                if decision is Decision.REROUTE:
-                    self._store_unreachable.add(_driver_host(self.spark) or "")
-                    continue
-            spec, start = self._relaunch_spec(spec, start)
-            self.rows.relaunching()
+                return outcome.checkpoint
+            decision = scaling.decide(outcome) if isinstance(outcome, GrowBack) else failures.decide(outcome)
+            if decision.action is Action.RAISE:
+                error = decision.error or TrainingFailedError(decision.reason)
+                _point_to_checkpoint(error, spec, fit_start)
+                raise error
+            if decision.action is Action.REREAD:
+                self.rows.read_again()
+            elif decision.action is Action.REROUTE:
+                self._store_unreachable.add(_driver_host(self.spark) or "")
+            else:  # RELAUNCH, RESIZE: from the newest checkpoint this fit wrote
+                spec, start = self._relaunch_spec(spec, start)
+                self.rows.relaunching()
+
+    def _job(self, job: TaskSpec, launch: Launch, frame: DataFrame, grow: GrowWatch | None) -> Outcome:
+        """Runs one job of ``job.world_size`` ranks; how it ended."""
+        try:
+            return self._launch(job, launch, frame, grow)
+        except SparkTorchError as error:
+            if self.rows.missing(error):
+                return RowsMissing(error)
+            if isinstance(error, StoreUnreachableError):
+                return StoreUnreachable(error)
+            slots = self._slots_lost(error, job.world_size)
+            if slots is not None:  # a lost executor failed the job before the watch saw it go
+                return SlotsLost(slots, job.world_size, error)
+            return Failed(error)
 
     def _slots_lost(self, error: SparkTorchError, ranks: int, grace_s: float = 3.0) -> int | None:
         """The cluster's task slots when they fell below ``ranks`` by the time the job
         failed (a relaunch can fix the failure, and Spark has ``grace_s`` to see the lost
         executor), else None."""
         if not (isinstance(error, TrainingFailedError) and error.retryable) or task_slots(self.spark) is None \
-                or _LOCAL_MASTER.match(self.spark.sparkContext.getConf().get("spark.master", "")):
+                or LOCAL_MASTER.match(self.spark.sparkContext.getConf().get("spark.master", "")):
             return None  # local mode loses no executor
         deadline = time.monotonic() + grace_s
         while True:
@@ -260,12 +236,19 @@ class Launcher:
             if store is not None:
                 store.close()
 
-    def _launch(self, spec: TaskSpec, launch: Launch, frame: DataFrame, wanted: int | None = None) -> bytes:
+    def _launch(self, spec: TaskSpec, launch: Launch, frame: DataFrame,
+                grow: GrowWatch | None = None) -> Finished | SlotsLost | GrowBack:
+        """Runs the job with the driver's services: finished, or cancelled as the slots fell
+        or came back.
+
+        Raises:
+            SparkTorchError: The job failed.
+        """
         with self._driver_services(launch, spec.world_size) as (launch, channel):
             started = time.perf_counter()
             try:
-                table = self._collect(spec, launch, frame, self._grow_watch(spec, wanted))
-            except (SparkTorchError, _SlotsLost, _GrowBack):
+                ended = self._collect(spec, launch, frame, grow)
+            except SparkTorchError:
                 raise
             except Exception as error:
                 if not is_spark_error(error):
@@ -273,44 +256,40 @@ class Launcher:
                 reported = [failure for failure in (channel.failures() if channel is not None else [])
                             if failure.rank < spec.world_size]
                 raise explain_job_failure(str(error), reported, launch.secret) from None
+            if not isinstance(ended, pa.Table):
+                return ended
             logger.info("training job %s finished on %d ranks in %.1fs", launch.job_id, spec.world_size,
                         time.perf_counter() - started)
-            return _checkpoint_bytes(table, channel, launch.job_id)
+            return Finished(_checkpoint_bytes(ended, channel, launch.job_id))
 
-    def _grow_watch(self, job: TaskSpec, wanted: int | None) -> _GrowWatch | None:
-        """What watches a shrunk job for the slots to come back: only with periodic
-        checkpoints to grow at, and at most once per ``slotWaitTimeout``."""
-        if wanted is None or job.world_size >= wanted or not job.checkpoint_dir or job.checkpoint_every is None:
-            return None
-        if time.monotonic() - self._grown_at < self.slot_wait_s:
-            return None
-        return _GrowWatch(self.spark, wanted, CheckpointDir(job.checkpoint_dir, run_id=job.run_id))
-
-    def _collect(self, spec: TaskSpec, launch: Launch, frame: DataFrame, grow: _GrowWatch | None = None):
+    def _collect(self, spec: TaskSpec, launch: Launch, frame: DataFrame,
+                 grow: GrowWatch | None = None) -> pa.Table | SlotsLost | GrowBack:
         """Runs the job in a thread so the driver can tick, turn Ctrl-C into a cancel, and
         cancel a job whose ranks can no longer all have a slot (an executor was lost), which
         Spark would otherwise retry for minutes waiting for every slot, or a shrunk job
         whose slots came back, once it wrote its next checkpoint (``grow``).
 
-        Raises:
-            _SlotsLost: The cluster's task slots fell below the job's ranks.
-            _GrowBack: The slots of ``numWorkers`` ranks are back and a checkpoint to grow at is written.
+        Returns:
+            The job's result table, or why the job was cancelled: the cluster's task slots
+            fell below its ranks, or those of ``numWorkers`` ranks are back and a
+            checkpoint to grow at is written.
         """
         with _shipped(self.spark, spec) as shipped:
             job = frame.mapInArrow(train_task(shipped, launch), RESULT_SCHEMA, barrier=True)
             return self._run_job(job, launch, spec.world_size, grow)
 
-    def _run_job(self, job: DataFrame, launch: Launch, ranks: int, grow: _GrowWatch | None = None):
+    def _run_job(self, job: DataFrame, launch: Launch, ranks: int,
+                 grow: GrowWatch | None = None) -> pa.Table | SlotsLost | GrowBack:
         group = f"spark_torch_est-{launch.job_id}"
         control = _JobControl(self.spark, group)
-        outcome: dict = {}
+        result: dict = {}
 
         def collect() -> None:
             control.enter()
             try:
-                outcome["table"] = collect_arrow(job)
+                result["table"] = collect_arrow(job)
             except BaseException as error:  # noqa: B036 - handed to the calling thread
-                outcome["error"] = error
+                result["error"] = error
 
         thread = threading.Thread(target=collect, name=group, daemon=True)
         thread.start()
@@ -321,24 +300,24 @@ class Launcher:
                 if watch and thread.is_alive() and time.monotonic() - checked >= 1.0:
                     checked = time.monotonic()
                     slots = task_slots(self.spark)
+                    cancelled: SlotsLost | GrowBack | None = None
                     if slots is not None and slots < ranks:
+                        cancelled = SlotsLost(slots, ranks)
+                    elif grow is not None and slots is not None and (reason := grow.ready(slots)) is not None:
+                        cancelled = GrowBack(ranks, reason)
+                    if cancelled is not None:
+                        logger.warning("cancelling training job %s: %s", launch.job_id, cancelled)
                         control.cancel()
                         thread.join(60)
-                        raise _SlotsLost(f"the cluster's task slots fell to {slots} while job {launch.job_id} "
-                                         f"needed {ranks}")
-                    reason = grow.ready(slots) if grow is not None and slots is not None else None
-                    if reason is not None:
-                        control.cancel()
-                        thread.join(60)
-                        raise _GrowBack(f"job {launch.job_id} on {ranks} ranks: {reason}")
+                        return cancelled
         except KeyboardInterrupt:
             logger.warning("interrupted: cancelling the training job")
             control.cancel()
             thread.join(60)
             raise
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["table"]
+        if "error" in result:
+            raise result["error"]
+        return result["table"]
 
 
 @contextmanager
@@ -380,54 +359,6 @@ def _point_to_checkpoint(error: SparkTorchError, spec: TaskSpec, start: Progress
                       f"step {newest.global_step}: continue from it with est.fit(df, resume_from={newest.url!r}) "
                       "(a plain est.fit(df) starts again where this fit started, as a branch: a new run)")
     error.args = (error.message,)
-
-
-class _SlotsLost(Exception):
-    """The cluster lost task slots the running job needs (see :meth:`Launcher._collect`)."""
-
-
-class _GrowBack(Exception):
-    """A shrunk job's slots are back and it wrote a checkpoint to grow at (see :class:`_GrowWatch`)."""
-
-
-class _GrowWatch:
-    """Watches a job running on fewer than ``numWorkers`` ranks: once the cluster offers
-    ``wanted`` slots again, the next checkpoint the run writes is where it grows.
-
-    Args:
-        spark: The session.
-        wanted: ``numWorkers``.
-        checkpoints: The run's checkpointDir.
-    """
-
-    def __init__(self, spark: SparkSession, wanted: int, checkpoints: CheckpointDir) -> None:
-        self.spark, self.wanted, self.checkpoints = spark, wanted, checkpoints
-        self._newest_when_back: int | None = None  # global step of the newest checkpoint when the slots came back
-
-    def ready(self, slots: int) -> str | None:
-        """Why the job should end now to grow back, or None (called about once a second)."""
-        if self._newest_when_back is None:
-            if slots < self.wanted:
-                return None
-            self._newest_when_back = self._newest_step()
-            logger.info("the cluster offers numWorkers=%d task slots again: the run grows at its next checkpoint",
-                        self.wanted)
-            return None
-        step = self._newest_step()
-        if step <= self._newest_when_back:
-            return None
-        if slots < self.wanted:  # gone again before the checkpoint: keep training as it is
-            self._newest_when_back = None
-            return None
-        return f"{slots} task slots are free again and the run wrote its checkpoint at global step {step}"
-
-    def _newest_step(self) -> int:
-        try:
-            newest = self.checkpoints.newest()
-        except (OSError, ValueError) as error:  # unreadable storage: no growing on it
-            logger.debug("cannot list checkpointDir: %s", error)
-            return -1
-        return newest.global_step if newest is not None else -1
 
 
 def _checkpoint_bytes(table, channel: ChannelServer | None, job_id: str) -> bytes:

@@ -5,6 +5,10 @@ one driver; their progress lines and log records would interleave with nothing s
 whose they are. While more than one fit runs, every line of the driver view and every
 record logged through :func:`fit_logger` in a fit's thread starts with ``[<fit's name>]``;
 with one fit, lines stay as they are.
+
+The loggers users configure have fixed names, declared here and nowhere else, that do not
+move with the modules (progress and worker are the names of 0.1.0): see
+docs/reliability.md, "The driver's view".
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ from collections.abc import Iterator, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["running_fit", "tag", "fit_logger"]
+__all__ = ["PROGRESS_LOGGER", "WORKER_LOGGER", "FIT_LOGGER", "running_fit", "tag", "fit_logger"]
+
+#: Progress and epoch lines (INFO), and every progress message (DEBUG, in the record's ``progress``).
+PROGRESS_LOGGER = "spark_torch_est.progress"
+#: The ranks' log records, forwarded to the driver as ``[rank N] logger: message``.
+WORKER_LOGGER = "spark_torch_est.worker"
+#: The fit's own log on the driver: its jobs, each relaunch and why, the failure policy's
+#: decisions, the rows kept between fits, the fit's end.
+FIT_LOGGER = "spark_torch_est.fit"
 
 _CURRENT: ContextVar[str | None] = ContextVar("spark_torch_est_fit", default=None)
 _RUNNING: list[str] = []
@@ -59,7 +71,7 @@ class _FitLogger(logging.LoggerAdapter):
         return (f"{prefix}{msg}" if prefix else msg), kwargs
 
 
-def fit_logger(name: str) -> logging.LoggerAdapter:
-    """The logger ``name`` whose records name the fit of the thread that logs them while
-    several fits run (see :func:`tag`)."""
-    return _FitLogger(logging.getLogger(name), {})
+def fit_logger() -> logging.LoggerAdapter:
+    """The fit's log (:data:`FIT_LOGGER`), whose records name the fit of the thread that
+    logs them while several fits run (see :func:`tag`)."""
+    return _FitLogger(logging.getLogger(FIT_LOGGER), {})

@@ -43,7 +43,7 @@ from spark_torch_est.ingest.kept import KEPT_FOLDER, MISSING
 
 __all__ = ["KeptIngest", "frame_key"]
 
-logger = fit_logger(__name__)
+logger = fit_logger()
 
 
 @dataclass
@@ -96,24 +96,40 @@ class KeptIngest:
         self.spark = spark
         self.training_frame = frame
         self.workers = workers
-        self.plan: KeptPlan | None = None
+        self._plan: KeptPlan | None = None
+        self._planned = source is not None or limit_mb <= 0  # nothing is kept: no plan to make
+        self._limit_mb = limit_mb
         self._caches: tuple[int, ...] = ()
-        if source is not None or limit_mb <= 0:
-            return
-        described = frame_key(frame)  # None under Spark Connect, whose client has no JVM
+
+    @property
+    def plan(self) -> KeptPlan | None:
+        """The next job's plan for kept rows (None: nothing is kept), made when the launcher
+        first asks, after the wait for task slots: describing a cached frame's plan can run
+        a Spark job (it materializes the cache), which a fit refused for its slots never runs."""
+        if not self._planned:
+            self._planned = True
+            self._plan = self._first_plan()
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: KeptPlan | None) -> None:
+        self._planned, self._plan = True, plan
+
+    def _first_plan(self) -> KeptPlan | None:
+        described = frame_key(self.training_frame)  # None under Spark Connect, whose client has no JVM
         if described is None:
             logger.info("the rows of this DataFrame are not kept between fits: its plan holds something the key "
                         "cannot describe (a user-defined function, local or RDD data, another data source)")
-            return
+            return None
         key, self._caches = described
         with _KEPT.lock:
-            _release_unpersisted(spark.sparkContext)
+            _release_unpersisted(self.spark.sparkContext)
             mode = "read" if key in _KEPT.keys else "write"
             released, _KEPT.released = tuple(sorted(_KEPT.released)), set()
-        self.plan = KeptPlan(key=key, mode=mode, limit=int(limit_mb * (1 << 20)), drop=released)
         if mode == "read":
             logger.info("the executors kept this DataFrame's rows from an earlier fit (%s): no scan, no shuffle",
                         key[:12])
+        return KeptPlan(key=key, mode=mode, limit=int(self._limit_mb * (1 << 20)), drop=released)
 
     @property
     def frame(self) -> DataFrame:
@@ -128,21 +144,23 @@ class KeptIngest:
         return replace(spec, kept=self.plan)
 
     def missing(self, error: Exception) -> bool:
-        """Whether ``error`` is the ranks finding a kept part gone; then the next job reads
-        the training frame through Spark, keeping its rows anew."""
-        if self.plan is None or self.plan.mode != "read" or not isinstance(error, InvalidInputError) \
-                or MISSING not in str(error):
-            return False
-        logger.warning("%s: reading it through Spark again", MISSING)
+        """Whether ``error`` is the ranks finding a kept part gone (then :meth:`read_again`)."""
+        return self.plan is not None and self.plan.mode == "read" and isinstance(error, InvalidInputError) \
+            and MISSING in str(error)
+
+    def read_again(self) -> None:
+        """The next job reads the training frame through Spark, keeping its rows anew (a
+        kept part was gone, see :meth:`missing`)."""
+        if self.plan is None:
+            return
         with _KEPT.lock:
             _KEPT.keys.pop(self.plan.key, None)
         self.plan = replace(self.plan, mode="write", drop=())
-        return True
 
     def relaunching(self) -> None:
         """A job failed and is launched again: if it was keeping the rows, the ranks that
         got through their ingest kept their parts, so the relaunch takes them (all of them
-        when the failure came after the ingest; else :meth:`missing` reads through Spark)."""
+        when the failure came after the ingest; else :meth:`read_again`)."""
         if self.plan is not None:
             if self.plan.mode == "write":
                 logger.info("the relaunch takes the rows the failed job's ranks kept, if they all got through")

@@ -15,13 +15,13 @@ from typing import Protocol
 
 from spark_torch_est.cluster.messages import Kind, RankMessage
 from spark_torch_est.core.progress import Progress, Target
-from spark_torch_est.core.running import tag
+from spark_torch_est.core.running import PROGRESS_LOGGER, WORKER_LOGGER, tag
 from spark_torch_est.train.metrics import format_entry
 
 __all__ = ["DriverView"]
 
-logger = logging.getLogger("spark_torch_est.core.progress")
-worker_logger = logging.getLogger("spark_torch_est.cluster.worker")
+logger = logging.getLogger(PROGRESS_LOGGER)
+worker_logger = logging.getLogger(WORKER_LOGGER)
 
 _LOG_EVERY_S = 10.0
 

@@ -78,6 +78,22 @@ def test_more_workers_than_local_mode_has_slots_fails_at_once(trained, linear_df
     assert spark_jobs_started(linear_df.sparkSession) == jobs, "refused from the cluster's slots, before any job"
 
 
+@pytest.mark.parametrize("layout", ["cached, not yet materialized", "repartitioned"])
+def test_more_workers_than_slots_runs_no_spark_job_whatever_the_inputs_caching(spark, linear_df, layout):
+    """The slot refusal comes before the fit's first Spark job: describing a cache's plan for
+    the rows kept between fits used to materialize the cache first."""
+    frame = linear_df.limit(200).repartition(2)
+    frame = frame.cache() if layout.startswith("cached") else frame
+    est, jobs = linear_estimator(numWorkers=3, slotWaitTimeout=2.0, maxEpochs=1), spark_jobs_started(spark)
+    try:
+        with pytest.raises(InvalidInputError, match=r"numWorkers=3 needs 3 task slots at once, but the cluster offers"):
+            est.fit(frame)
+        assert spark_jobs_started(spark) == jobs, "refused from the cluster's slots, before any job"
+        assert est.checkpoint is None
+    finally:
+        frame.unpersist()
+
+
 def test_data_with_nan_fails_at_its_step_and_keeps_the_run(trained, linear_df):
     before = trained.checkpoint
     poisoned = linear_df.withColumn("label", F.when(F.rand(3) < 0.02, F.lit(float("nan"))).otherwise(F.col("label")))

@@ -105,7 +105,7 @@ def test_later_fits_train_on_kept_rows_bitwise_as_if_read_again(spark, tmp_path,
     df = spark.read.parquet(path).filter("label > -100").cache()
     try:
         kept = linear_estimator(SETTINGS)
-        with caplog.at_level(logging.INFO, logger="spark_torch_est.ingest.kept_registry"):
+        with caplog.at_level(logging.INFO, logger="spark_torch_est.fit"):
             kept.fit(df, duration="1ep")
             assert REUSED not in caplog.text and _kept(spark), "the first fit reads through Spark and keeps"
             kept.fit(df, duration="1ep")
@@ -133,7 +133,7 @@ def test_a_recomputed_cache_is_read_again_and_the_old_rows_released(spark, tmp_p
     df = spark.read.parquet(path).filter("label > -100").cache()
     try:
         samples = est.progress.samples
-        with caplog.at_level(logging.INFO, logger="spark_torch_est.ingest.kept_registry"):
+        with caplog.at_level(logging.INFO, logger="spark_torch_est.fit"):
             est.fit(df, duration="1ep")
         assert REUSED not in caplog.text
         assert est.progress.samples - samples >= 500, "the new rows"
@@ -149,7 +149,7 @@ def test_rows_past_the_bound_are_not_kept_and_the_next_fit_reads_through_spark(s
     df = spark.read.parquet(path).filter("label > -50")
     est = linear_estimator(SETTINGS, keepIngestedMB=1e-6)  # about one byte
     est.fit(df, duration="1ep")
-    with caplog.at_level(logging.INFO, logger="spark_torch_est.ingest.kept_registry"):
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.fit"):
         est.fit(df, duration="1ep")
     assert "reading it through Spark again" in caplog.text
     assert est.progress.epoch == 2

@@ -67,7 +67,7 @@ def test_a_compiled_fit_on_two_ranks_reports_its_compile_time_and_keeps_plain_ke
                                                                                    caplog):
     est = TorchEstimator(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), batchSize=100, maxEpochs=2,
                          numWorkers=2, seed=5, compileModel=True, showProgress=False)
-    with caplog.at_level(logging.INFO, logger="spark_torch_est.cluster.worker"):
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.worker"):
         est.fit(linear_df, duration="1ep")
         model = est.fit(linear_df)  # a second compiled fit in the same Python workers resumes the run
     notes = [r.getMessage() for r in caplog.records if "compileModel: the first step" in r.getMessage()]

@@ -94,7 +94,7 @@ class Steady(Hook):
 
 def test_progress_streams_to_the_driver_while_the_fit_runs(spark, linear_df):
     handler = Records()
-    progress_logger = logging.getLogger("spark_torch_est.core.progress")
+    progress_logger = logging.getLogger("spark_torch_est.progress")
     progress_logger.addHandler(handler)
     old_level = progress_logger.level
     progress_logger.setLevel(logging.DEBUG)
@@ -121,7 +121,7 @@ class WarnOnRank1(Hook):
 
 
 def test_worker_warnings_reach_the_driver_with_their_rank(spark, linear_df, caplog):
-    with caplog.at_level(logging.WARNING, logger="spark_torch_est.cluster.worker"):
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.worker"):
         estimator(SETTINGS, hooks=[WarnOnRank1()], maxEpochs=1).fit(linear_df)
     assert any(r.getMessage() == "[rank 1] user.code: rank one says hello" for r in caplog.records)
 

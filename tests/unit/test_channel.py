@@ -230,7 +230,7 @@ def test_a_note_from_rank_0_reaches_the_drivers_log_once_and_other_ranks_send_no
     ProgressReporter(client, rank=0).note("spark_torch_est.train.loop", "compileModel: took 4.9s")
     assert _wait_for(lambda: len(received) == 1)
     view = DriverView(False, None, None, 1)
-    with caplog.at_level(logging.INFO, logger="spark_torch_est.cluster.worker"):
+    with caplog.at_level(logging.INFO, logger="spark_torch_est.worker"):
         view.handle(received[0])
     view.close()
     assert caplog.messages == ["[rank 0] spark_torch_est.train.loop: compileModel: took 4.9s"]

@@ -21,7 +21,7 @@ def _epoch(entry):
 def test_progress_lines_count_the_steps_of_this_fit(caplog):
     view = DriverView(True, Progress(epoch=1, global_step=10), Target(epoch=3), samples_per_step=8)
     view._interactive = False  # log lines, as outside a terminal
-    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.core.progress"):
+    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.progress"):
         view.handle(_progress(14, epoch=1, batch=4))
     view.close()
     lines = [r for r in caplog.records if r.levelno == logging.INFO]
@@ -38,8 +38,8 @@ def test_epochs_and_rank_logs_reach_their_loggers(caplog):
         view.handle(_progress(1))  # showProgress=False: DEBUG only
     view.close()
     messages = [(r.name, r.getMessage()) for r in caplog.records]
-    assert ("spark_torch_est.core.progress", "epoch 1: train_loss=0.5, val_mae=0.125") in messages
-    assert ("spark_torch_est.cluster.worker", "[rank 1] user: hello") in messages
+    assert ("spark_torch_est.progress", "epoch 1: train_loss=0.5, val_mae=0.125") in messages
+    assert ("spark_torch_est.worker", "[rank 1] user: hello") in messages
     assert not any("of this fit" in m for _, m in messages)
 
 
@@ -76,7 +76,7 @@ def test_while_two_fits_run_at_once_every_line_names_its_fit(caplog):
     first = DriverView(True, Progress(), Target(epoch=1), samples_per_step=8, name="lr=0.1")
     second = DriverView(True, Progress(), Target(epoch=1), samples_per_step=8, name="lr=0.01")
     first._interactive = second._interactive = False
-    launcher_log = fit_logger("spark_torch_est.cluster.launcher")
+    launcher_log = fit_logger()
     with caplog.at_level(logging.INFO):
         with running_fit("lr=0.1"):
             with running_fit("lr=0.01"):  # (the second fit runs in another thread in real life)

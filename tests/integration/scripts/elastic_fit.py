@@ -20,7 +20,7 @@ from tests.helpers import RecordRows, descendants, linear_model, sgd, spark_jobs
 
 mode, out_dir = sys.argv[1], sys.argv[2]
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-logging.getLogger("spark_torch_est.cluster.launcher").setLevel(logging.INFO)
+logging.getLogger("spark_torch_est.fit").setLevel(logging.INFO)
 
 
 class KillWorkerOnce(Hook):

@@ -21,7 +21,7 @@ from tests.helpers import StepRows, linear_model, sgd, worker_jvm  # noqa: E402
 out_dir, master = sys.argv[1], sys.argv[2]
 ROWS, KILLS_AT = 3000, (30, 130, 230)  # a kill at the first two-rank step past each
 logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-logging.getLogger("spark_torch_est.cluster.launcher").setLevel(logging.INFO)
+logging.getLogger("spark_torch_est.fit").setLevel(logging.INFO)
 
 
 class KillWorkers(Hook):
