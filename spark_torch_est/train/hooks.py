@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spark_torch_est.errors import InvalidInputError, UserCodeError
+from spark_torch_est.errors import InvalidInputError, UserCodeError, described
 
 __all__ = ["Hook", "Control", "HookSet", "STAGES", "STAGE_ARGUMENTS", "bind_keywords", "normalize_hooks",
            "storable_state"]
@@ -265,6 +265,34 @@ _RETURNS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
 }
 
 
+#: The stages whose ``metrics`` is a history entry hooks may add to: what they add is stored in
+#: checkpoints, so it is checked (and numpy values converted) after each hook.
+_ENTRY_STAGES = ("after_val_epoch", "after_train_epoch", "after_run")
+
+
+def _check_entry(name: str, hook: Hook, stage: str, metrics: Any) -> None:
+    """Converts the numpy values ``hook`` added to the history entry ``metrics`` at ``stage``
+    (as :func:`storable_state` does) and refuses what a checkpoint cannot store.
+
+    Raises:
+        UserCodeError: A key is not a string, or a value is neither a number, a tensor, a
+            string nor a container of them, naming the hook and the key.
+    """
+    if not isinstance(metrics, dict):
+        return
+    for key, value in list(metrics.items()):
+        try:
+            if not isinstance(key, str):
+                raise InvalidInputError("the key is not a string")
+            metrics[key] = _storable(value, name, "")
+        except InvalidInputError:
+            raise UserCodeError(
+                f"hook {name!r} ({type(hook).__name__}).{stage}() put {described(value)} in metrics[{key!r}]; "
+                "expected string keys and numbers, tensors or strings (or lists and dicts of them): the history "
+                "is stored in checkpoints, which are read with torch.load(weights_only=True); add a number, "
+                "e.g. float(value)") from None
+
+
 def _check_return(name: str, hook: Hook, stage: str, value: Any) -> None:
     """Refuses a value ``hook`` returned at ``stage`` that the loop cannot take, naming the
     hook, the stage and what was expected.
@@ -388,19 +416,23 @@ class HookSet:
 
     def call(self, stage: str, context: Mapping[str, Any]) -> Any:
         """Calls every hook's ``stage`` method; returns the last non-None return value.
-        If one raises, or returns what its stage cannot take (``before_train_iter``: a batch,
-        ``before_backward``: a loss), ``current_hook`` names it.
+        If one raises, returns what its stage cannot take (``before_train_iter``: a batch,
+        ``before_backward``: a loss) or adds to a history entry what a checkpoint cannot
+        store, ``current_hook`` names it (numpy values it adds become numbers and tensors).
 
         Raises:
-            UserCodeError: A hook returned a value its stage cannot take.
+            UserCodeError: A hook returned a value its stage cannot take, or added one to
+                ``metrics`` that a checkpoint cannot store.
         """
         result = None
         plans = self._plans[stage]
-        checked = stage in _RETURNS
+        checked, entry = stage in _RETURNS, stage in _ENTRY_STAGES
         index = 0
         try:
             for index, (name, invoke, _) in enumerate(plans):  # noqa: B007 - index names the hook that raises
                 value = invoke(context)
+                if entry:
+                    _check_entry(name, self.hooks[name], stage, context.get("metrics"))
                 if value is not None:
                     if checked:
                         _check_return(name, self.hooks[name], stage, value)

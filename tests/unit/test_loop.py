@@ -264,6 +264,23 @@ def test_a_metric_that_returns_more_than_one_number_is_named(value, words):
     assert "a bug in spark_torch_est" not in failure.message
 
 
+class AddsToTheEntry(Hook):
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def after_train_epoch(self, metrics):
+        metrics["score"] = self.value
+
+
+def test_numpy_numbers_a_hook_adds_to_the_history_are_kept_as_numbers_and_a_stranger_value_names_the_hook():
+    checkpoint = train_locally(hooks={"adds": AddsToTheEntry(np.float64(0.25))})  # e.g. an sklearn score
+    assert checkpoint.history[0]["score"] == 0.25 and type(checkpoint.history[0]["score"]) is float
+    failure = _failure(task_spec(hooks={"adds": AddsToTheEntry(object())}))
+    assert (failure.kind, failure.stage, failure.hook) == (USER, "after_train_epoch", "adds")
+    assert "hook 'adds' (AddsToTheEntry).after_train_epoch() put an object in metrics['score']; expected" in \
+        failure.message
+
+
 def test_a_non_finite_loss_fails_at_its_step_unless_allowed():
     batch = arrow_batches(64)[0]
     labels = batch.column(1).to_numpy().copy()
