@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 __all__ = [
     "SparkTorchError",
@@ -11,6 +12,7 @@ __all__ = [
     "TrainingFailedError",
     "IncompatibleCheckpointError",
     "InputDataError",
+    "UserCodeError",
 ]
 
 
@@ -25,6 +27,40 @@ class InvalidInputError(SparkTorchError, ValueError):
 class InputDataError(InvalidInputError):
     """The rows of a partition cannot be trained on (nulls, ragged arrays, no rows): found
     by the tasks, which only see the data, and raised on the driver as the fit's error."""
+
+
+class UserCodeError(SparkTorchError):
+    """The user's code (a creator, the model's forward, the loss, a metric, a hook) returned a
+    value the package cannot take. The message names the object, what it returned and what
+    was expected; raised on a rank, it fails the fit without a retry (it would return the
+    same again)."""
+
+    @classmethod
+    def returned(cls, owner: str, value: Any, expected: str, fix: str = "") -> UserCodeError:
+        """The error of ``owner`` (``"hook 'clip' (Clip).before_backward()"``) having returned
+        ``value`` where ``expected`` was due; ``fix`` says what to change."""
+        return cls(f"{owner} returned {described(value)}; expected {expected}" + (f": {fix}" if fix else ""))
+
+
+def described(value: Any, depth: int = 0) -> str:
+    """A short account of ``value`` for an error message: its type and, for a tensor or an
+    array, its shape (never its values: reading a device tensor would wait for the device),
+    for a sequence or a mapping its length and first items or keys."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, type):
+        return f"a {type(value).__name__} of shape {list(shape)}"
+    if isinstance(value, (tuple, list)) and depth == 0:
+        items = ", ".join(described(item, 1) for item in value[:4]) + (", ..." if len(value) > 4 else "")
+        return f"a {type(value).__name__} of {len(value)} ({items})"
+    if isinstance(value, dict) and depth == 0:
+        keys = ", ".join(repr(key)[:40] for key in list(value)[:6]) + (", ..." if len(value) > 6 else "")
+        return f"a {type(value).__name__} with keys {keys}" if value else f"an empty {type(value).__name__}"
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        text = repr(value)
+        return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}" if value is not None else "None"
+    module, name = type(value).__module__, type(value).__qualname__
+    name = name if module == "builtins" else f"{module}.{name}"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 class TrainingCompleteError(SparkTorchError):

@@ -37,6 +37,7 @@ from spark_torch_est.train.hooks import Hook, HookSet, normalize_hooks, storable
 
 if TYPE_CHECKING:
     from pyspark.ml._typing import ParamMap
+    from pyspark.ml.util import MLWriter
 
 __all__ = ["TorchEstimator"]
 
@@ -393,6 +394,12 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         return model
 
     # ---------------------------------------------------------------- persistence
+
+    def write(self) -> MLWriter:
+        """Saves the estimator (see :class:`TorchPersistence`), once its loggers are known to
+        pickle: one that refuses (``OptunaPruning``) fails the save before anything is written."""
+        cloudpickle.dumps(self._loggers)
+        return super().write()
 
     def _persisted_files(self, folder: str) -> dict[str, bytes]:
         """Creators and hooks cloudpickled, the loggers apart from them, and the checkpoint

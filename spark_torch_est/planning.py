@@ -35,6 +35,7 @@ from spark_torch_est.params.table import to_config
 from spark_torch_est.train.creators import CreatorError, Creators
 from spark_torch_est.train.hooks import HookSet, normalize_hooks
 from spark_torch_est.train.losses import check_weighted
+from spark_torch_est.train.metrics import check_metrics
 from spark_torch_est.train.precision import PRECISIONS
 from spark_torch_est.train.strategies.fsdp import STRATEGIES, check_present, check_shardable, model_to_check
 
@@ -331,7 +332,7 @@ def make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None,
     if loss is not None and not callable(loss):
         raise InvalidInputError(f"loss must be an nn.Module or a callable(outputs, labels), got {type(loss).__name__}")
     return Creators(model=model, optimizer=optimizer, loss=loss, scheduler=scheduler,
-                    metrics=dict(metrics or {}), hooks=normalize_hooks(hooks))
+                    metrics=check_metrics(metrics), hooks=normalize_hooks(hooks))
 
 
 def checked_config(config: Any) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from spark_torch_est.errors import (
     InvalidInputError,
     SparkTorchError,
     TrainingFailedError,
+    UserCodeError,
 )
 
 __all__ = [
@@ -192,6 +193,8 @@ def describe(error: BaseException, rank: int, stage: str, hook: str | None) -> F
         kind = CHECKPOINT
     elif isinstance(error, StoreUnreachableError):
         kind = UNREACHABLE
+    elif isinstance(error, UserCodeError):  # checked where the user's code handed back its value: never ours
+        kind = USER
     elif is_communication_error(error) or isinstance(error, KeyboardInterrupt):  # KeyboardInterrupt: task killed
         kind = SYSTEM
     elif stage == "rendezvous":  # no user code runs there: a peer or an address read from the store failed

@@ -92,9 +92,10 @@ class Logger:
         ``event_timeout_s``) for its ``on_epoch_end`` and its answer. Return True to stop
         every rank at the end of that epoch (the estimator keeps its checkpoint, ``fit``
         returns as usual), or an exception to stop there and have ``fit`` raise it after
-        ``on_fit_end``; anything false goes on. An answer that comes too late stops the fit
-        at the next epoch end the ranks reach; without the driver's channel (Spark Connect)
-        the answers come when ``fit`` returns, and only an exception still counts.
+        ``on_fit_end``; False or None goes on (anything else is warned about and goes on).
+        An answer that comes too late stops the fit at the next epoch end the ranks reach;
+        without the driver's channel (Spark Connect) the answers come when ``fit`` returns,
+        and only an exception still counts.
         """
         return False
 

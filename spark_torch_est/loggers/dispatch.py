@@ -9,10 +9,12 @@ then is abandoned for the rest of the fit with a warning (its thread is left to 
 on its own), so no logger can keep ``fit`` from starting the job or from returning. A
 logger's events run one at a time, in order.
 
-A logger that overrides ``should_stop`` may stop the fit: it takes each epoch's entry
-before the other loggers, is asked right after, and :meth:`LoggerDispatch.stop_asked`
+A logger that overrides ``should_stop`` may stop the fit: such loggers take the messages on
+a delivery thread of their own (each epoch's entry, then the question), apart from the
+other loggers, so a slow tracker never delays an answer; :meth:`LoggerDispatch.stop_asked`
 (which the channel calls when rank 0 asks at an epoch end) waits, within the deadlines, for
-that epoch's answer.
+that epoch's answer. An answer is True, False (or None), or an exception for ``fit`` to
+raise; anything else is warned about, naming the logger, and does not stop the fit.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import numpy as np
 
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.cluster.messages import Kind, RankMessage
 from spark_torch_est.core.progress import Progress
+from spark_torch_est.errors import described
 from spark_torch_est.loggers.base import Logger, plan_events
 
 __all__ = ["LoggerDispatch"]
@@ -98,9 +104,11 @@ class LoggerDispatch:
         self._warned: set[tuple[int, str]] = set()
         self._runners: dict[int, _Runner] = {}
         self._start_arguments: dict[str, Any] = {}
-        self._queue: queue.SimpleQueue | None = None
-        self._thread: threading.Thread | None = None
         self._stoppers = {i for i, (_, plan) in enumerate(self._plans) if "should_stop" in plan}
+        #: The loggers that may stop the fit, and the others: each group takes the messages on a
+        #: delivery thread of its own (a queue and its thread per group while the fit runs).
+        self._groups = [group for group in (self._stoppers, set(range(len(self._plans))) - self._stoppers) if group]
+        self._lanes: list[tuple[queue.SimpleQueue, threading.Thread, threading.Event]] = []
         self._decision = threading.Condition()
         self._decided = start.epoch  # the last epoch whose stop question was answered (or timed out)
         self._stop_requested = False
@@ -130,14 +138,18 @@ class LoggerDispatch:
             return
         self._start_arguments = {"params": params, "config": config, "progress": progress, "name": name}
         self._emit("on_fit_start", **self._start_arguments)
-        self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._deliver, name="spark_torch_est-loggers", daemon=True)
-        self._thread.start()
+        for group in self._groups:
+            messages: queue.SimpleQueue = queue.SimpleQueue()
+            dropped = threading.Event()
+            thread = threading.Thread(target=self._deliver, args=(messages, group, dropped), daemon=True,
+                                      name="spark_torch_est-loggers" + ("-stop" if group is self._stoppers else ""))
+            thread.start()
+            self._lanes.append((messages, thread, dropped))
 
     def handle(self, message: RankMessage) -> None:
         """Queues one of the ranks' messages for the loggers (called from channel threads)."""
-        if self._queue is not None:
-            self._queue.put(message)
+        for messages, _, _ in self._lanes:
+            messages.put(message)
 
     def finish(self, model: Any, checkpoint: Checkpoint) -> None:
         """After a successful fit: ``on_fit_start`` again for a logger whose first one raised,
@@ -158,58 +170,78 @@ class LoggerDispatch:
         self._close()
 
     def _stop(self) -> None:
-        """Delivers what is queued, then stops the delivery thread; waits for it at most the
-        loggers' longest deadline."""
-        if self._thread is None or self._queue is None:  # never started (the two are set together)
+        """Delivers what is queued, then stops the delivery threads; waits for them at most
+        the loggers' longest deadline, together."""
+        lanes, self._lanes = self._lanes, []
+        if not lanes:  # never started
             return
-        self._queue.put(_STOP)
-        self._thread.join(max(self._timeout(i) for i in range(len(self._plans))))
-        if self._thread.is_alive():
+        for messages, _, _ in lanes:
+            messages.put(_STOP)
+        deadline = time.monotonic() + max(self._timeout(i) for i in range(len(self._plans)))
+        for _, thread, dropped in lanes:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+            dropped.set()  # a thread still running ends after its current event
+        if any(thread.is_alive() for _, thread, _ in lanes):
             logger.warning("loggers: the events still queued are dropped (the loggers are slower than their "
                            "event_timeout_s)")
-        self._queue = self._thread = None
 
     def _close(self) -> None:
         for runner in self._runners.values():
             runner.close()
         self._runners = {}
 
-    def _deliver(self) -> None:
-        # _stop drops the queue when this thread does not stop in time: the thread then ends
-        while (messages := self._queue) is not None and (message := messages.get()) is not _STOP:
+    def _deliver(self, messages: queue.SimpleQueue, group: set[int], dropped: threading.Event) -> None:
+        """Hands the queued messages to the loggers of ``group``, one at a time, until told
+        to stop, or ``dropped`` by :meth:`_stop` when it did not stop in time."""
+        while (message := messages.get()) is not _STOP and not dropped.is_set():
             if message.kind is Kind.PROGRESS:
-                self._step(message)
+                self._step(message, group)
             elif message.kind is Kind.EPOCH:
-                self._epoch(message.entry)
+                self._epoch(message.entry, group)
 
-    def _step(self, message: RankMessage) -> None:
-        due = {i for i, (item, _) in enumerate(self._plans)
-               if message.time - self._last_step.get(i, float("-inf")) >= item.step_interval_s}
+    def _step(self, message: RankMessage, group: set[int]) -> None:
+        due = {i for i in group if message.time - self._last_step.get(i, float("-inf"))
+               >= self._plans[i][0].step_interval_s}
         for index in due:
             self._last_step[index] = message.time
         self._emit("on_step", due, progress=message.progress, loss=message.loss)
 
-    def _epoch(self, entry: dict) -> None:
-        """One history entry: first to the loggers that may stop the fit, with their answers,
-        then to the others."""
+    def _epoch(self, entry: dict, group: set[int] | None = None) -> None:
+        """One history entry to the loggers of ``group`` (None: all, those that may stop the
+        fit first); the loggers that may stop the fit answer right after taking it."""
+        if group is None:
+            for each in self._groups:
+                self._epoch(entry, each)
+            return
         epoch = int(entry["epoch"])
-        due = {i for i in range(len(self._plans)) if epoch not in self._logged[i]}
-        taken = self._emit("on_epoch_end", due & self._stoppers, metrics=dict(entry))
-        answers = self._emit("should_stop", set(taken), metrics=dict(entry))
-        with self._decision:
-            for index, answer in answers.items():
-                self._answered(index, answer)
-            self._decided = max(self._decided, epoch)
-            self._decision.notify_all()
-        taken.update(self._emit("on_epoch_end", due - self._stoppers, metrics=dict(entry)))
+        due = {i for i in group if epoch not in self._logged[i]}
+        taken = self._emit("on_epoch_end", due, metrics=dict(entry))
+        if group is self._stoppers:
+            answers = self._emit("should_stop", set(taken), metrics=dict(entry))
+            with self._decision:
+                for index, answer in answers.items():
+                    self._answered(index, answer)
+                self._decided = max(self._decided, epoch)
+                self._decision.notify_all()
         for index in taken:
             self._logged[index].add(epoch)
 
     def _answered(self, index: int, answer: Any) -> None:
-        """Takes a logger's ``should_stop`` answer (under the decision's lock)."""
+        """Takes a logger's ``should_stop`` answer (under the decision's lock): True stops the
+        fit, an exception stops it for ``fit`` to raise, False or None goes on; anything else
+        is warned about and goes on."""
         if isinstance(answer, BaseException):
             self.stop_error = self.stop_error or answer
-        elif not answer:
+        elif answer is None or isinstance(answer, (bool, np.bool_)):
+            if not answer:
+                return
+        else:
+            item = self._plans[index][0]
+            if (index, "should_stop answer") not in self._warned:
+                self._warned.add((index, "should_stop answer"))
+                logger.warning("logger %s: should_stop() returned %s; expected True (stop), False or None (go on), or "
+                               "an exception instance for fit to raise (not its class): the fit goes on",
+                               type(item).__name__, described(answer))
             return
         if not self._stop_requested:
             logger.info("logger %s asks the fit to stop at the end of the current epoch",

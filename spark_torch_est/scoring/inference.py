@@ -27,6 +27,7 @@ from spark_torch_est.train.devices import cpu_despite_gpus, task_device, task_gp
 from spark_torch_est.train.losses import Loss
 from spark_torch_est.train.metrics import MetricAccumulator
 from spark_torch_est.train.precision import autocast
+from spark_torch_est.train.step import checked_outputs
 
 __all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "read_inputs",
            "predict_outputs", "output_columns"]
@@ -150,7 +151,7 @@ def _forward(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> I
         for start in range(0, rows, spec.batch_size):
             chunk = schema.model_inputs([x.slice(start, start + spec.batch_size).to(device) for x in inputs])
             with autocast(spec.precision, device):
-                outputs = call_model(model, chunk)
+                outputs = checked_outputs(call_model(model, chunk), model)
             yield start, outputs
 
 

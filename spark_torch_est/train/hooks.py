@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import InvalidInputError, UserCodeError, described
 
 __all__ = ["Hook", "Control", "HookSet", "STAGES", "STAGE_ARGUMENTS", "bind_keywords", "normalize_hooks",
            "storable_state"]
@@ -239,6 +239,72 @@ def normalize_hooks(hooks: Iterable[Hook] | Mapping[str, Hook] | None) -> dict[s
 _Call = tuple[str, Callable[[Mapping[str, Any]], Any], "tuple[str, ...] | None"]
 
 
+def _is_loss(value: Any) -> bool:
+    """Whether ``value`` is a loss the loop takes: a tensor holding one value (its shape is
+    read, never its value)."""
+    return isinstance(value, torch.Tensor) and value.numel() == 1
+
+
+def _is_batch(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[1], torch.Tensor)
+
+
+def _is_step(value: Any) -> bool:
+    return _is_loss(value) or (isinstance(value, tuple) and len(value) == 2 and _is_loss(value[0]))
+
+
+#: What a hook may return at the stages whose value the loop takes (None always: no change),
+#: checked where the hook hands it over: (check, what is expected, how to fix it).
+_RETURNS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "before_train_iter": (_is_batch, "None or a replacement batch (inputs, labels) with the labels a tensor",
+                          "return the batch argument, changed, or nothing"),
+    "before_backward": (_is_loss, "None or a replacement loss: a tensor holding one value",
+                        "return the loss argument, changed (e.g. loss * 0.5), or nothing"),
+    "train_step": (_is_step, "the step's loss (a tensor holding one value) or a tuple (loss, outputs)",
+                   "return the loss tensor, not loss.item()"),
+}
+
+
+#: The stages whose ``metrics`` is a history entry hooks may add to: what they add is stored in
+#: checkpoints, so it is checked (and numpy values converted) after each hook.
+_ENTRY_STAGES = ("after_val_epoch", "after_train_epoch", "after_run")
+
+
+def _check_entry(name: str, hook: Hook, stage: str, metrics: Any) -> None:
+    """Converts the numpy values ``hook`` added to the history entry ``metrics`` at ``stage``
+    (as :func:`storable_state` does) and refuses what a checkpoint cannot store.
+
+    Raises:
+        UserCodeError: A key is not a string, or a value is neither a number, a tensor, a
+            string nor a container of them, naming the hook and the key.
+    """
+    if not isinstance(metrics, dict):
+        return
+    for key, value in list(metrics.items()):
+        try:
+            if not isinstance(key, str):
+                raise InvalidInputError("the key is not a string")
+            metrics[key] = _storable(value, name, "")
+        except InvalidInputError:
+            raise UserCodeError(
+                f"hook {name!r} ({type(hook).__name__}).{stage}() put {described(value)} in metrics[{key!r}]; "
+                "expected string keys and numbers, tensors or strings (or lists and dicts of them): the history "
+                "is stored in checkpoints, which are read with torch.load(weights_only=True); add a number, "
+                "e.g. float(value)") from None
+
+
+def _check_return(name: str, hook: Hook, stage: str, value: Any) -> None:
+    """Refuses a value ``hook`` returned at ``stage`` that the loop cannot take, naming the
+    hook, the stage and what was expected.
+
+    Raises:
+        UserCodeError: The value is not of the kind the stage takes.
+    """
+    check, expected, fix = _RETURNS[stage]
+    if not check(value):
+        raise UserCodeError.returned(f"hook {name!r} ({type(hook).__name__}).{stage}()", value, expected, fix)
+
+
 def _invoker(method: Callable[..., Any], names: tuple[str, ...] | None, positional: bool) -> Callable[..., Any]:
     """A function of the context that calls ``method`` with exactly ``names`` (made once:
     the per-call work is one C-level item lookup where the signature allows)."""
@@ -350,14 +416,26 @@ class HookSet:
 
     def call(self, stage: str, context: Mapping[str, Any]) -> Any:
         """Calls every hook's ``stage`` method; returns the last non-None return value.
-        If one raises, ``current_hook`` names it."""
+        If one raises, returns what its stage cannot take (``before_train_iter``: a batch,
+        ``before_backward``: a loss) or adds to a history entry what a checkpoint cannot
+        store, ``current_hook`` names it (numpy values it adds become numbers and tensors).
+
+        Raises:
+            UserCodeError: A hook returned a value its stage cannot take, or added one to
+                ``metrics`` that a checkpoint cannot store.
+        """
         result = None
         plans = self._plans[stage]
+        checked, entry = stage in _RETURNS, stage in _ENTRY_STAGES
         index = 0
         try:
-            for index, (_, invoke, _) in enumerate(plans):  # noqa: B007 - index names the hook that raises
+            for index, (name, invoke, _) in enumerate(plans):  # noqa: B007 - index names the hook that raises
                 value = invoke(context)
+                if entry:
+                    _check_entry(name, self.hooks[name], stage, context.get("metrics"))
                 if value is not None:
+                    if checked:
+                        _check_return(name, self.hooks[name], stage, value)
                     result = value
         except BaseException:
             self.current_hook = plans[index][0]
@@ -365,10 +443,17 @@ class HookSet:
         return result
 
     def run_train_step(self, context: Mapping[str, Any]) -> Any:
-        """Calls the overriding ``train_step`` with the arguments it names."""
+        """Calls the overriding ``train_step`` with the arguments it names; returns the loss or
+        ``(loss, outputs)``.
+
+        Raises:
+            UserCodeError: It returned something else.
+        """
         name, invoke, _ = self.train_step  # type: ignore[misc]
         try:
-            return invoke(context)
+            value = invoke(context)
+            _check_return(name, self.hooks[name], "train_step", value)
+            return value
         except BaseException:
             self.current_hook = name
             raise

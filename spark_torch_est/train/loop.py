@@ -267,7 +267,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 outputs = self.feed.forward(self.ddp_model, batch.inputs)
             with self._stage.at("loss"):
-                loss = scalar_loss(self.loss_fn(outputs, batch.labels, batch.weights))
+                loss = scalar_loss(self.loss_fn(outputs, batch.labels, batch.weights), self.loss_fn)
         replaced = self._call("before_backward", batch, outputs=outputs, loss=loss)
         if replaced is not None:
             # A constant loss still runs backward through the parameters (not the outputs,
@@ -307,7 +307,7 @@ class Trainer:
         """Keeps the step's loss on the device for the epoch's mean (weighted by the rows'
         weights); returns whether the kept losses are due to be read."""
         with self._stage.at("loss"):
-            loss = scalar_loss(loss)
+            loss = scalar_loss(loss, self.loss_fn)
         if self.hooks.train_step is not None:
             loss = loss.detach().clone()  # the hook's tensor, which it may change in place later
         rows = batch.weights.sum() if batch.weights is not None else len(batch.labels)

@@ -22,7 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Loss", "NonFiniteLossError", "check_weighted", "scalar_loss", "zero_through"]
+from spark_torch_est.errors import UserCodeError
+
+__all__ = ["Loss", "NonFiniteLossError", "check_weighted", "loss_name", "scalar_loss", "zero_through"]
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -44,21 +46,25 @@ class Loss:
         per-row values.
 
         Raises:
-            TypeError: With weights, the loss does not give one value per row.
+            UserCodeError: With weights, the loss does not give one value per row.
         """
         if weights is None:
             return self.function(outputs, labels)
         values = self.per_row(outputs, labels)
         if not isinstance(values, torch.Tensor) or values.dim() == 0 or len(values) != len(outputs):
-            shape = list(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
-            raise TypeError(
-                f"with weightCol the loss must give one value per row, got {shape} for a batch of {len(outputs)}: "
+            raise UserCodeError.returned(
+                f"{self.name} called with reduction='none'" if self.per_row is not self.function else self.name,
+                values, f"one value per row with weightCol, a tensor of shape [{len(outputs)}] for this batch",
                 "pass a loss module or a function with a reduction keyword (both are called with "
-                "reduction='none'), or a callable that returns a (batch,) tensor of per-row losses"
-            )
+                "reduction='none'), or a callable that returns a (batch,) tensor of per-row losses")
         values = values.reshape(len(values), -1).mean(dim=1)
         weights = weights.to(values.dtype)
         return (values * weights).sum() / weights.sum().clamp_min(torch.finfo(values.dtype).tiny)
+
+    @property
+    def name(self) -> str:
+        """The user's loss in an error message: ``"the loss (MSELoss)"``."""
+        return f"the loss ({loss_name(self.function)})"
 
     @property
     def per_row(self) -> LossFunction:
@@ -101,16 +107,27 @@ class NonFiniteLossError(ArithmeticError):
     """The loss or the weights became NaN or infinite (see the ``allowNonFinite`` Param)."""
 
 
-def scalar_loss(loss: Any) -> torch.Tensor:
-    """The loss as given, if it is a one-value tensor.
+def loss_name(function: Any) -> str:
+    """A loss's name for an error message: its class for a module, else its qualified name."""
+    if isinstance(function, Loss):
+        function = function.function
+    if isinstance(function, functools.partial):
+        function = function.func
+    if isinstance(function, nn.Module) or not hasattr(function, "__qualname__"):
+        return type(function).__qualname__
+    return f"function {function.__qualname__}"
+
+
+def scalar_loss(loss: Any, function: Any) -> torch.Tensor:
+    """The loss as ``function`` (the user's loss) returned it, if it is a one-value tensor
+    (its shape is read, never its value).
 
     Raises:
-        TypeError: It is not (a Python number, a per-row tensor, ...).
+        UserCodeError: It is not (a Python number, a per-row tensor, a tuple, ...), naming the loss.
     """
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        shape = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise TypeError(f"the loss must be a tensor holding one value, got {shape}; reduce it (e.g. .mean()) "
-                        "and return a tensor, not a Python number")
+        raise UserCodeError.returned(f"the loss ({loss_name(function)})", loss, "a tensor holding one value",
+                                     "reduce it (e.g. .mean()) and return the tensor, not a Python number")
     return loss
 
 

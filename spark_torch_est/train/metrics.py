@@ -11,20 +11,63 @@ weights-only), never as pickles.
 from __future__ import annotations
 
 import io
+import numbers
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
+from spark_torch_est.errors import InvalidInputError, UserCodeError
 from spark_torch_est.train.devices import to_cpu
+from spark_torch_est.train.losses import scalar_loss
 
-__all__ = ["is_stateful", "MetricAccumulator", "format_entry"]
+__all__ = ["is_stateful", "check_metrics", "MetricAccumulator", "format_entry"]
+
+_ONE_VALUE = "a number or a tensor holding one value"
 
 
 def is_stateful(metric: Any) -> bool:
     """Whether ``metric`` keeps state (``update`` / ``compute``) instead of being a function."""
     return hasattr(metric, "update") and hasattr(metric, "compute")
+
+
+def check_metrics(metrics: Any) -> dict[str, Any]:
+    """``metrics`` as a ``{name: metric}`` dict, each a callable or a stateful metric.
+
+    Raises:
+        InvalidInputError: It is not a dict with string keys, or a metric is neither, naming it.
+    """
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise InvalidInputError(f"metrics must be a {{name: metric}} dict, got {type(metrics).__name__}")
+    for name, metric in metrics.items():
+        if not isinstance(name, str):
+            raise InvalidInputError(f"metrics: the name {name!r} is not a string; name each metric (its history "
+                                    "entry is val_<name>)")
+        if not (callable(metric) or is_stateful(metric)):
+            raise InvalidInputError(f"metrics[{name!r}] must be a callable(outputs, labels) -> number or a "
+                                    f"stateful metric with update() and compute() (e.g. torchmetrics), got "
+                                    f"{type(metric).__name__}")
+    return dict(metrics)
+
+
+def _one_value(value: Any, owner: str) -> float:
+    """``value`` (what ``owner`` returned) as a float, if it is one number.
+
+    Raises:
+        UserCodeError: It is not a number or a one-value tensor, naming ``owner``.
+    """
+    if (isinstance(value, torch.Tensor) and value.numel() == 1 or isinstance(value, numbers.Real)
+            or isinstance(value, np.ndarray) and value.size == 1):
+        return float(value)
+    raise UserCodeError.returned(
+        owner, value, _ONE_VALUE + " (the batch's mean)",
+        "a metric that gives several values goes in as one metric per value (a dict of values, e.g. a "
+        "MetricCollection, as several entries of metrics=)" if isinstance(value, Mapping) else
+        "reduce it to one value (e.g. .mean())")
 
 
 class MetricAccumulator:
@@ -57,20 +100,24 @@ class MetricAccumulator:
                 metric.reset()
 
     def update(self, outputs: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        """Adds one batch (with its rows' weights, if any); returns its loss."""
+        """Adds one batch (with its rows' weights, if any); returns its loss.
+
+        Raises:
+            UserCodeError: The loss or a function metric returned something other than one value.
+        """
         rows: float
         if weights is None:
             loss, rows = self.loss_fn(outputs, labels), len(outputs)
         else:
             loss, rows = self.loss_fn(outputs, labels, weights), float(weights.sum())
         self._sums[0] += rows
-        self._sums[1] += float(loss) * rows
+        self._sums[1] += float(scalar_loss(loss, self.loss_fn)) * rows
         for i, name in enumerate(self.names, start=2):
             metric = self.metrics[name]
             if is_stateful(metric):
                 metric.update(outputs, labels)
             else:
-                self._sums[i] += float(metric(outputs, labels)) * rows
+                self._sums[i] += _one_value(metric(outputs, labels), f"metric {name!r}") * rows
         return loss
 
     def totals(self) -> torch.Tensor:
@@ -90,7 +137,7 @@ class MetricAccumulator:
                 continue
             with warnings.catch_warnings():  # merged states count no update() of their own
                 warnings.filterwarnings("ignore", message=".*was called before the ``update`` method")
-                values[name] = float(metric.compute())
+                values[name] = _one_value(metric.compute(), f"metric {name!r} ({type(metric).__name__}).compute()")
         return values
 
     def states(self) -> list[bytes]:

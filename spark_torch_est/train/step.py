@@ -16,13 +16,15 @@ from torch import nn
 
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.schema import InputSchema, call_model
+from spark_torch_est.errors import UserCodeError
 from spark_torch_est.train.losses import NonFiniteLossError
 from spark_torch_est.train.prefetch import Transfer, transfer_for
 
 if TYPE_CHECKING:
     from spark_torch_est.core.schema import ModelInputs
 
-__all__ = ["Stage", "Batch", "Feed", "forward", "READ_EVERY", "StepLoss", "PendingLosses", "non_finite_loss"]
+__all__ = ["Stage", "Batch", "Feed", "forward", "checked_outputs", "READ_EVERY", "StepLoss", "PendingLosses",
+           "non_finite_loss"]
 
 #: Steps between two readings of the training losses on the host (and so between two
 #: progress reports): a read waits for the device to finish the steps before it.
@@ -119,9 +121,13 @@ def forward(model: nn.Module, inputs: ModelInputs, schema: InputSchema, batch_si
             train_rows: list[int]) -> torch.Tensor:
     """The model on one batch (see :func:`schema.call_model`). An id past an embedding's
     table, or BatchNorm on a one-row batch, raises an error that says where it came from
-    (the columns' ids; ``batchSize`` and the training rows per worker)."""
+    (the columns' ids; ``batchSize`` and the training rows per worker).
+
+    Raises:
+        UserCodeError: The model returned something other than a tensor.
+    """
     try:
-        return call_model(model, inputs)
+        return checked_outputs(call_model(model, inputs), model)
     except IndexError as error:
         if "index out of range" not in str(error):
             raise
@@ -141,6 +147,29 @@ def forward(model: nn.Module, inputs: ModelInputs, schema: InputSchema, batch_si
             f"per worker {train_rows}), and BatchNorm cannot train on one row. Choose a batchSize that "
             "leaves more than one row in the last batch of each worker"
         ) from None
+
+
+def checked_outputs(outputs: Any, model: nn.Module) -> torch.Tensor:
+    """The outputs of ``model``'s forward, if they are one tensor: the loss, the metrics,
+    the labels' shape and ``transform`` take them as one.
+
+    Raises:
+        UserCodeError: They are not (a tuple, a dict, ...), naming the model.
+    """
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    while True:  # the user's model inside DDP and a compiled module
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule":
+            model = getattr(model, "_orig_mod")  # noqa: B009 - nn.Module types its attributes Tensor | Module
+        else:
+            break
+    raise UserCodeError.returned(
+        f"the model's forward ({type(model).__qualname__})", outputs,
+        "one torch.Tensor of outputs, a row per input row: the loss, the metrics and transform take it",
+        "return that tensor alone (a model that returns more can be wrapped in a module whose forward returns "
+        "the one tensor, e.g. model(x)[0] or model(x)['logits'])")
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ Needs ``optuna`` (``pip install 'spark-torch-est[optuna]'``), imported when the 
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.loggers.base import Logger
 
 if TYPE_CHECKING:
@@ -29,9 +29,12 @@ class OptunaPruning(Logger):
     loggers get ``on_fit_end``, and ``fit`` raises ``optuna.TrialPruned``, which
     ``study.optimize`` records as a pruned trial.
 
-    A copy of the logger (``est.copy()``) reports to the same trial. Rank 0 waits at each
-    epoch end for the answer, at most twice ``event_timeout_s``; past that the fit goes on
-    and stops at the next epoch end.
+    A copy of the logger (``est.copy()``) reports to the same trial. It is not saved: an
+    estimator holding it refuses ``save`` (a trial cannot outlive its objective: a loaded
+    copy would report to a copy of the study that no one reads); save the estimator without
+    it and add a new one for the trial after loading. Rank 0 waits at each epoch end for the
+    answer, at most twice ``event_timeout_s``; past that the fit goes on and stops at the
+    next epoch end.
 
     Args:
         trial: The ``optuna.Trial`` the objective received.
@@ -47,9 +50,27 @@ class OptunaPruning(Logger):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OptunaPruning:
         """A copy reporting to the same trial (the trial stands for the study's storage)."""
-        duplicate = copy.copy(self)
+        duplicate = object.__new__(type(self))
+        duplicate.__dict__.update(self.__dict__)
         memo[id(self)] = duplicate
         return duplicate
+
+    def __copy__(self) -> OptunaPruning:
+        return self.__deepcopy__({})
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        """Refuses to be pickled (``est.save``): the pickle would hold a copy of the study, so a
+        loaded estimator would prune nothing and report where no one reads.
+
+        Raises:
+            InvalidInputError: Always, saying what to do instead.
+        """
+        raise InvalidInputError(
+            f"OptunaPruning (trial {getattr(self.trial, 'number', '?')}) cannot be saved with the estimator: it "
+            "reports to the live optuna trial its objective received, and a loaded copy would report to a copy of "
+            "the study that no one reads. Save the estimator without it (est.setLoggers([l for l in est.loggers if "
+            "not isinstance(l, OptunaPruning)])) and, after loading, add one for the trial that fits it: "
+            "loaded.setLoggers([*loaded.loggers, OptunaPruning(trial)])")
 
     def on_epoch_end(self, metrics: Mapping[str, Any]) -> None:
         """Reports the epoch's ``monitor`` value to the trial.

@@ -13,7 +13,7 @@ import pytest
 import torch
 from pyspark.sql import functions as F
 
-from spark_torch_est import TorchEstimator
+from spark_torch_est import Hook, TorchEstimator
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, SparkTorchError, TrainingFailedError
 from tests.helpers import linear_estimator, linear_model, sgd, spark_jobs_started
 
@@ -255,6 +255,36 @@ def test_a_loss_that_raises_on_shapes(spark, linear_df):
     assert error.value.stage == "loss" and not error.value.retryable
     assert "RuntimeError" in str(error.value)
     assert isinstance(error.value, SparkTorchError)
+
+
+class ReturnsAFlag(Hook):
+    def before_train_iter(self, batch):
+        return True  # meant: "go on"; the stage takes a replacement batch
+
+
+class PredictionAndFeatures(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.linear(x), x
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"hooks": [ReturnsAFlag()]}, "hook 'ReturnsAFlag' (ReturnsAFlag).before_train_iter() returned bool True; "
+                                  "expected None or a replacement batch (inputs, labels)"),
+    ({"model": lambda config: PredictionAndFeatures()},
+     "the model's forward (PredictionAndFeatures) returned a tuple of 2 (a Tensor of shape [2, 1], a Tensor of "
+     "shape [2, 8]); expected one torch.Tensor of outputs"),
+])
+def test_user_code_that_returns_the_wrong_kind_is_named_with_what_was_expected_never_our_bug(
+        spark, linear_df, settings, words):
+    est = linear_estimator(maxEpochs=1, **settings)
+    with pytest.raises(TrainingFailedError) as error:
+        est.fit(linear_df)
+    assert words in str(error.value) and "a bug in spark_torch_est" not in str(error.value)
+    assert not error.value.retryable and est.checkpoint is None
 
 
 def test_after_all_that_a_good_fit_resumes_the_intact_run(trained, linear_df):

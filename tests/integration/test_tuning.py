@@ -246,6 +246,65 @@ def test_a_logger_that_does_not_answer_in_time_does_not_hold_up_the_fit(spark, s
     assert "logger Stuck did not return from should_stop within its event_timeout_s (0.5 s)" in caplog.text
 
 
+class StopAtEpoch(Logger):
+    """Asks the fit to stop at the end of epoch ``epoch``; rank 0 waits at most 2 s for it."""
+
+    event_timeout_s = 1.0
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def should_stop(self, metrics):
+        return metrics["epoch"] >= self.epoch
+
+
+class SlowTracker(Logger):
+    """A tracker whose on_epoch_end takes 10 s: longer than an epoch and than rank 0's wait."""
+
+    event_timeout_s = 30.0
+
+    def __init__(self) -> None:
+        import threading
+
+        self.never, self.epochs = threading.Event(), []
+
+    def on_epoch_end(self, metrics):
+        self.epochs.append(metrics["epoch"])
+        self.never.wait(10)  # a slow tracking server (never set)
+
+
+def test_a_stop_request_beside_a_slow_tracker_stops_the_fit_at_its_epoch(spark, split_df):
+    tracker = SlowTracker()
+    est = linear_estimator(maxEpochs=4, seed=3, numWorkers=1, loggers=[tracker, StopAtEpoch(2)])
+    est.fit(split_df)
+    assert est.progress.epoch == 2 and [h["epoch"] for h in est.history] == [1, 2]
+    assert tracker.epochs == [1, 2]  # the tracker still got every epoch
+
+
+def test_an_estimator_holding_optuna_pruning_is_refused_at_save_and_a_loaded_one_reports_with_a_new_one(
+        spark, split_df, tmp_path):
+    optuna = pytest.importorskip("optuna")
+    from pyspark.ml import Pipeline
+
+    from spark_torch_est import TorchEstimator
+    from spark_torch_est.tuning import OptunaPruning
+
+    study = optuna.create_study()
+    trial = study.ask()
+    est = linear_estimator(maxEpochs=2, seed=3, numWorkers=1, validationIndicatorCol="is_val",
+                           loggers=[OptunaPruning(trial)])
+    for save, folder in ((est.save, "saved"), (Pipeline(stages=[est]).save, "pipeline")):
+        with pytest.raises(InvalidInputError, match=r"OptunaPruning \(trial 0\) cannot be saved"):
+            save(str(tmp_path / folder))
+    assert not (tmp_path / "saved").exists()  # refused before anything was written
+    est.setLoggers([])
+    est.save(str(tmp_path / "saved"))
+    loaded = TorchEstimator.load(str(tmp_path / "saved"))
+    loaded.setLoggers([*loaded.loggers, OptunaPruning(trial)])
+    loaded.fit(split_df, duration="1ep")
+    assert study.trials[0].intermediate_values == {1: loaded.history[0]["val_loss"]}  # the live study
+
+
 @pytest.fixture(scope="module")
 def optuna_study(spark, split_df, tmp_path_factory):
     """Two trials at once on the one SparkSession (``n_jobs=2``, ``numWorkers=1`` each on the

@@ -9,12 +9,14 @@ from spark_torch_est.errors import (
     SparkTorchError,
     TrainingCompleteError,
     TrainingFailedError,
+    UserCodeError,
+    described,
 )
 
 
 def test_every_error_is_in_the_tree():
     for error_type in (InvalidInputError, InputDataError, TrainingCompleteError, TrainingFailedError,
-                       IncompatibleCheckpointError):
+                       IncompatibleCheckpointError, UserCodeError):
         assert issubclass(error_type, SparkTorchError)
     assert issubclass(InputDataError, InvalidInputError)
 
@@ -50,3 +52,14 @@ def test_the_message_shows_the_users_frames_and_keeps_the_whole_remote_traceback
     ]
     assert error.remote_traceback == _REMOTE
     assert "\n\n" not in str(TrainingFailedError("x", remote_traceback="no Python traceback in here"))
+
+
+def test_what_user_code_returned_is_told_by_kind_and_shape_never_by_a_tensors_values():
+    import torch
+
+    assert described(True) == "bool True" and described(None) == "None" and described("no") == "str 'no'"
+    assert described((torch.zeros(2, 1), 3)) == "a tuple of 2 (a Tensor of shape [2, 1], int 3)"
+    assert described({"logits": 1, "loss": 2}) == "a dict with keys 'logits', 'loss'"
+    assert described(object()) == "an object" and described(list(range(9))).endswith("int 3, ...)")
+    error = UserCodeError.returned("metric 'acc'", {"a": 1}, "a number", "return one")
+    assert str(error) == "metric 'acc' returned a dict with keys 'a'; expected a number: return one"

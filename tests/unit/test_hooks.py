@@ -1,7 +1,8 @@
 import pytest
+import torch
 
 from spark_torch_est import Hook
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import InvalidInputError, UserCodeError
 from spark_torch_est.train.hooks import STAGE_ARGUMENTS, HookSet, normalize_hooks
 
 
@@ -22,7 +23,10 @@ class Recorder(Hook):
 class TakesAll(Hook):
     def before_backward(self, **kwargs):
         self.seen = sorted(kwargs)
-        return "replaced"
+        return REPLACED
+
+
+REPLACED = torch.tensor(0.5)
 
 
 def test_each_method_gets_exactly_the_arguments_it_names():
@@ -36,7 +40,7 @@ def test_each_method_gets_exactly_the_arguments_it_names():
 def test_var_keyword_gets_everything_and_return_value_is_passed_back():
     hook = TakesAll()
     context = {name: 1 for name in STAGE_ARGUMENTS["before_backward"]}
-    assert HookSet({"all": hook}).call("before_backward", context) == "replaced"
+    assert HookSet({"all": hook}).call("before_backward", context) is REPLACED
     assert hook.seen == sorted(STAGE_ARGUMENTS["before_backward"])
 
 
@@ -119,3 +123,18 @@ def test_ranks_vote_on_stop_flags_every_step_only_when_a_step_stage_names_contro
     assert HookSet({"s": StopsPerStep()}).votes_per_step
     assert HookSet({"t": StepsItself()}).votes_per_step
     assert HookSet({"a": TakesAll(), "n": NamesItBesideTheRest()}).votes_per_step
+
+
+def test_a_replacement_of_the_wrong_kind_names_the_hook_its_class_and_stage_and_what_was_expected():
+    hooks = HookSet({"first": TakesAll(), "junk": Junk()})
+    context = {name: 1 for name in STAGE_ARGUMENTS["before_backward"]}
+    with pytest.raises(UserCodeError) as error:
+        hooks.call("before_backward", context)
+    assert str(error.value).startswith("hook 'junk' (Junk).before_backward() returned a dict with keys 'loss'; "
+                                       "expected None or a replacement loss: a tensor holding one value")
+    assert hooks.current_hook == "junk"
+
+
+class Junk(Hook):
+    def before_backward(self, loss):
+        return {"loss": loss}

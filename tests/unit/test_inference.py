@@ -1,5 +1,6 @@
 """Batched scoring in a task, without Spark: the same numbers as the model, one model per process."""
 
+import dataclasses
 import hashlib
 import io
 
@@ -112,3 +113,28 @@ def test_typed_inputs_are_scored_each_with_its_type_ragged_ones_padded_per_forwa
                                 torch.tensor(list(i), dtype=torch.uint8).reshape(1, 1, 2, 2)))
                     for u, t, i in zip(users, tokens, images)]
     np.testing.assert_allclose(out.column("prediction").to_numpy(), expected, rtol=1e-6)
+
+
+class PairModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return {"prediction": self.linear(x)}
+
+
+def test_transform_and_evaluate_name_the_model_or_metric_that_returns_the_wrong_kind():
+    from spark_torch_est.errors import UserCodeError
+
+    batch, _, _ = _table()
+    spec, _ = _spec(model_creator=lambda config: PairModel())
+    with pytest.raises(UserCodeError, match=r"the model's forward \(PairModel\) returned a dict with keys "
+                                            r"'prediction'; expected one torch.Tensor"):
+        list(predict_task(spec)(iter([batch])))
+    spec, _ = _spec(label_col="y")
+    creators = cloudpickle.loads(spec.creators)
+    creators.metrics = {"both": lambda outputs, labels: {"mae": 1.0, "mse": 2.0}}
+    spec = dataclasses.replace(spec, creators=cloudpickle.dumps(creators))
+    with pytest.raises(UserCodeError, match="metric 'both' returned a dict with keys 'mae', 'mse'; expected"):
+        list(evaluate_task(spec)(iter([batch])))

@@ -334,9 +334,8 @@ class StopAt(Recorder):
         return self.answer if metrics["epoch"] >= self.epoch else False
 
 
-def test_a_logger_that_may_stop_is_answered_for_after_its_on_epoch_end_and_before_the_others():
+def test_a_logger_that_may_stop_is_answered_for_after_its_on_epoch_end():
     recorder, stopper = Recorder(), StopAt(2)
-    recorder.calls = stopper.calls = []  # one list: the order across both loggers
     dispatch = LoggerDispatch([recorder, stopper], "run-1", Progress())
     assert dispatch.stop_wait_s == 2 * stopper.event_timeout_s
     dispatch.start({}, {}, Progress())
@@ -345,11 +344,64 @@ def test_a_logger_that_may_stop_is_answered_for_after_its_on_epoch_end_and_befor
     dispatch.handle(epoch_message(2))
     assert dispatch.stop_asked(2, timeout=10) is True
     dispatch.finish("the model", checkpoint(2))
-    # the stopper's entry and answer first, then the recorder's entry
-    assert [e for e, _, _ in recorder.calls] == ["on_fit_start"] * 2 + ["on_epoch_end", "should_stop",
-                                                                         "on_epoch_end"] * 2 + ["on_fit_end"] * 2
-    assert [m["metrics"]["epoch"] for m in recorder.events("on_epoch_end")] == [1, 1, 2, 2]
+    assert [e for e, _, _ in stopper.calls] == ["on_fit_start"] + ["on_epoch_end", "should_stop"] * 2 + ["on_fit_end"]
+    assert [e for e, _, _ in recorder.calls] == ["on_fit_start", "on_epoch_end", "on_epoch_end", "on_fit_end"]
+    assert [m["metrics"]["epoch"] for m in recorder.events("on_epoch_end")] == [1, 2]
     assert dispatch.stop_error is None  # True stops the fit; fit returns as usual
+
+
+class SlowTracker(Recorder):
+    """A tracker whose ``event`` blocks until released (longer than an epoch takes)."""
+
+    event_timeout_s = 60.0
+
+    def __init__(self, event: str) -> None:
+        super().__init__()
+        self.event, self.release = event, threading.Event()
+
+    def on_step(self, loss, progress):
+        super().on_step(loss, progress)
+        if self.event == "on_step":
+            self.release.wait(60)
+
+    def on_epoch_end(self, metrics):
+        super().on_epoch_end(metrics)
+        if self.event == "on_epoch_end":
+            self.release.wait(60)
+
+
+@pytest.mark.parametrize("event, stop_at", [("on_step", 1), ("on_epoch_end", 2)])
+def test_a_stop_request_is_answered_without_waiting_for_a_slow_tracker(event, stop_at):
+    tracker, stopper = SlowTracker(event), StopAt(stop_at)
+    dispatch = LoggerDispatch([tracker, stopper], "run-1", Progress())
+    dispatch.start({}, {}, Progress())
+    try:
+        dispatch.handle(progress_message(1, when=1.0))
+        for epoch in range(1, stop_at + 1):
+            dispatch.handle(epoch_message(epoch))
+            started = time.monotonic()
+            assert dispatch.stop_asked(epoch, timeout=5) is (epoch == stop_at)  # this epoch's answer, in time
+            assert time.monotonic() - started < 5
+        assert [e for e, _, _ in tracker.calls].count(event) == 1 and tracker.calls[-1][0] == event  # still in it
+    finally:
+        tracker.release.set()
+    dispatch.finish("the model", checkpoint(stop_at))
+    assert [m["metrics"]["epoch"] for m in tracker.events("on_epoch_end")] == list(range(1, stop_at + 1))
+
+
+@pytest.mark.parametrize("answer", ["no", {"stop": False}, RuntimeError, 1])
+def test_an_answer_that_is_not_true_false_or_an_exception_is_warned_about_naming_the_logger(answer, caplog):
+    dispatch = LoggerDispatch([StopAt(1, answer=answer)], "run-1", Progress())
+    dispatch.start({}, {}, Progress())
+    dispatch.handle(epoch_message(1))
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est.loggers.dispatch"):
+        assert dispatch.stop_asked(1, timeout=10) is False  # junk does not stop the fit
+    dispatch.finish("the model", checkpoint(1))
+    assert dispatch.stop_error is None
+    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert warning.startswith("logger StopAt: should_stop() returned ")
+    assert "expected True (stop), False or None (go on), or an exception instance for fit to raise" in warning
+    assert "a bug in spark_torch_est" not in caplog.text
 
 
 def test_an_exception_answer_stops_and_is_kept_for_fit_to_raise():

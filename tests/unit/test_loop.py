@@ -179,13 +179,106 @@ def test_an_empty_partition_is_an_input_error():
 
 
 @pytest.mark.parametrize("loss, words", [
-    (lambda out, y: (out - y) ** 2, "tensor of shape [16, 1]"),
+    (lambda out, y: (out - y) ** 2, "returned a Tensor of shape [16, 1]"),
     (lambda out, y: 0.5, "float"),
+    (lambda out, y: (((out - y) ** 2).mean(), out), "a tuple of 2 (a Tensor of shape [], a Tensor of shape [16, 1])"),
 ])
 def test_a_loss_that_is_not_one_value_is_a_user_error_with_the_fix(loss, words):
     creators = Creators(model=mlp, optimizer=adam, loss=loss)
     failure = _failure(task_spec(creators=creators))
     assert failure.kind == USER and words in failure.message and ".mean()" in failure.message
+    assert "the loss (function " in failure.message and "a bug in spark_torch_est" not in failure.message
+
+
+class ReturnsJunk(Hook):
+    """Returns ``value`` from ``stage``."""
+
+    def __init__(self, stage: str, value) -> None:
+        self.stage, self.value = stage, value
+
+    def before_train_iter(self):
+        return self.value if self.stage == "before_train_iter" else None
+
+    def before_backward(self):
+        return self.value if self.stage == "before_backward" else None
+
+
+class TrainStepJunk(Hook):
+    def train_step(self, model, batch, loss_fn):
+        return loss_fn(model(batch[0]), batch[1]).item()  # a float: backward and the epoch's mean need the tensor
+
+
+@pytest.mark.parametrize("hook, stage, words", [
+    (ReturnsJunk("before_train_iter", True), "before_train_iter", "returned bool True; expected None or a "
+                                                                   "replacement batch (inputs, labels)"),
+    (ReturnsJunk("before_train_iter", (torch.zeros(2, 8),)), "before_train_iter", "returned a tuple of 1 (a Tensor "
+                                                                                   "of shape [2, 8])"),
+    (ReturnsJunk("before_backward", 1.0), "before_backward", "returned float 1.0; expected None or a replacement "
+                                                             "loss: a tensor holding one value"),
+    (ReturnsJunk("before_backward", torch.zeros(16, 1)), "before_backward", "returned a Tensor of shape [16, 1]"),
+    (TrainStepJunk(), "train_step", "returned float"),
+])
+def test_a_hook_that_returns_what_its_stage_cannot_take_is_named_with_what_was_expected(hook, stage, words):
+    failure = _failure(task_spec(hooks={"junk": hook}))
+    assert (failure.kind, failure.stage, failure.hook) == (USER, stage, "junk")
+    assert f"hook 'junk' ({type(hook).__name__}).{stage}() {words}" in failure.message
+    assert "a bug in spark_torch_est" not in failure.message
+
+
+class TwoOutputs(torch.nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind, self.linear = kind, torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return (y, x) if self.kind == "tuple" else {"prediction": y, "features": x}
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("tuple", "returned a tuple of 2 (a Tensor of shape [2, 1], a Tensor of shape [2, 8])"),
+    ("dict", "returned a dict with keys 'prediction', 'features'"),
+])
+def test_a_model_that_returns_a_tuple_or_a_dict_is_named_with_what_the_loss_wants(kind, words):
+    creators = Creators(model=lambda config: TwoOutputs(kind), optimizer=adam, loss=torch.nn.MSELoss())
+    failure = _failure(task_spec(creators=creators))
+    assert failure.kind == USER
+    assert f"the model's forward (TwoOutputs) {words}; expected one torch.Tensor of outputs" in failure.message
+    assert "'tuple' object has no attribute" not in failure.message
+    assert "a bug in spark_torch_est" not in failure.message
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"mae": 0.5, "rmse": 0.7}, "returned a dict with keys 'mae', 'rmse'; expected a number or a tensor holding "
+                                "one value"),
+    (torch.zeros(3), "returned a Tensor of shape [3]"),
+    ("0.5", "returned str '0.5'"),
+])
+def test_a_metric_that_returns_more_than_one_number_is_named(value, words):
+    creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), metrics={"scores": lambda o, y: value})
+    rows = 40
+    batches = [arrow_batches(rows)[0].append_column(IS_VALIDATION, pa.array([i % 4 == 0 for i in range(rows)]))]
+    failure = _failure(task_spec(creators=creators), batches)
+    assert failure.kind == USER and failure.stage == "validation"
+    assert f"metric 'scores' {words}" in failure.message
+    assert "a bug in spark_torch_est" not in failure.message
+
+
+class AddsToTheEntry(Hook):
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def after_train_epoch(self, metrics):
+        metrics["score"] = self.value
+
+
+def test_numpy_numbers_a_hook_adds_to_the_history_are_kept_as_numbers_and_a_stranger_value_names_the_hook():
+    checkpoint = train_locally(hooks={"adds": AddsToTheEntry(np.float64(0.25))})  # e.g. an sklearn score
+    assert checkpoint.history[0]["score"] == 0.25 and type(checkpoint.history[0]["score"]) is float
+    failure = _failure(task_spec(hooks={"adds": AddsToTheEntry(object())}))
+    assert (failure.kind, failure.stage, failure.hook) == (USER, "after_train_epoch", "adds")
+    assert "hook 'adds' (AddsToTheEntry).after_train_epoch() put an object in metrics['score']; expected" in \
+        failure.message
 
 
 def test_a_non_finite_loss_fails_at_its_step_unless_allowed():

@@ -4,7 +4,10 @@ import pytest
 import torch
 import torchmetrics
 
+from spark_torch_est import TorchEstimator
+from spark_torch_est.errors import InvalidInputError, UserCodeError
 from spark_torch_est.train.metrics import MetricAccumulator, is_stateful
+from tests.helpers import adam, mlp
 
 CPU = torch.device("cpu")
 
@@ -57,3 +60,31 @@ def test_a_stateful_metric_that_cannot_merge_says_so():
     accumulator = MetricAccumulator(torch.nn.MSELoss(), {"count": Counter()}, CPU)
     with pytest.raises(TypeError, match="no merge_state"):
         accumulator.merge("count", _accumulator().states()[1])
+
+
+class Several(torchmetrics.MeanSquaredError):
+    """A stateful metric whose compute() gives a dict, as a MetricCollection does."""
+
+    def compute(self):
+        return {"mse": super().compute(), "count": self.total}
+
+
+def test_a_stateful_metric_whose_compute_gives_a_dict_is_named_with_what_was_expected():
+    accumulator = MetricAccumulator(torch.nn.MSELoss(), {"both": Several()}, CPU)
+    accumulator.update(torch.zeros(4, 1), torch.ones(4, 1))
+    with pytest.raises(UserCodeError) as error:
+        accumulator.results(accumulator.totals())
+    assert str(error.value).startswith("metric 'both' (Several).compute() returned a dict with keys 'mse', 'count'; "
+                                       "expected a number or a tensor holding one value")
+    assert "one metric per value" in str(error.value)
+
+
+@pytest.mark.parametrize("metrics, words", [
+    ({"acc": 0.5}, "metrics['acc'] must be a callable(outputs, labels) -> number or a stateful metric"),
+    ({3: _mae}, "the name 3 is not a string"),
+    ([_mae], "metrics must be a {name: metric} dict, got list"),
+])
+def test_metrics_that_cannot_be_called_are_refused_when_the_estimator_is_made(metrics, words):
+    with pytest.raises(InvalidInputError) as error:
+        TorchEstimator(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), metrics=metrics)
+    assert words in str(error.value)

@@ -84,3 +84,26 @@ def test_every_rung_keeps_ceil_n_over_eta(n, eta):
     for before, after in zip(sizes, sizes[1:]):
         assert after == math.ceil(before / eta) or (before == 1 and after == 1)
     assert sizes[-1] == 1
+
+
+# ------------------------------------------------------------------ OptunaPruning and save
+
+
+def test_an_estimator_holding_optuna_pruning_refuses_save_before_writing_and_copies_keep_the_live_trial(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    from spark_torch_est.errors import InvalidInputError
+    from spark_torch_est.tuning import OptunaPruning
+    from tests.helpers import linear_estimator
+
+    study = optuna.create_study()
+    trial = study.ask()
+    est = linear_estimator(loggers=[OptunaPruning(trial)])
+    with pytest.raises(InvalidInputError) as error:
+        est.save(str(tmp_path / "saved"))
+    assert str(error.value).startswith(f"OptunaPruning (trial {trial.number}) cannot be saved with the estimator")
+    assert "loaded.setLoggers([*loaded.loggers, OptunaPruning(trial)])" in str(error.value)
+    assert not (tmp_path / "saved").exists()  # refused before anything was written
+    copied = est.copy()
+    assert copied.loggers[0].trial is trial  # a copy reports to the live study
+    copied.loggers[0].on_epoch_end({"epoch": 1, "val_loss": 0.5})
+    assert study.trials[0].intermediate_values == {1: 0.5}
