@@ -5,13 +5,17 @@ A checkpoint directory looks like::
     ckpt-3f9c0a1b2d4e-ep000002-ba000000000040.pt   # run id, epoch, global step
     ckpt-3f9c0a1b2d4e-ep000003-ba000000000060.pt
     latest                      # the file name of the newest complete checkpoint
+    ckpt-3f9c0a1b2d4e-ba000000000060.claim           # who continues the run from that step here
     ckpt-3f9c0a1b2d4e-ep000003-ba000000000060.dcp/   # strategy="fsdp": every rank's part, beside its .pt
 
 Each run prunes only its own files (and the temporary files a killed writer left), so
 runs may share a directory. Progress is read from the names: finding the newest
 checkpoint of a run reads no checkpoint. A ``latest`` pointer is only followed to a
 checkpoint name in the same directory. A sharded checkpoint's folder goes with its ``.pt``:
-pruned with it, and removed when it has none (a save that did not complete).
+pruned with it, and removed when it has none (a save that did not complete). A fit that
+continues a run from a step claims that step first (:meth:`CheckpointDir.claim`: a file
+created exclusively), so two copies of one run (two estimators loaded from one save) never
+both continue it into one directory; a claim goes once the run has a newer checkpoint.
 
 Every checkpoint file is read through :func:`open_regular`: a regular file only (never a
 FIFO, a device or a symlink out of its folder, which would block a read or never end it),
@@ -39,6 +43,7 @@ __all__ = ["write_atomic", "read_bytes", "open_regular", "iter_file", "local_pat
 logger = logging.getLogger(__name__)
 
 _POINTER_BYTES = 4096  # a checkpoint file's name, with room to spare
+_CLAIM = re.compile(r"^ckpt-(?P<run>[0-9a-f]{12})-ba(?P<step>\d{12,})\.claim$")
 _NAME = re.compile(r"^ckpt-(?P<run>[0-9a-f]{12})-ep(?P<epoch>\d{6,})-ba(?P<step>\d{12,})\.pt$")
 
 
@@ -262,6 +267,7 @@ class CheckpointDir:
 
     POINTER = "latest"
     SHARDED = ".dcp"
+    CLAIM = ".claim"
 
     def __init__(self, url: str, run_id: str = "", keep: int = 3) -> None:
         self.url = url.rstrip("/")
@@ -284,12 +290,48 @@ class CheckpointDir:
         left = {n[:-len(".pt")] for n in mine if n not in removed}
         folders = [n for n in names if n.startswith(f"ckpt-{self.run}-") and n.endswith(self.SHARDED)
                    and n[:-len(self.SHARDED)] not in left]
-        for old in removed + folders:
+        claims = [n for n in names if (match := _CLAIM.match(n)) is not None and match["run"] == self.run
+                  and int(match["step"]) < global_step]  # a newer checkpoint makes a fit from there branch anyway
+        for old in removed + folders + claims:
             try:
                 self.fs.rm(f"{self.path}/{old}", recursive=old.endswith(self.SHARDED))
             except FileNotFoundError:  # removed meanwhile
                 pass
         return f"{self.url}/{name}"
+
+    def claim(self, global_step: int, claimant: str) -> bool:
+        """Claims continuing the run from ``global_step`` in this directory, atomically: the
+        claim file is created exclusively (``O_EXCL``, or fsspec's ``"xb"`` where the store
+        has it), never decided from a listing.
+
+        Args:
+            global_step: The step the run continues from.
+            claimant: Who claims (the same claimant may claim again: a fit retried after one
+                that failed).
+
+        Returns:
+            Whether ``claimant`` holds the claim; False when another one does.
+
+        Raises:
+            OSError: The directory cannot be written.
+        """
+        path = f"{self.path}/ckpt-{self.run}-ba{global_step:012d}{self.CLAIM}"
+        self.fs.makedirs(self.path, exist_ok=True)
+        try:
+            with self.fs.open(path, "xb") as handle:
+                handle.write(claimant.encode())
+            return True
+        except FileExistsError:
+            pass
+        except (ValueError, NotImplementedError):  # a store without exclusive creation: the next best thing
+            logger.debug("%s has no exclusive create; the claim %s is written and read back", self.url, path)
+            if not self.fs.exists(path):
+                write_atomic(f"{self.url}/{posixpath.basename(path)}", claimant.encode())
+        try:
+            held = read_bytes(f"{self.url}/{posixpath.basename(path)}", limit=_POINTER_BYTES)
+        except OSError:
+            return False
+        return held == claimant.encode()
 
     def sharded_url(self, epoch: int, global_step: int) -> str:
         """The folder for every rank's part of a sharded checkpoint (see

@@ -136,3 +136,28 @@ def test_a_directory_is_probed_for_writing(tmp_path):
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(OSError):
         probe_writable(str(tmp_path / "file"))
+
+
+def test_one_of_many_claimants_racing_for_a_run_s_step_gets_it_and_keeps_it(tmp_path):
+    import threading
+
+    directory = CheckpointDir(str(tmp_path), run_id=RUN)
+    start = threading.Barrier(8)
+    won: list[str] = []
+
+    def claim(who: str) -> None:
+        start.wait(timeout=30)
+        if CheckpointDir(str(tmp_path), run_id=RUN).claim(40, who):
+            won.append(who)
+
+    threads = [threading.Thread(target=claim, args=(f"copy{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(won) == 1
+    assert directory.claim(40, won[0]) and not directory.claim(40, "another copy")  # a retried fit keeps it
+    assert directory.claim(41, "another copy")  # another step is another claim
+    directory.write(b"x", epoch=3, global_step=60)  # a newer checkpoint: older claims go
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".claim")) == []
+    assert directory.newest().global_step == 60
