@@ -9,16 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from spark_torch_est import moved
-
 __all__ = [
     "TorchEstimator", "TorchModel", "Hook", "Control", "Checkpoint", "Duration", "Progress",
     "EarlyStopping", "GradientClipping", "SchedulerPerIteration", "Throughput", "SetHyperparameters",
     "Logger", "MLflowLogger", "TensorBoardLogger", "CSVLogger",
 ]
 __version__ = "0.1.0"
-
-moved.install()  # the flat layout's module names keep importing (saved models pickle them)
 
 _HOMES = {
     "TorchEstimator": "estimator", "TorchModel": "model", "Hook": "train.hooks", "Control": "train.hooks",

@@ -15,6 +15,7 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.sql import DataFrame
 
+from spark_torch_est import moved
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.cluster.launcher import Launcher
 from spark_torch_est.cluster.messages import RankMessage
@@ -30,7 +31,7 @@ from spark_torch_est.loggers.dispatch import LoggerDispatch
 from spark_torch_est.loggers.view import DriverView
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import EstimatorParams, carry_params, param_map_name
-from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, saved_checkpoint
+from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, read_required, saved_checkpoint
 from spark_torch_est.planning import checked_config, make_creators, plan_fit, plan_frame, resolve_checkpoint
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import Hook, HookSet, normalize_hooks, storable_state
@@ -415,12 +416,13 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> TorchEstimator:
         instance = cls()
-        creators, instance._initial_hook_states, instance._fresh_hooks = cloudpickle.loads(read("creators.pkl"))
+        creators, instance._initial_hook_states, instance._fresh_hooks = moved.loads(
+            read_required(read, "creators.pkl", folder), f"{folder}/creators.pkl")
         instance._creators = creators
         if creators.config:  # saved before config became a Param; a saved Param wins
             instance._set(config=checked_config(creators.config))
         loggers = read("loggers.pkl")
-        instance._loggers = cloudpickle.loads(loggers) if loggers is not None else []
+        instance._loggers = moved.loads(loggers, f"{folder}/loggers.pkl") if loggers is not None else []
         blob = read("checkpoint.pt")
         instance._checkpoint = loaded_checkpoint(blob, folder) if blob is not None else None
         return instance

@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.utils import is_remote
 
+from spark_torch_est import moved
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.core import jvm, support
 from spark_torch_est.core.schema import FEATURES_LAYOUT
@@ -277,7 +278,7 @@ class TorchModel(Model, ModelParams, TorchPersistence):
 
     @classmethod
     def _from_files(cls, read: Callable[[str], bytes | None], folder: str) -> TorchModel:
-        return cls(creators=cloudpickle.loads(read("creators.pkl")),
+        return cls(creators=moved.loads(read_required(read, "creators.pkl", folder), f"{folder}/creators.pkl"),
                    checkpoint=loaded_checkpoint(read_required(read, "checkpoint.pt", folder), folder))
 
 

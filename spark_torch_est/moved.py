@@ -1,24 +1,29 @@
-"""[both] Where each module of the flat layout (up to 0.1.0) lives now.
+"""[driver] Where each module of the flat layout (up to 0.1.0) lives now, for what it saved.
 
-Saved models, estimators and checkpoints pickle the package's creators, hooks and loggers by
-module path (``spark_torch_est.builtin_hooks.EarlyStopping``), and users' code imports
-them by it. :func:`install` puts a finder on ``sys.meta_path`` that answers an old name with
-the module that lives under the new one, so both keep working; new pickles name the new
-module. A module that moves again gets a row here; a row stays while its module exists
-(``balance``, which no pickle named, is gone: the logical shards of
+Saved models and estimators pickle the package's creators, hooks and loggers by module path
+(``spark_torch_est.builtin_hooks.EarlyStopping``). :func:`loads` unpickles them with a
+redirecting unpickler: an old module name is read as its home now, and a load that needed it
+logs one warning. Old names resolve only there, while a saved stage is loaded: nothing is
+installed on ``sys.meta_path``, so ``import spark_torch_est.<old>`` fails and an old name
+never shadows a new one. What was loaded holds the classes of the new modules, so anything
+pickled from it again (a saved stage, the creators shipped to the executors) names the new
+ones. A module that moves again gets a row here; rows are never removed while their module
+exists (``balance``, which no pickle named, is gone: the logical shards of
 :mod:`~spark_torch_est.ingest.canonical` even out the ranks' rows).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
+import io
+import logging
+import pickle
 from types import ModuleType
+from typing import Any
 
-__all__ = ["MOVED", "install"]
+__all__ = ["MOVED", "loads", "current_name"]
+
+logger = logging.getLogger(__name__)
 
 _PACKAGE = "spark_torch_est"
 
@@ -45,37 +50,53 @@ MOVED = {
     "loggers.optuna_pruning": "tuning.optuna",
 }
 
-
-class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports ``spark_torch_est.<old>`` as the module now at ``spark_torch_est.<new>``."""
-
-    def __init__(self) -> None:
-        self._specs: dict[str, importlib.machinery.ModuleSpec | None] = {}
-
-    def find_spec(
-        self, fullname: str, path: object = None, target: object = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        prefix, _, old = fullname.partition(".")
-        if prefix != _PACKAGE or old not in MOVED:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        module = importlib.import_module(f"{_PACKAGE}.{MOVED[spec.name.partition('.')[2]]}")
-        self._specs[spec.name] = module.__spec__
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        # the import system stamped the old name's spec on the module: give it back its own
-        stamped = module.__spec__
-        if stamped is not None:
-            module.__spec__ = self._specs.pop(stamped.name)
+#: cloudpickle's import of a module a function pickled by value refers to.
+_SUBIMPORTS = {("cloudpickle.cloudpickle", "subimport"), ("cloudpickle", "subimport")}
 
 
-_FINDER = _MovedFinder()
+def current_name(module: str) -> str:
+    """The module's name now: ``spark_torch_est.<old>`` of :data:`MOVED` as its new home,
+    any other name as it is."""
+    prefix, _, rest = module.partition(".")
+    if prefix == _PACKAGE and rest in MOVED:
+        return f"{_PACKAGE}.{MOVED[rest]}"
+    return module
 
 
-def install() -> None:
-    """Lets the old module names import (idempotent)."""
-    if _FINDER not in sys.meta_path:
-        sys.meta_path.append(_FINDER)
+class _RedirectingUnpickler(pickle.Unpickler):
+    """Unpickles with the old module names of :data:`MOVED` read as their homes now,
+    remembering which it met."""
+
+    def __init__(self, blob: bytes) -> None:
+        super().__init__(io.BytesIO(blob))
+        self.redirected: set[str] = set()
+
+    def _current(self, module: str) -> str:
+        now = current_name(module)
+        if now != module:
+            self.redirected.add(module)
+        return now
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _SUBIMPORTS:
+            return self._subimport
+        return super().find_class(self._current(module), name)
+
+    def _subimport(self, name: str) -> ModuleType:
+        return importlib.import_module(self._current(name))
+
+
+def loads(blob: bytes, what: str) -> Any:
+    """Unpickles ``blob`` (cloudpickle's or pickle's) with the old module names of
+    :data:`MOVED` read as their homes now; logs one warning naming ``what`` when it held any.
+
+    Args:
+        blob: The pickled bytes.
+        what: What they are, for the warning (a file's path).
+    """
+    unpickler = _RedirectingUnpickler(blob)
+    loaded = unpickler.load()
+    if unpickler.redirected:
+        logger.warning("%s names modules by their 0.1.0 paths (%s); they were loaded from their homes now. Save it "
+                       "again to store the current names", what, ", ".join(sorted(unpickler.redirected)))
+    return loaded

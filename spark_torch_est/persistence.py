@@ -19,7 +19,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from pyspark.sql.utils import is_remote
 
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
-from spark_torch_est.checkpoints.storage import exists, read_bytes, remove, write_atomic
+from spark_torch_est.checkpoints.storage import UnsafeFileError, exists, read_bytes, remove, write_atomic
 from spark_torch_est.core.support import installed
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, SparkTorchError
 from spark_torch_est.params.base import declare_params
@@ -39,12 +39,21 @@ def saved_checkpoint(checkpoint: Checkpoint, folder: str) -> bytes:
     continuing it needs: a sharded state is copied (its files checked against their
     digests) to ``folder/sharded``, and the saved checkpoint points there. A sharded state
     that is gone or altered is not copied: the stage is saved for inference (a warning says
-    so), and a fit from it is refused (before any job where the folder is gone)."""
+    so), and a fit from it is refused (before any job where the folder is gone). A file of
+    the folder that is not a regular file (a FIFO, a device, a symlink out of the folder)
+    fails the save at once, naming it.
+
+    Raises:
+        IncompatibleCheckpointError: A file of the sharded state is not a regular file.
+    """
     if checkpoint.sharded is None:
         return checkpoint.to_bytes()
     copy = f"{folder}/{_SHARDED}"
     try:
         return checkpoint.with_sharded_url(copy_sharded(checkpoint.sharded, copy)["url"]).to_bytes()
+    except UnsafeFileError as error:  # a FIFO or a device would block the copy or fill the disk
+        remove(copy)
+        raise IncompatibleCheckpointError(f"cannot save the sharded state of {checkpoint!r}: {error}") from None
     except IncompatibleCheckpointError as error:
         remove(copy)
         logger.warning("saved without its sharded optimizer state, so it transforms but cannot be continued: %s",
@@ -124,6 +133,8 @@ class TorchReader(MLReader):
                 return read_bytes(f"{path}/torch/{name}")
             except FileNotFoundError:
                 return None
+            except UnsafeFileError as error:
+                raise InvalidInputError(f"cannot load {path!r}: {error}") from None
 
         if not exists(f"{path}/torch/{_REQUIRED}"):
             shared = (" (from a Spark Connect client, the client and the cluster must share the filesystem "

@@ -176,7 +176,9 @@ def run_of(start: Checkpoint | None, own: Checkpoint | None, checkpoint_dir: str
     """The run a fit from ``start`` trains, and the point it branched from.
 
     A fit continues the run of ``start`` (its id and parent) only from that run's newest
-    point: ``start`` is of the estimator's own run (``own``), no older than ``own``, and
+    point: ``start`` is of the estimator's own run (``own``), no older than ``own``, ``own``
+    (this copy of the run) claims the point in ``checkpoint_dir`` (an atomic claim: of two
+    estimators loaded from one save, only one continues the run there), and
     ``checkpoint_dir`` holds no newer checkpoint of the run (a failed fit may have written
     some). Any other start (another run's model or checkpoint, one in a fresh estimator, an
     earlier point of this run) begins a new run, a branch whose parent is ``start``'s point:
@@ -189,9 +191,11 @@ def run_of(start: Checkpoint | None, own: Checkpoint | None, checkpoint_dir: str
         return uuid.uuid4().hex, None
     step = start.progress.global_step
     if own is not None and start.run_id == own.run_id and step >= own.progress.global_step:
-        newest = CheckpointDir(checkpoint_dir, run_id=start.run_id).newest() if checkpoint_dir else None
-        if newest is None or newest.global_step <= step:
-            return start.run_id, start.parent
+        directory = CheckpointDir(checkpoint_dir, run_id=start.run_id) if checkpoint_dir else None
+        if directory is None or directory.claim(step, own.holder):
+            newest = directory.newest() if directory is not None else None
+            if newest is None or newest.global_step <= step:
+                return start.run_id, start.parent
     return uuid.uuid4().hex, Parent(start.run_id, step)
 
 

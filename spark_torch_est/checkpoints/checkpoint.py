@@ -45,6 +45,7 @@ file) never serializes it again.
 from __future__ import annotations
 
 import io
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -87,6 +88,7 @@ class Checkpoint:
             raise IncompatibleCheckpointError(f"not a spark_torch_est checkpoint: missing {', '.join(missing)}")
         self._state = dict(state)
         self._blob = blob
+        self.holder = uuid.uuid4().hex  # this copy in memory: what claims the run's next point (see planning.run_of)
 
     @classmethod
     def build(cls, *, run_id: str, fit_id: str, progress: Progress, history: list[dict],

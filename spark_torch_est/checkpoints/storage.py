@@ -5,36 +5,165 @@ A checkpoint directory looks like::
     ckpt-3f9c0a1b2d4e-ep000002-ba000000000040.pt   # run id, epoch, global step
     ckpt-3f9c0a1b2d4e-ep000003-ba000000000060.pt
     latest                      # the file name of the newest complete checkpoint
+    ckpt-3f9c0a1b2d4e-ba000000000060.claim           # who continues the run from that step here
     ckpt-3f9c0a1b2d4e-ep000003-ba000000000060.dcp/   # strategy="fsdp": every rank's part, beside its .pt
 
 Each run prunes only its own files (and the temporary files a killed writer left), so
 runs may share a directory. Progress is read from the names: finding the newest
 checkpoint of a run reads no checkpoint. A ``latest`` pointer is only followed to a
 checkpoint name in the same directory. A sharded checkpoint's folder goes with its ``.pt``:
-pruned with it, and removed when it has none (a save that did not complete).
+pruned with it, and removed when it has none (a save that did not complete). A fit that
+continues a run from a step claims that step first (:meth:`CheckpointDir.claim`: a file
+created exclusively), so two copies of one run (two estimators loaded from one save) never
+both continue it into one directory; a claim goes once the run has a newer checkpoint.
+
+Every checkpoint file is read through :func:`open_regular`: a regular file only (never a
+FIFO, a device or a symlink out of its folder, which would block a read or never end it),
+and never more bytes than it had when it was opened.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import posixpath
 import re
+import stat
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import fsspec
 
-__all__ = ["write_atomic", "read_bytes", "probe_writable", "exists", "remove", "short_run_id", "CheckpointDir",
-           "CheckpointFile"]
+__all__ = ["write_atomic", "read_bytes", "open_regular", "iter_file", "local_path", "UnsafeFileError",
+           "probe_writable", "exists", "remove", "short_run_id", "CheckpointDir", "CheckpointFile"]
 
 logger = logging.getLogger(__name__)
 
+_POINTER_BYTES = 4096  # a checkpoint file's name, with room to spare
+_CLAIM = re.compile(r"^ckpt-(?P<run>[0-9a-f]{12})-ba(?P<step>\d{12,})\.claim$")
 _NAME = re.compile(r"^ckpt-(?P<run>[0-9a-f]{12})-ep(?P<epoch>\d{6,})-ba(?P<step>\d{12,})\.pt$")
+
+
+#: Chunk size of :func:`iter_file`.
+CHUNK_BYTES = 4 << 20
+
+
+class UnsafeFileError(OSError):
+    """A checkpoint file that is not a regular file in its folder (a FIFO, a device, a
+    symlink pointing out of the folder), or larger than what is read from it may be."""
 
 
 def _fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     fs, path = fsspec.core.url_to_fs(url)
     return fs, path
+
+
+def local_path(url: str) -> str | None:
+    """The local path behind ``url``, or None for another filesystem."""
+    fs, path = _fs(url)
+    return path if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)) else None
+
+
+@contextlib.contextmanager
+def open_regular(url: str, limit: int | None = None) -> Iterator[tuple[BinaryIO, int]]:
+    """Opens a checkpoint file for reading, if it is a regular file: the one place that
+    decides what a checkpoint file may be.
+
+    A local path is opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat`` (what
+    is checked is what is read: no race with a file swapped in between); a symlink is followed
+    only to a file in the link's own folder. On another fsspec filesystem, the store's
+    listing must say "file" with a size. Opening never blocks, and a read of the size it
+    yields ends.
+
+    Args:
+        url: A local path or fsspec URL.
+        limit: The most bytes the file may hold (None: any size).
+
+    Yields:
+        ``(handle, size)``: the open file and its size in bytes when opened; read no more.
+
+    Raises:
+        FileNotFoundError: Nothing there.
+        UnsafeFileError: Not a regular file (names it and what it is), a symlink out of its
+            folder, or larger than ``limit``.
+    """
+    local = local_path(url)
+    if local is not None:
+        handle, size = _open_local(local)
+    else:
+        fs, path = _fs(url)
+        info = fs.info(path)
+        size = info.get("size")
+        if info.get("type") != "file" or not isinstance(size, int):
+            raise UnsafeFileError(f"{url} is not a regular file (its store lists it as {info.get('type')!r})")
+        handle = fs.open(path, "rb")
+    try:
+        if limit is not None and size > limit:
+            raise UnsafeFileError(f"{url} holds {size} bytes, more than the {limit} such a file may hold")
+        yield handle, size
+    finally:
+        handle.close()
+
+
+def _open_local(path: str) -> tuple[BinaryIO, int]:
+    """A local regular file opened for reading, and its size (see :func:`open_regular`)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist") from None
+    target = path
+    if stat.S_ISLNK(mode):
+        target = os.path.realpath(path)
+        folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        if os.path.commonpath([folder, target]) != folder:
+            raise UnsafeFileError(f"{path} is a symlink to {target}, out of its folder: a checkpoint file is read "
+                                  "only from its own folder")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(target, flags)
+    except OSError as error:
+        if os.path.islink(target):  # swapped for a symlink since it was looked at
+            raise UnsafeFileError(f"{path} is a symlink, not a regular file") from None
+        raise error from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeFileError(f"{path} is not a regular file (it is a {_kind(info.st_mode)}); a checkpoint file "
+                                  "is only read from a regular file")
+        return os.fdopen(fd, "rb"), info.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink")):
+        if test(mode):
+            return name
+    return f"file of mode {oct(mode)}"
+
+
+def iter_file(url: str, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """A regular file's bytes in chunks (see :func:`open_regular`), no more than it had when
+    opened.
+
+    Raises:
+        FileNotFoundError, UnsafeFileError: As :func:`open_regular`.
+        OSError: The file shrank while it was read.
+    """
+    with open_regular(url) as (handle, size):
+        left = size
+        while left > 0:
+            data = handle.read(min(chunk, left))
+            if not data:
+                raise OSError(f"{url} ended after {size - left} of its {size} bytes: it changed while it was read")
+            left -= len(data)
+            yield data
 
 
 def write_atomic(url: str, data: bytes) -> None:
@@ -56,18 +185,20 @@ def write_atomic(url: str, data: bytes) -> None:
         raise
 
 
-def read_bytes(url: str) -> bytes:
-    """Reads a whole regular file from a local path or fsspec URL.
+def read_bytes(url: str, limit: int | None = None) -> bytes:
+    """Reads a whole regular file from a local path or fsspec URL (see :func:`open_regular`).
 
     Raises:
-        OSError: Nothing readable there, or not a regular file (a FIFO or device would
-            block or never end).
+        FileNotFoundError: Nothing there.
+        UnsafeFileError: Not a regular file (a FIFO or device would block or never end), a
+            symlink out of its folder, or more than ``limit`` bytes.
+        OSError: It cannot be read whole.
     """
-    fs, path = _fs(url)
-    if not fs.isfile(path):
-        raise FileNotFoundError(f"{url} is not a regular file")
-    with fs.open(path, "rb") as handle:
-        return handle.read()
+    with open_regular(url, limit) as (handle, size):
+        data = handle.read(size)
+    if len(data) != size:
+        raise OSError(f"{url} ended after {len(data)} of its {size} bytes: it changed while it was read")
+    return data
 
 
 def probe_writable(url: str) -> None:
@@ -136,6 +267,7 @@ class CheckpointDir:
 
     POINTER = "latest"
     SHARDED = ".dcp"
+    CLAIM = ".claim"
 
     def __init__(self, url: str, run_id: str = "", keep: int = 3) -> None:
         self.url = url.rstrip("/")
@@ -158,12 +290,48 @@ class CheckpointDir:
         left = {n[:-len(".pt")] for n in mine if n not in removed}
         folders = [n for n in names if n.startswith(f"ckpt-{self.run}-") and n.endswith(self.SHARDED)
                    and n[:-len(self.SHARDED)] not in left]
-        for old in removed + folders:
+        claims = [n for n in names if (match := _CLAIM.match(n)) is not None and match["run"] == self.run
+                  and int(match["step"]) < global_step]  # a newer checkpoint makes a fit from there branch anyway
+        for old in removed + folders + claims:
             try:
                 self.fs.rm(f"{self.path}/{old}", recursive=old.endswith(self.SHARDED))
             except FileNotFoundError:  # removed meanwhile
                 pass
         return f"{self.url}/{name}"
+
+    def claim(self, global_step: int, claimant: str) -> bool:
+        """Claims continuing the run from ``global_step`` in this directory, atomically: the
+        claim file is created exclusively (``O_EXCL``, or fsspec's ``"xb"`` where the store
+        has it), never decided from a listing.
+
+        Args:
+            global_step: The step the run continues from.
+            claimant: Who claims (the same claimant may claim again: a fit retried after one
+                that failed).
+
+        Returns:
+            Whether ``claimant`` holds the claim; False when another one does.
+
+        Raises:
+            OSError: The directory cannot be written.
+        """
+        path = f"{self.path}/ckpt-{self.run}-ba{global_step:012d}{self.CLAIM}"
+        self.fs.makedirs(self.path, exist_ok=True)
+        try:
+            with self.fs.open(path, "xb") as handle:
+                handle.write(claimant.encode())
+            return True
+        except FileExistsError:
+            pass
+        except (ValueError, NotImplementedError):  # a store without exclusive creation: the next best thing
+            logger.debug("%s has no exclusive create; the claim %s is written and read back", self.url, path)
+            if not self.fs.exists(path):
+                write_atomic(f"{self.url}/{posixpath.basename(path)}", claimant.encode())
+        try:
+            held = read_bytes(f"{self.url}/{posixpath.basename(path)}", limit=_POINTER_BYTES)
+        except OSError:
+            return False
+        return held == claimant.encode()
 
     def sharded_url(self, epoch: int, global_step: int) -> str:
         """The folder for every rank's part of a sharded checkpoint (see
@@ -189,11 +357,11 @@ class CheckpointDir:
         pointer = f"{self.path}/{self.POINTER}"
         if not self.fs.exists(pointer):
             return None
-        if not self.fs.isfile(pointer):  # a FIFO would block the read
-            logger.warning("ignored %s/%s: it is not a regular file", self.url, self.POINTER)
+        try:
+            name = read_bytes(f"{self.url}/{self.POINTER}", limit=_POINTER_BYTES).decode("utf-8", "replace").strip()
+        except UnsafeFileError as error:  # a FIFO would block the read
+            logger.warning("ignored %s/%s: %s", self.url, self.POINTER, error)
             return None
-        with self.fs.open(pointer, "rb") as handle:
-            name = handle.read(200).decode("utf-8", "replace").strip()
         parsed = self._parse(name)
         if parsed is None:
             logger.warning("ignored %s/%s: it names %r, not a checkpoint file in that directory", self.url,

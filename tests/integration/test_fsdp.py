@@ -345,3 +345,38 @@ def test_a_model_whose_sharded_state_is_gone_is_refused_before_any_job(spark, li
     loaded = TorchModel.load(str(tmp_path / "model"))
     refused(loaded)
     assert loaded.transform(linear_df.limit(5)).count() == 5
+
+
+def test_a_resume_from_a_folder_with_a_fifo_part_or_a_crafted_metadata_ends_at_once(spark, linear_df, tmp_path):
+    """A FIFO planted as a part would block a rank's read past any timeout (it hung fits for
+    minutes); a crafted .metadata (its digest forged in the .pt) would run code. The first
+    fails the fit at once naming the part, the second is refused before any job."""
+    import hashlib
+
+    from spark_torch_est import Checkpoint
+    from spark_torch_est.errors import SparkTorchError
+
+    est = _fsdp(tmp_path / "ckpt", timeout=30.0, maxRetries=0)
+    est.fit(linear_df, duration="1ep")
+    folder = Path(est.checkpoint.sharded["url"])
+    os.remove(folder / "__1_0.distcp")
+    os.mkfifo(folder / "__1_0.distcp")
+    started = time.monotonic()
+    with pytest.raises(SparkTorchError, match=r"__1_0\.distcp of the sharded checkpoint is not a regular file"):
+        _fsdp(tmp_path / "other", timeout=30.0, maxRetries=0).fit(linear_df, resume_from=str(tmp_path / "ckpt"))
+    assert time.monotonic() - started < 60
+
+    marker = tmp_path / "ran"
+    crafted = (b"\x80\x04\x8c\x27torch.distributed.checkpoint.filesystem\x8c\x09os.system\x93"
+               + b"\x8c" + bytes([len(f"touch {marker}")]) + f"touch {marker}".encode() + b"\x85R.")
+    (folder / ".metadata").write_bytes(crafted)
+    digest = hashlib.sha256(crafted).hexdigest()
+    (pt,) = (tmp_path / "ckpt").glob("ckpt-*.pt")
+    saved = Checkpoint.load(str(pt))
+    sharded = {**saved.sharded, "digest": digest, "files": {**saved.sharded["files"], ".metadata": digest}}
+    Checkpoint({**saved._state, "sharded": sharded}).save(str(pt))
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(IncompatibleCheckpointError, match=r"\.metadata refers to torch\.distributed\.checkpoint\."
+                                                          r"filesystem\.os\.system"):
+        _fsdp(tmp_path / "other").fit(linear_df, resume_from=str(tmp_path / "ckpt"))
+    assert spark_jobs_started(spark) == jobs and not marker.exists()

@@ -120,6 +120,43 @@ def test_two_continuations_of_one_saved_model_into_one_folder_do_not_overwrite_e
         f"{saved.run_id[:12]}@{saved.progress.global_step}")
 
 
+def test_two_estimators_loaded_from_one_save_and_fitted_at_once_into_one_folder_get_their_own_runs(
+        spark, linear_df, tmp_path):
+    """Both copies would continue the saved run: one claims its next point in the folder (an
+    atomic claim, not a listing), the other branches; each file holds its own run's weights."""
+    import threading
+
+    from pyspark.sql import functions as F
+
+    folder = tmp_path / "ckpt"
+    saved = linear_estimator(maxEpochs=3, numWorkers=1, checkpointDir=str(folder))
+    saved.fit(linear_df, duration="1ep")
+    saved.save(str(tmp_path / "est"))
+    copies = [TorchEstimator.load(str(tmp_path / "est")) for _ in range(2)]
+    frames = [linear_df, linear_df.withColumn("label", F.col("label") * 2.0)]  # two runs, two sets of weights
+    together, errors = threading.Barrier(2), []
+
+    def fit(est: TorchEstimator, frame) -> None:
+        try:
+            together.wait(timeout=60)
+            est.fit(frame, duration="1ep")
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=fit, args=pair) for pair in zip(copies, frames)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not errors
+    runs = [est.checkpoint.run_id for est in copies]
+    assert len(set(runs)) == 2 and saved.checkpoint.run_id in runs
+    for est in copies:
+        (own,) = folder.glob(f"ckpt-{est.checkpoint.run_id[:12]}-ep000002-*.pt")
+        on_disk = Checkpoint.load(str(own)).model_state
+        assert all(torch.equal(value, on_disk[key]) for key, value in est.checkpoint.model_state.items())
+
+
 def test_a_fit_from_an_earlier_point_of_its_own_run_branches_and_from_its_newest_continues(spark, linear_df):
     est = estimator(maxEpochs=3)
     earlier = est.fit(linear_df, duration="1ep")

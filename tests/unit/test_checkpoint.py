@@ -6,8 +6,9 @@ import pickle
 import pytest
 import torch
 
-from spark_torch_est import Checkpoint, Progress, rng
+from spark_torch_est import Checkpoint, Progress
 from spark_torch_est.checkpoints.checkpoint import FORMAT_VERSION, check_compatible, iter_chunks
+from spark_torch_est.core import rng
 from spark_torch_est.errors import IncompatibleCheckpointError
 from tests.helpers import features_schema
 

@@ -132,3 +132,22 @@ def test_a_fit_continues_its_run_only_from_the_runs_newest_point(tmp_path):
     branched = train_locally(Target(epoch=2), own.to_bytes(), rows=64, run_id=run_id, parent=parent)
     assert run_of(branched, branched, None) == (run_id, parent)  # a branch's next fit keeps its parent
     assert branched.parent == parent and branched.history[1]["branch_of"] == f"{own.run_id[:12]}@{earlier_step}"
+
+
+def test_two_copies_of_one_saved_run_continue_it_into_one_folder_once(tmp_path):
+    """Two estimators loaded from one save hold two copies of the run's newest point: the
+    first to claim it in checkpointDir continues the run (again, when its fit is retried),
+    the other branches, before either has written a file."""
+    from spark_torch_est import Checkpoint
+    from spark_torch_est.core.progress import Parent, Target
+    from spark_torch_est.planning import run_of
+    from tests.helpers import train_locally
+
+    blob = train_locally(Target(epoch=1), rows=64).to_bytes()
+    first, second = Checkpoint.from_bytes(blob), Checkpoint.from_bytes(blob)
+    step = first.progress.global_step
+    assert run_of(first, first, str(tmp_path)) == (first.run_id, None)
+    run_id, parent = run_of(second, second, str(tmp_path))
+    assert run_id != first.run_id and parent == Parent(first.run_id, step)
+    assert run_of(first, first, str(tmp_path)) == (first.run_id, None)  # the first copy's fit, retried
+    assert run_of(second, second, None) == (second.run_id, None)  # no folder shared: nothing to claim

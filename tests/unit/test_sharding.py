@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from spark_torch_est.checkpoints.storage import CheckpointDir
 from spark_torch_est.cluster.failure import RankFailure
 from spark_torch_est.core.progress import Interval, Target
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
-from spark_torch_est.train.strategies.fsdp import _MetadataUnpickler, check_shardable, shard_targets
+from spark_torch_est.train.strategies.fsdp import check_shardable, load_metadata, shard_targets
 from tests.helpers import mlp, train_locally
 
 
@@ -83,7 +85,120 @@ def test_every_file_of_the_folder_is_checked_before_any_state_is_loaded(tmp_path
 
 def test_a_metadata_file_naming_other_callables_is_not_unpickled():
     with pytest.raises(IncompatibleCheckpointError, match="builtins.print, which a DCP metadata file never holds"):
-        _MetadataUnpickler(io.BytesIO(pickle.dumps(print))).load()
+        load_metadata(pickle.dumps(print), "x/.metadata")
+
+
+def _call(module: str, name: str, argument: str) -> bytes:
+    """A pickle (protocol 4) that calls ``module``'s global ``name`` (looked up as pickle
+    looks up a dotted name) with one string."""
+    def text(value: str) -> bytes:
+        return b"\x8c" + bytes([len(value.encode())]) + value.encode()
+    return b"\x80\x04" + text(module) + text(name) + b"\x93" + text(argument) + b"\x85R."
+
+
+def _crafted(marker) -> dict[str, bytes]:
+    """Pickles that touch ``marker`` when unpickled freely, each as a way in."""
+    class Run:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    return {
+        "__reduce__ to os.system": pickle.dumps(Run()),
+        "a dotted name in DCP's own module": _call("torch.distributed.checkpoint.filesystem", "os.system",
+                                                  f"touch {marker}"),
+        "a dotted name in DCP's metadata module": _call("torch.distributed.checkpoint.metadata", "os.system",
+                                                       f"touch {marker}"),
+        "builtins.getattr": _call("builtins", "getattr", "x"),
+        "a dotted torch name": _call("torch", "os.system", f"touch {marker}"),
+    }
+
+
+@pytest.mark.parametrize("way", ["__reduce__ to os.system", "a dotted name in DCP's own module",
+                                 "a dotted name in DCP's metadata module", "builtins.getattr", "a dotted torch name"])
+def test_a_crafted_metadata_runs_nothing_and_is_refused_naming_the_file(tmp_path, way):
+    marker = tmp_path / "ran"
+    with pytest.raises(IncompatibleCheckpointError, match=r"^folder/\.metadata refers to .*never holds"):
+        load_metadata(_crafted(marker)[way], "folder/.metadata")
+    assert not marker.exists()
+
+
+def _forged(checkpoint: Checkpoint, metadata: bytes) -> Checkpoint:
+    """``checkpoint`` with its folder's ``.metadata`` replaced by ``metadata`` and its digests
+    made to match (what someone who can write checkpointDir can do)."""
+    import hashlib
+
+    folder = checkpoint.sharded["url"]
+    with open(os.path.join(folder, ".metadata"), "wb") as handle:
+        handle.write(metadata)
+    digest = hashlib.sha256(metadata).hexdigest()
+    sharded = {**checkpoint.sharded, "digest": digest, "files": {**checkpoint.sharded["files"], ".metadata": digest}}
+    return Checkpoint({**checkpoint._state, "sharded": sharded})
+
+
+def test_a_crafted_metadata_is_refused_on_the_driver_and_on_the_ranks_before_any_state(tmp_path):
+    from spark_torch_est.train.strategies.fsdp import check_present
+
+    half = _fsdp(tmp_path, Target(epoch=1))
+    marker = tmp_path / "ran"
+    forged = _forged(half, _crafted(marker)["a dotted name in DCP's own module"])
+    where = os.path.join(half.sharded["url"], ".metadata")
+    with pytest.raises(IncompatibleCheckpointError, match=f"^{re.escape(where)} refers to "
+                                                          "torch.distributed.checkpoint.filesystem.os.system"):
+        check_present(forged.sharded)  # the driver, before any job
+    with pytest.raises(RankFailure) as ranks:
+        _fsdp(tmp_path, Target(epoch=2), resume=forged.for_ranks().to_bytes())
+    assert ranks.value.failure.message.startswith(f"IncompatibleCheckpointError: {where} refers to ")
+    assert not marker.exists()
+
+
+def test_the_metadata_torch_writes_is_built_from_the_allowed_globals_only(tmp_path):
+    from spark_torch_est.train.strategies.fsdp import METADATA_GLOBALS
+
+    half = _fsdp(tmp_path, Target(epoch=1))
+    seen = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            seen.add((module, name))
+            return super().find_class(module, name)
+
+    blob = open(os.path.join(half.sharded["url"], ".metadata"), "rb").read()
+    Recording(io.BytesIO(blob)).load()
+    assert {(m, n) for m, n in seen if not isinstance(getattr(torch, n, None), torch.dtype)} <= METADATA_GLOBALS
+    assert load_metadata(blob, "x").state_dict_metadata  # and it loads
+
+
+def test_a_metadata_naming_a_file_out_of_its_folder_is_refused(tmp_path):
+    half = _fsdp(tmp_path, Target(epoch=1))
+    metadata = load_metadata(open(os.path.join(half.sharded["url"], ".metadata"), "rb").read(), "x")
+    next(iter(metadata.storage_data.values())).relative_path = "../../outside.distcp"
+    with pytest.raises(IncompatibleCheckpointError, match="names '../../outside.distcp' for its data"):
+        load_metadata(pickle.dumps(metadata), "x")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("strange", ["fifo", "/dev/zero", "symlink out"])
+def test_a_part_that_is_not_a_regular_file_is_refused_at_once_naming_it(tmp_path, strange):
+    half = _fsdp(tmp_path / "dir", Target(epoch=1))
+    part = os.path.join(half.sharded["url"], "__0_0.distcp")
+    outside = tmp_path / "outside.distcp"
+    outside.write_bytes(open(part, "rb").read())  # the same bytes: only where they lie is wrong
+    os.remove(part)
+    if strange == "fifo":
+        os.mkfifo(part)
+    else:
+        os.symlink("/dev/zero" if strange == "/dev/zero" else outside, part)
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as resumed:
+        _fsdp(tmp_path / "dir", Target(epoch=2), resume=half.to_bytes())
+    assert resumed.value.failure.message.startswith(
+        "IncompatibleCheckpointError: __0_0.distcp of the sharded checkpoint is not a regular file")
+    from spark_torch_est.persistence import saved_checkpoint
+
+    with pytest.raises(IncompatibleCheckpointError, match=f"{re.escape(part)} is "):
+        saved_checkpoint(half, str(tmp_path / "saved"))  # a save copies the folder
+    assert not (tmp_path / "saved" / "sharded").exists()
+    assert time.monotonic() - started < 30
 
 
 def test_old_and_unfinished_folders_are_pruned_with_their_checkpoints(tmp_path):

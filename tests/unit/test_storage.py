@@ -5,10 +5,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from spark_torch_est.checkpoints.storage import CheckpointDir, probe_writable, read_bytes
+from spark_torch_est.checkpoints.storage import CheckpointDir, UnsafeFileError, iter_file, probe_writable, read_bytes
 
 RUN = "3f9c0a1b2d4e5f60"
 
@@ -90,10 +91,39 @@ def test_a_pointer_or_checkpoint_that_is_not_a_regular_file_is_refused_without_b
     os.mkfifo(tmp_path / "latest")
     with caplog.at_level(logging.WARNING, logger="spark_torch_est.checkpoints.storage"):
         assert CheckpointDir(str(tmp_path)).latest() is None
-    assert "latest: it is not a regular file" in caplog.text
+    assert "latest is not a regular file (it is a FIFO)" in caplog.text
     os.mkfifo(tmp_path / "ckpt.pt")
-    with pytest.raises(FileNotFoundError, match="ckpt.pt is not a regular file"):
+    with pytest.raises(UnsafeFileError, match="ckpt.pt is not a regular file"):
         read_bytes(str(tmp_path / "ckpt.pt"))
+
+
+@pytest.mark.timeout(30)
+def test_a_symlink_to_a_device_or_out_of_its_folder_is_refused_at_once_naming_it(tmp_path):
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    (tmp_path / "outside.pt").write_bytes(b"someone else's file")
+    (folder / "inside.pt").write_bytes(b"a checkpoint")
+    os.symlink("/dev/zero", folder / "zero.pt")
+    os.symlink(tmp_path / "outside.pt", folder / "out.pt")
+    os.symlink("inside.pt", folder / "alias.pt")
+    started = time.monotonic()
+    with pytest.raises(UnsafeFileError, match=r"zero.pt is a symlink to /dev/zero, out of its folder"):
+        read_bytes(str(folder / "zero.pt"))
+    with pytest.raises(UnsafeFileError, match=r"out.pt is a symlink to .*outside.pt, out of its folder"):
+        list(iter_file(str(folder / "out.pt")))
+    assert time.monotonic() - started < 5
+    assert read_bytes(str(folder / "alias.pt")) == b"a checkpoint"  # a link within the folder is followed
+    os.symlink("/dev/zero", folder / "latest")
+    assert CheckpointDir(str(folder)).latest() is None
+
+
+def test_a_file_is_read_up_to_its_size_and_a_limit(tmp_path):
+    (tmp_path / "f").write_bytes(b"x" * 100)
+    assert read_bytes(str(tmp_path / "f"), limit=100) == b"x" * 100
+    with pytest.raises(UnsafeFileError, match="f holds 100 bytes, more than the 99"):
+        read_bytes(str(tmp_path / "f"), limit=99)
+    with pytest.raises(UnsafeFileError, match="not a regular file .it is a directory"):
+        read_bytes(str(tmp_path))
 
 
 def test_a_directory_is_probed_for_writing(tmp_path):
@@ -106,3 +136,28 @@ def test_a_directory_is_probed_for_writing(tmp_path):
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(OSError):
         probe_writable(str(tmp_path / "file"))
+
+
+def test_one_of_many_claimants_racing_for_a_run_s_step_gets_it_and_keeps_it(tmp_path):
+    import threading
+
+    directory = CheckpointDir(str(tmp_path), run_id=RUN)
+    start = threading.Barrier(8)
+    won: list[str] = []
+
+    def claim(who: str) -> None:
+        start.wait(timeout=30)
+        if CheckpointDir(str(tmp_path), run_id=RUN).claim(40, who):
+            won.append(who)
+
+    threads = [threading.Thread(target=claim, args=(f"copy{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(won) == 1
+    assert directory.claim(40, won[0]) and not directory.claim(40, "another copy")  # a retried fit keeps it
+    assert directory.claim(41, "another copy")  # another step is another claim
+    directory.write(b"x", epoch=3, global_step=60)  # a newer checkpoint: older claims go
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".claim")) == []
+    assert directory.newest().global_step == 60

@@ -20,14 +20,18 @@ reaches (a shared filesystem or an object store): DCP reshards on load, so a ran
 parts that other ranks wrote. The first save checks that every rank sees every part.
 
 Nothing read back is unpickled freely: the ``.metadata`` must match the digest the
-checkpoint holds and is read by an unpickler that builds DCP's metadata classes only;
-tensors and other values load with ``torch.load(weights_only=True)``.
+checkpoint holds and is read by an unpickler that builds only the exact classes a DCP
+metadata file holds (:data:`METADATA_GLOBALS`), then checked to name only files of its
+folder; the driver reads it so before any job, each rank before any state is read.
+Tensors and other values load with ``torch.load(weights_only=True)``. Every file is read
+as a regular file only (see :func:`spark_torch_est.checkpoints.storage.open_regular`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import logging
 import os
 import pickle
@@ -41,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from spark_torch_est.checkpoints.storage import UnsafeFileError, iter_file, local_path, open_regular, read_bytes
 from spark_torch_est.core import support
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
@@ -58,6 +63,8 @@ logger = logging.getLogger(__name__)
 #: The values of the ``strategy`` Param.
 STRATEGIES = ("ddp", "fsdp")
 _METADATA = ".metadata"
+#: The most bytes a ``.metadata`` may hold (a model of 10^5 tensors writes some tens of MB).
+METADATA_BYTES = 1 << 30
 
 
 def model_to_check(creators: Creators) -> nn.Module:
@@ -262,17 +269,21 @@ class ShardedState:
         """
         files: dict[str, str] = pointer.get("files") or {}
         names = sorted(files)
-        verdicts = torch.zeros(len(names), dtype=torch.int32)  # 1: differs, 2: missing
+        verdicts = torch.zeros(len(names), dtype=torch.int32)  # 1: differs, 2: missing, 3: not a regular file
         for i in range(self.rank, len(names), self.world_size):
             try:
                 verdicts[i] = int(_file_sha256(posixpath.join(pointer["url"], names[i])) != files[names[i]])
+            except UnsafeFileError:
+                verdicts[i] = 3
             except (OSError, ValueError):
                 verdicts[i] = 2
         verdicts = self._summed(verdicts)
         bad = [(name, int(v)) for name, v in zip(names, verdicts) if v]
         if bad:
             name, verdict = bad[0]
-            what = "is missing" if verdict == 2 else "differs from the one the checkpoint was saved with (SHA-256)"
+            what = {2: "is missing", 3: "is not a regular file in its folder (a FIFO, a device or a symlink out of "
+                                        "the folder)"}.get(verdict, "differs from the one the checkpoint was saved "
+                                                                    "with (SHA-256)")
             raise IncompatibleCheckpointError(
                 f"{name} of the sharded checkpoint {what}: the folder {pointer['url']} was altered or replaced"
                 + (f" ({len(bad) - 1} more file(s) too)" if len(bad) > 1 else ""))
@@ -289,8 +300,10 @@ class ShardedState:
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        metadata = _checked_metadata(pointer["url"], pointer["digest"])
+        metadata = _checked_metadata(pointer["url"], pointer["digest"], pointer.get("files"))
         self._check_files(pointer)
+        if not pointer.get("files"):  # an earlier release's checkpoint: no digests, but regular files only
+            _check_regular(pointer["url"], metadata)
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}  # dcp.load fills it in place
         try:
@@ -338,7 +351,7 @@ def check_present(pointer: dict[str, Any]) -> None:
             f"the sharded checkpoint {url} is gone ({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
             "missing): checkpointDir keeps only the newest three checkpoints of each run, and a fitted model's "
             "sharded state lies there until TorchModel.save copies it into the model's folder")
-    _checked_metadata(url, pointer["digest"])
+    _checked_metadata(url, pointer["digest"], pointer["files"])
 
 
 def copy_sharded(pointer: dict[str, Any], url: str) -> dict[str, Any]:
@@ -351,6 +364,8 @@ def copy_sharded(pointer: dict[str, Any], url: str) -> dict[str, Any]:
 
     Raises:
         IncompatibleCheckpointError: The folder is gone, or a file differs from the one saved.
+        UnsafeFileError: A file of the folder is not a regular file (names it): nothing of
+            it was copied.
     """
     check_present(pointer)
     fs, path = fsspec.core.url_to_fs(pointer["url"])
@@ -366,29 +381,28 @@ def copy_sharded(pointer: dict[str, Any], url: str) -> dict[str, Any]:
     return {**pointer, "url": url}
 
 
-def _local(url: str) -> str | None:
-    """The local path behind ``url``, or None for another filesystem."""
-    fs, path = fsspec.core.url_to_fs(url)
-    return path if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)) else None
-
-
 def _writer(url: str) -> Any:
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    local = _local(url)
+    local = local_path(url)
     return FileSystemWriter(local) if local is not None else FsspecWriter(url)
 
 
-def _checked_metadata(url: str, digest: str) -> bytes:
-    """The folder's ``.metadata``, if it is the one the checkpoint was saved with.
+def _checked_metadata(url: str, digest: str, files: dict[str, str] | None = None) -> Any:
+    """The folder's ``.metadata`` (DCP's ``Metadata``), if it is the one the checkpoint was
+    saved with and holds DCP's metadata only, naming only files of the folder (those in
+    ``files``, when the checkpoint lists them).
 
     Raises:
-        IncompatibleCheckpointError: It is missing, unreadable or altered.
+        IncompatibleCheckpointError: It is missing, unreadable, altered, or holds anything
+            else (names the file and what it holds).
     """
     metadata_url = posixpath.join(url, _METADATA)
     try:
-        blob = _read(metadata_url)
+        blob = read_bytes(metadata_url, limit=METADATA_BYTES)
+    except UnsafeFileError as error:
+        raise IncompatibleCheckpointError(f"the sharded checkpoint's {error}; it is not read") from None
     except (OSError, ValueError) as error:
         raise IncompatibleCheckpointError(
             f"the sharded checkpoint {url} is gone or unreadable ({type(error).__name__}: {error}); it may have "
@@ -396,23 +410,69 @@ def _checked_metadata(url: str, digest: str) -> bytes:
     if _sha256(blob) != digest:
         raise IncompatibleCheckpointError(f"{metadata_url} is not the one the checkpoint was saved with (its "
                                           "SHA-256 differs): the folder was altered or replaced")
-    return blob
+    return load_metadata(blob, metadata_url, files)
 
 
-def _reader(url: str, metadata: bytes) -> Any:
-    """A DCP reader of the folder ``url`` that takes its metadata from the checked bytes
-    ``metadata`` (see :func:`_checked_metadata`), unpickled safely."""
+def load_metadata(blob: bytes, where: str, files: dict[str, str] | None = None) -> Any:
+    """Unpickles a DCP ``.metadata`` building only :data:`METADATA_GLOBALS`, and checks that
+    it is DCP's ``Metadata`` naming only plain file names of its folder (those in ``files``
+    when given) for its storage.
+
+    Raises:
+        IncompatibleCheckpointError: Names ``where`` and what it holds that DCP's metadata never does.
+    """
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        loaded = _MetadataUnpickler(io.BytesIO(blob)).load()
+    except _Refused as refused:
+        raise IncompatibleCheckpointError(
+            f"{where} refers to {refused}, which a DCP metadata file never holds: it is not loaded (a crafted file "
+            "could run code)") from None
+    except Exception as error:  # pickle raises many types for a damaged stream
+        raise IncompatibleCheckpointError(f"{where} is not a DCP metadata file ({type(error).__name__}: "
+                                          f"{str(error)[:200]})") from None
+    if not isinstance(loaded, Metadata):
+        raise IncompatibleCheckpointError(f"{where} holds a {type(loaded).__name__}, not DCP's Metadata")
+    storage = loaded.storage_data if loaded.storage_data is not None else {}
+    for info in storage.values() if isinstance(storage, dict) else [None]:
+        name = getattr(info, "relative_path", None)
+        if not (isinstance(name, str) and name and "/" not in name and "\\" not in name and name not in (".", "..")
+                and (files is None or not files or name in files)):
+            raise IncompatibleCheckpointError(
+                f"{where} names {name!r} for its data, which is not a file of its folder: it is not loaded")
+    return loaded
+
+
+def _check_regular(url: str, metadata: Any) -> None:
+    """Checks that every file ``metadata`` names in the folder ``url`` is a regular file.
+
+    Raises:
+        IncompatibleCheckpointError: Names the first one that is not.
+    """
+    for name in sorted({info.relative_path for info in (metadata.storage_data or {}).values()}):
+        try:
+            with open_regular(posixpath.join(url, name)):
+                pass
+        except OSError as error:
+            raise IncompatibleCheckpointError(f"{name} of the sharded checkpoint {url} cannot be read: "
+                                              f"{error}") from None
+
+
+def _reader(url: str, metadata: Any) -> Any:
+    """A DCP reader of the folder ``url`` that takes its metadata from ``metadata``, read and
+    checked by :func:`_checked_metadata`."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-    local = _local(url)
+    local = local_path(url)
     base = FileSystemReader if local is not None else FsspecReader
 
     class CheckedReader(base):  # type: ignore[misc, valid-type]
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
-            loaded = _MetadataUnpickler(io.BytesIO(metadata)).load()
+            loaded = metadata
             if getattr(loaded, "storage_meta", None) is None:
                 loaded.storage_meta = StorageMeta()
             loaded.storage_meta.load_id = self.load_id
@@ -437,29 +497,36 @@ def _planner() -> Any:
     return WeightsOnlyPlanner()
 
 
-_SAFE_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                 "torch.distributed.checkpoint.planner")
-_SAFE_NAMES = {("collections", "OrderedDict"), ("torch", "Size"), ("torch.serialization", "_get_layout"),
-               ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("builtins", "set"), ("builtins", "frozenset")}
+_DCP = "torch.distributed.checkpoint"
+#: The exact ``(module, name)`` globals a DCP ``.metadata`` holds (torch 2.6 to 2.13: DCP's
+#: metadata dataclasses and its memory-format enum, the file storage's ``_StorageInfo``,
+#: ``torch.Size``, layouts by name, the path it was saved to), besides dtypes (the
+#: ``torch.<dtype>`` attributes, checked to be dtypes). Nothing else is built, so no
+#: callable that can run code is reached; a name is never looked up as a dotted path.
+METADATA_GLOBALS = frozenset({
+    *((f"{_DCP}.metadata", name) for name in (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")),
+    (f"{_DCP}.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("builtins", "set"), ("builtins", "frozenset"),
+    *((module, name) for module in ("pathlib", "pathlib._local") for name in ("PosixPath", "PurePosixPath")),
+})
+
+
+class _Refused(Exception):
+    """A global that :data:`METADATA_GLOBALS` does not hold (its ``module.name``)."""
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's ``.metadata``: its own dataclasses, ``torch.Size``, dtypes and layouts,
-    and the path it was saved to; nothing that can run code."""
+    """Unpickles DCP's ``.metadata``, building :data:`METADATA_GLOBALS` and dtypes only."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in _SAFE_MODULES or (module, name) in _SAFE_NAMES:
+        if (module, name) in METADATA_GLOBALS:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+        if module == "torch" and name.isidentifier() and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise IncompatibleCheckpointError(f"the sharded checkpoint's .metadata refers to {module}.{name}, which a "
-                                          "DCP metadata file never holds; it is not loaded")
-
-
-def _read(url: str) -> bytes:
-    from spark_torch_est.checkpoints.storage import read_bytes
-
-    return read_bytes(url)
+        raise _Refused(f"{module}.{name}")
 
 
 def _sha256(data: bytes) -> str:
@@ -470,8 +537,10 @@ def _file_sha256(url: str, copy_to: str | None = None) -> str:
     """The SHA-256 of a file, read in chunks (a shard may be large), written on to the file
     ``copy_to`` as it is read when given."""
     digest = hashlib.sha256()
-    with fsspec.open(url, "rb") as handle, (fsspec.open(copy_to, "wb") if copy_to else nullcontext()) as copy:
-        while chunk := handle.read(1 << 22):
+    chunks = iter_file(url)  # a regular file only, no more bytes than it had when opened
+    first = next(chunks, b"")  # opened (and checked) before anything is written
+    with fsspec.open(copy_to, "wb") if copy_to else nullcontext() as copy:
+        for chunk in itertools.chain([first], chunks):
             digest.update(chunk)
             if copy is not None:
                 copy.write(chunk)

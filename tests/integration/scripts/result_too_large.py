@@ -12,7 +12,8 @@ import torch
 from pyspark.sql import SparkSession
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-from spark_torch_est import TorchEstimator, launcher  # noqa: E402
+from spark_torch_est import TorchEstimator  # noqa: E402
+from spark_torch_est.cluster import launcher  # noqa: E402
 from spark_torch_est.errors import TrainingFailedError  # noqa: E402
 
 if sys.argv[1:] == ["rows"]:
