@@ -32,7 +32,14 @@ from spark_torch_est.loggers.view import DriverView
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import EstimatorParams, carry_params, param_map_name
 from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, read_required, saved_checkpoint
-from spark_torch_est.planning import checked_config, make_creators, plan_fit, plan_frame, resolve_checkpoint
+from spark_torch_est.planning import (
+    checked_config,
+    make_creators,
+    plan_fit,
+    plan_frame,
+    release_claim,
+    resolve_checkpoint,
+)
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import Hook, HookSet, normalize_hooks, storable_state
 
@@ -349,6 +356,14 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     def _fit_alone(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
                    name: str | None) -> TorchModel:
         start = resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
+        try:
+            return self._fit_planned(dataset, duration, start, name)
+        except BaseException:
+            release_claim(start, self._checkpoint, self.getCheckpointDir())
+            raise
+
+    def _fit_planned(self, dataset: DataFrame, duration: str | Duration | None, start: Checkpoint | None,
+                     name: str | None) -> TorchModel:
         plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks, own=self._checkpoint)
         progress = plan.progress
         rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())

@@ -24,6 +24,7 @@ from spark_torch_est.checkpoints.storage import CheckpointDir, probe_writable, r
 from spark_torch_est.core import jvm, support
 from spark_torch_est.core.duration import Duration
 from spark_torch_est.core.progress import Interval, Parent, Progress, Target
+from spark_torch_est.core.running import fit_logger
 from spark_torch_est.core.schema import InputSchema
 from spark_torch_est.core.spec import Columns, FileSource, TaskSpec
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
@@ -40,7 +41,10 @@ from spark_torch_est.train.precision import PRECISIONS
 from spark_torch_est.train.strategies.fsdp import STRATEGIES, check_present, check_shardable, model_to_check
 
 __all__ = ["FitPlan", "plan_fit", "plan_frame", "check_static", "check_params", "check_changes", "check_creators",
-           "task_spec", "make_creators", "checked_config", "resolve_checkpoint", "run_of", "check_resumable"]
+           "task_spec", "make_creators", "checked_config", "resolve_checkpoint", "run_of", "release_claim",
+           "check_resumable"]
+
+logger = fit_logger()
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,18 @@ def run_of(start: Checkpoint | None, own: Checkpoint | None, checkpoint_dir: str
             if newest is None or newest.global_step <= step:
                 return start.run_id, start.parent
     return uuid.uuid4().hex, Parent(start.run_id, step)
+
+
+def release_claim(start: Checkpoint | None, own: Checkpoint | None, checkpoint_dir: str | None) -> None:
+    """Gives back the claim :func:`run_of` may have taken for a fit that then failed or was
+    refused, so a later copy of the run (loaded from the same save) continues it rather than
+    branching. Storage errors are logged: the fit's own error is the one to raise."""
+    if start is None or own is None or not checkpoint_dir or start.run_id != own.run_id:
+        return
+    try:
+        CheckpointDir(checkpoint_dir, run_id=start.run_id).release(start.progress.global_step, own.holder)
+    except OSError as error:
+        logger.warning("could not give back the claim on %s in checkpointDir: %s", start.progress, error)
 
 
 def check_resumable(start: Checkpoint | None) -> None:

@@ -121,7 +121,7 @@ def _open_local(path: str) -> tuple[BinaryIO, int]:
         if os.path.commonpath([folder, target]) != folder:
             raise UnsafeFileError(f"{path} is a symlink to {target}, out of its folder: a checkpoint file is read "
                                   "only from its own folder")
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(target, flags)
     except OSError as error:
@@ -315,23 +315,39 @@ class CheckpointDir:
         Raises:
             OSError: The directory cannot be written.
         """
-        path = f"{self.path}/ckpt-{self.run}-ba{global_step:012d}{self.CLAIM}"
+        path = self._claim_path(global_step)
         self.fs.makedirs(self.path, exist_ok=True)
         try:
             with self.fs.open(path, "xb") as handle:
                 handle.write(claimant.encode())
-            return True
         except FileExistsError:
             pass
         except (ValueError, NotImplementedError):  # a store without exclusive creation: the next best thing
-            logger.debug("%s has no exclusive create; the claim %s is written and read back", self.url, path)
+            logger.warning("%s has no exclusive create: the claim %s is written and read back, which two fits "
+                           "started at the same moment can both pass", self.url, path)
             if not self.fs.exists(path):
                 write_atomic(f"{self.url}/{posixpath.basename(path)}", claimant.encode())
+        # Read back even after an exclusive create: some stores take "xb" and overwrite (fsspec's DBFS).
+        return self._claimant(global_step) == claimant.encode()
+
+    def release(self, global_step: int, claimant: str) -> None:
+        """Gives up ``claimant``'s claim on ``global_step`` (a fit that failed or was refused),
+        so a later copy of the run loaded from the same save continues it instead of branching."""
+        if self._claimant(global_step) != claimant.encode():
+            return
         try:
-            held = read_bytes(f"{self.url}/{posixpath.basename(path)}", limit=_POINTER_BYTES)
+            self.fs.rm(self._claim_path(global_step))
+        except FileNotFoundError:  # removed meanwhile
+            pass
+
+    def _claim_path(self, global_step: int) -> str:
+        return f"{self.path}/ckpt-{self.run}-ba{global_step:012d}{self.CLAIM}"
+
+    def _claimant(self, global_step: int) -> bytes | None:
+        try:
+            return read_bytes(f"{self.url}/{posixpath.basename(self._claim_path(global_step))}", limit=_POINTER_BYTES)
         except OSError:
-            return False
-        return held == claimant.encode()
+            return None
 
     def sharded_url(self, epoch: int, global_step: int) -> str:
         """The folder for every rank's part of a sharded checkpoint (see

@@ -36,10 +36,11 @@ __all__ = [
 
 logger = fit_logger()
 
-#: Relaunches per fit that ``maxRetries`` does not count: after a lost executor, to grow
-#: back to ``numWorkers`` ranks, to read kept rows that are gone through Spark, to
-#: rendezvous through Spark's allGather. A lost executor costs one, and one more when the
-#: run grows back once its slots return.
+#: Relaunches that ``maxRetries`` does not count, in a row without progress (a relaunch
+#: that resumes from a newer checkpoint of the fit starts the count again): after a lost
+#: executor, to grow back to ``numWorkers`` ranks, to read kept rows that are gone through
+#: Spark, to rendezvous through Spark's allGather. A lost executor costs one, and one more
+#: when the run grows back once its slots return.
 MAX_UNCOUNTED_RELAUNCHES = 10
 
 LOCAL_MASTER = re.compile(r"^local(\[[^\]]*\])?$")
@@ -192,6 +193,12 @@ class Launches:
             logger.warning("relaunching training (%d of %d not counted in maxRetries) %s", self.uncounted,
                            self.max_uncounted, reason)
         return Decision(action, reason, counted=counted)
+
+    def progressed(self) -> None:
+        """The next job resumes from a newer checkpoint than the last relaunch did: the bound
+        on uncounted relaunches counts those between two points of progress, so a long
+        elastic run that loses and regains executors now and then keeps training."""
+        self.uncounted = 0
 
     def summary(self) -> str:
         """What each job of the fit ended in, in order."""

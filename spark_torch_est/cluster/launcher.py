@@ -146,7 +146,10 @@ class Launcher:
             elif decision.action is Action.REROUTE:
                 self._store_unreachable.add(_driver_host(self.spark) or "")
             else:  # RELAUNCH, RESIZE: from the newest checkpoint this fit wrote
+                before = start.global_step
                 spec, start = self._relaunch_spec(spec, start)
+                if start.global_step > before:
+                    launches.progressed()
                 self.rows.relaunching()
 
     def _job(self, job: TaskSpec, launch: Launch, frame: DataFrame, grow: GrowWatch | None) -> Outcome:
@@ -201,7 +204,11 @@ class Launcher:
         the run that another fit wrote is read and passed over)."""
         files = CheckpointDir(spec.checkpoint_dir, run_id=spec.run_id).files() if spec.checkpoint_dir else []
         for file in (f for f in files if f.global_step > start.global_step):
-            blob = file.read()
+            try:
+                blob = file.read()
+            except OSError as error:  # not a regular file of the folder, or unreadable: not this fit's
+                logger.warning("passing over %s: %s", file.url, error)
+                continue
             checkpoint = Checkpoint.from_bytes(blob)
             if (checkpoint.run_id, checkpoint.fit_id) == (spec.run_id, spec.fit_id):  # this fit's newest
                 spec, start = dataclasses.replace(spec, resume=blob, fresh_hooks=()), checkpoint.progress

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.cluster.messages import Kind, RankMessage
@@ -230,6 +231,8 @@ class LoggerDispatch:
         """Takes a logger's ``should_stop`` answer (under the decision's lock): True stops the
         fit, an exception stops it for ``fit`` to raise, False or None goes on; anything else
         is warned about and goes on."""
+        if _is_one_bool(answer):  # a 0-d or one-element bool tensor (a torch comparison) is a bool
+            answer = bool(answer.item())
         if isinstance(answer, BaseException):
             self.stop_error = self.stop_error or answer
         elif answer is None or isinstance(answer, (bool, np.bool_)):
@@ -289,3 +292,11 @@ class LoggerDispatch:
                    "logger %s failed in %s (the fit goes on%s): %s: %s", type(item).__name__, event,
                    "; it sits out the fit until it ends, then starts again" if event == "on_fit_start" else "",
                    type(error).__name__, error, exc_info=error if first else None)
+
+
+
+def _is_one_bool(value: Any) -> bool:
+    """Whether ``value`` is a tensor or numpy array holding one bool (a comparison's result)."""
+    if isinstance(value, np.ndarray):
+        return value.dtype == np.bool_ and value.size == 1
+    return isinstance(value, torch.Tensor) and value.dtype == torch.bool and value.numel() == 1

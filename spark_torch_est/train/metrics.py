@@ -39,7 +39,7 @@ def check_metrics(metrics: Any) -> dict[str, Any]:
     Raises:
         InvalidInputError: It is not a dict with string keys, or a metric is neither, naming it.
     """
-    if metrics is None:
+    if metrics is None or (not isinstance(metrics, Mapping) and not metrics):  # None, [] or (): no metrics
         return {}
     if not isinstance(metrics, Mapping):
         raise InvalidInputError(f"metrics must be a {{name: metric}} dict, got {type(metrics).__name__}")

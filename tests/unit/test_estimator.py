@@ -151,3 +151,21 @@ def test_two_copies_of_one_saved_run_continue_it_into_one_folder_once(tmp_path):
     assert run_id != first.run_id and parent == Parent(first.run_id, step)
     assert run_of(first, first, str(tmp_path)) == (first.run_id, None)  # the first copy's fit, retried
     assert run_of(second, second, None) == (second.run_id, None)  # no folder shared: nothing to claim
+
+
+def test_a_copy_whose_fit_failed_gives_its_claim_back_so_a_later_copy_continues_the_run(tmp_path):
+    """A fit that claimed a run's point and then failed (refused for slots, interrupted,
+    crashed before its first checkpoint) gives the claim back: an estimator loaded from the
+    same save later continues the run instead of branching from it forever."""
+    from spark_torch_est import Checkpoint
+    from spark_torch_est.core.progress import Target
+    from spark_torch_est.planning import release_claim, run_of
+    from tests.helpers import train_locally
+
+    blob = train_locally(Target(epoch=1), rows=64).to_bytes()
+    failed, later = Checkpoint.from_bytes(blob), Checkpoint.from_bytes(blob)
+    assert run_of(failed, failed, str(tmp_path)) == (failed.run_id, None)
+    release_claim(later, later, str(tmp_path))  # not its claim: nothing is given back
+    assert run_of(later, later, str(tmp_path))[0] != failed.run_id
+    release_claim(failed, failed, str(tmp_path))
+    assert run_of(later, later, str(tmp_path)) == (failed.run_id, None)

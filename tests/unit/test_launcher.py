@@ -254,3 +254,27 @@ def test_a_shrunk_run_grows_back_through_the_scaling_policy_within_the_bound():
     assert launcher.run(task_spec(Target(epoch=2), world_size=2), Progress()) == b"grown"
     assert launcher.rows.calls == ["relaunching", "succeeded"] and len(launcher.jobs) == 2
     assert MAX_UNCOUNTED_RELAUNCHES >= 2  # a lost executor and its grow-back fit in the bound several times
+
+
+def test_lost_executors_between_checkpoints_do_not_use_up_the_bound_a_run_without_progress_has(tmp_path):
+    """The bound on uncounted relaunches counts those in a row without progress: a long
+    elastic run that loses an executor after each of its checkpoints keeps training."""
+    from spark_torch_est.checkpoints.storage import CheckpointDir
+    from spark_torch_est.cluster.control import MAX_UNCOUNTED_RELAUNCHES, Finished, SlotsLost
+    from spark_torch_est.core.progress import Progress, Target
+    from tests.helpers import task_spec
+
+    losses = MAX_UNCOUNTED_RELAUNCHES + 3
+    directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef")
+
+    def lost_after_a_checkpoint(step):
+        def job(launcher):
+            directory.write(checkpoint("this", step), epoch=step, global_step=step)
+            return SlotsLost(1, 2)
+        return job
+
+    launcher = _scripted([lost_after_a_checkpoint(step) for step in range(1, losses + 1)] + [Finished(b"done")],
+                         max_retries=0)
+    spec = task_spec(Target(epoch=losses + 5), world_size=2, checkpoint_dir=str(tmp_path), fit_id="this")
+    assert launcher.run(spec, Progress()) == b"done"
+    assert len(launcher.jobs) == losses + 1

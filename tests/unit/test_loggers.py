@@ -9,7 +9,9 @@ import logging
 import threading
 import time
 
+import numpy as np
 import pytest
+import torch
 
 from spark_torch_est import CSVLogger, Logger, TorchEstimator
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
@@ -449,3 +451,12 @@ def test_without_live_messages_an_exception_answer_is_still_raised_by_fit():
     dispatch.start({}, {}, Progress())
     dispatch.finish("the model", checkpoint(3))
     assert dispatch.stop_error is pruned
+
+
+@pytest.mark.parametrize("answer", [torch.tensor(True), torch.tensor([True]), np.array(True)])
+def test_a_one_bool_tensor_answer_stops_the_fit_as_true_does(answer):
+    dispatch = LoggerDispatch([StopAt(1, answer=answer)], "run-1", Progress())
+    dispatch.start({}, {}, Progress())
+    dispatch.handle(epoch_message(1))
+    assert dispatch.stop_asked(1, timeout=10) is True
+    dispatch.finish("the model", checkpoint(1))
