@@ -41,16 +41,21 @@ def _predictions(model: TorchModel, df) -> list[float]:
     return [r.prediction for r in model.transform(df).orderBy("id").select("prediction").collect()]
 
 
-def test_the_saved_model_and_estimator_load_and_predict_exactly_as_before(rows_df, samples):
+#: The same weights give the same predictions up to float32 rounding: the samples were made on
+#: another CPU, whose matmul kernels round the last bit differently (seen: 2.4e-7 apart here).
+SAME_WEIGHTS = {"rel": 1e-6, "abs": 1e-6}
+
+
+def test_the_saved_model_and_estimator_load_and_predict_as_before(rows_df, samples):
     model = TorchModel.load(str(samples / "model"))
-    assert _predictions(model, rows_df) == PREDICTED["epoch2"]
+    assert _predictions(model, rows_df) == pytest.approx(PREDICTED["epoch2"], **SAME_WEIGHTS)
     assert [e["epoch"] for e in model.history] == [1, 2]
 
     est = TorchEstimator.load(str(samples / "estimator"))
     assert est.progress.epoch == 2 and est.getMaxEpochs() == 4
     assert isinstance(next(iter(est.hooks.values())), EarlyStopping)
     assert isinstance(est.loggers[0], CSVLogger)
-    assert _predictions(est._model(est.checkpoint), rows_df) == PREDICTED["epoch2"]
+    assert _predictions(est._model(est.checkpoint), rows_df) == pytest.approx(PREDICTED["epoch2"], **SAME_WEIGHTS)
 
 
 def _continue(rows_df, samples, resume: str) -> TorchModel:
