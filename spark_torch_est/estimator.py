@@ -397,8 +397,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         view.planned(progress, plan.target)
         try:
             with running_fit(label):
-                view.phase(f"launching {self.getNumWorkers()} ranks (a Spark barrier job): they start, read their "
-                           "rows, lay them out and meet before the first step")
+                ranks = f"{self.getNumWorkers()} rank{'s' if self.getNumWorkers() > 1 else ''}"
+                view.phase(f"launching {ranks} (a Spark barrier job): they start, read their rows, lay them out "
+                           "and meet before the first step")
                 checkpoint = _train(launcher, spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:

@@ -94,7 +94,8 @@ class MLflowLogger(Logger):
     loss rank 0 reports while it trains is a sample of a few points (a throttled stream),
     which MLflow's run summary would show as the run's loss beside the epoch's mean. When
     an MLflow run is active where ``fit`` is called (or, as for ``CrossValidator``'s threads,
-    in another thread of the driver), the new run is nested under it. A failed fit marks the run FAILED (KILLED for Ctrl-C).
+    in another thread of the driver), the new run is nested under it. A failed fit marks the
+    run FAILED (KILLED for Ctrl-C).
 
     Args:
         tracking_uri: Where to log (default None: ``MLFLOW_TRACKING_URI`` or
