@@ -175,6 +175,8 @@ class DriverView:
     def handle(self, message: RankMessage) -> None:
         """Handles one message from a rank (called from channel threads)."""
         with self._lock:
+            if self._closed.is_set() and message.kind is not Kind.LOG:
+                return  # a late message after the fit: no new bar
             if message.kind is Kind.PROGRESS:
                 self._progress(message, message.loss)
             elif message.kind is Kind.POSITION:
@@ -266,6 +268,7 @@ class DriverView:
                 done = progress.global_step - self.start.global_step
                 self._bar.total = done
                 self._bar.update(done - self._bar.n)
+                self._bar.set_description_str(f"{self._tag()}training", refresh=False)
                 if history and history[-1]["epoch"] > self.start.epoch:
                     last = f"epoch {history[-1]['epoch']}: {format_entry(history[-1])}"
                     self._bar.set_postfix_str(last, refresh=False)
