@@ -42,12 +42,13 @@ examples: $(STAMP)  ## all examples: regression, classifier, recommender, text, 
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py
 
-bench: $(STAMP)  ## side by side: the suite (plain torch, bare DDP, TorchDistributor, typed inputs, 4M-row ingest), the growth table, the hook overhead, tuning, fit many ingest once (about 18 minutes on 2 idle cores, estimated from its parts)
+bench: $(STAMP)  ## side by side: the suite (plain torch, bare DDP, TorchDistributor, typed inputs, 4M-row ingest), the growth table, the hook overhead, tuning, fit many ingest once, a fit's fixed cost on small data (about 20 minutes on 2 idle cores, estimated from its parts)
 	$(RUN) $(BIN)/python -m benchmarks
 	$(RUN) $(BIN)/python -m benchmarks.scale
 	$(RUN) $(BIN)/python -m benchmarks.hook_overhead
 	$(RUN) $(BIN)/python -m benchmarks.tuning
 	$(RUN) $(BIN)/python -m benchmarks.ingest_once
+	$(RUN) $(BIN)/python -m benchmarks.fixed_cost
 
 bench-ingest: $(STAMP)  ## only fit many, ingest once: first, second and third fits with and without kept rows, and a CrossValidator, at 4M rows (about 6 minutes on 2 idle cores)
 	$(RUN) $(BIN)/python -m benchmarks.ingest_once

@@ -15,6 +15,10 @@ For each row, as a user on that runtime would meet the package:
    package held fixed;
 4. ``pytest -m compat tests`` runs with the virtualenv's Python on the executors.
 
+Each row's virtualenv is made with its runtime's Python (``Row.python``): 3.11 for 15.4, 16.4
+(pandas 1.5.3 has no 3.12 wheel on the registry) and the newest row, 3.12 for 17.3 and 18, found
+as ``python3.12`` with ``PYENV_VERSION=3.12.1`` (how these machines' pyenv names it).
+
 Virtualenvs are cached under ``$STE_COMPAT_HOME`` (default ``~/.cache/spark-torch-est/compat``),
 one per row, rebuilt when the row's pins change; pip's own cache keeps the wheels. Each row
 ends with one summary line; the script exits 1 when any row failed.
@@ -46,6 +50,7 @@ class Row:
         runtime: What the row stands for.
         spark, torch, pandas, numpy, pyarrow, mlflow: The runtime's versions (DESIGN's table).
         held: Other packages the runtime ships that our extras name, held at these versions.
+        python: The runtime's Python (major.minor) the row's virtualenv is made with.
     """
 
     name: str
@@ -57,11 +62,20 @@ class Row:
     pyarrow: str
     mlflow: str
     held: tuple[tuple[str, str], ...] = ()
+    python: str = "3.11"
+
+    def interpreter(self) -> tuple[list[str], dict[str, str]]:
+        """The command that runs the row's Python, and the environment it needs (pyenv
+        chooses among its installed versions by ``PYENV_VERSION``)."""
+        return [f"python{self.python}"], dict(PYENV_VERSIONS.get(self.python, {}))
 
     def pins(self) -> dict[str, str]:
         return {"pyspark": self.spark, "torch": self.torch, "pandas": self.pandas, "numpy": self.numpy,
                 "pyarrow": self.pyarrow, "mlflow": self.mlflow, **dict(self.held)}
 
+
+#: The environment that makes ``python<version>`` the installed release of that version.
+PYENV_VERSIONS = {"3.12": {"PYENV_VERSION": "3.12.1"}}
 
 #: The rows, oldest first. ``held``: tensorboard, tqdm and cloudpickle as the runtimes ship
 #: them, and SQLAlchemy below 2.1 where the runtime's mlflow cannot open a sqlite store with 2.1
@@ -73,9 +87,11 @@ ROWS = (
     Row("16.4", "Databricks 16.4 LTS ML", "3.5.2", "2.6.0", "1.5.3", "1.26.4", "15.0.2", "2.21.3",
         (("tensorboard", "2.17.1"), ("tqdm", "4.66.4"), ("cloudpickle", "2.2.1"), ("sqlalchemy", "2.0.30"))),
     Row("17.3", "Databricks 17.3 LTS ML", "4.0.0", "2.7.0", "2.2.3", "2.1.3", "19.0.1", "3.0.1",
-        (("tensorboard", "2.19.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.0.0"), ("sqlalchemy", "2.0.39"))),
+        (("tensorboard", "2.19.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.0.0"), ("sqlalchemy", "2.0.39")),
+        python="3.12"),
     Row("18", "Databricks 18 LTS ML", "4.1.0", "2.9.0", "2.2.3", "2.1.3", "21.0.0", "3.8.1",
-        (("tensorboard", "2.20.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.1.1"), ("sqlalchemy", "2.0.39"))),
+        (("tensorboard", "2.20.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.1.1"), ("sqlalchemy", "2.0.39")),
+        python="3.12"),
     Row("newest", "newest releases", "4.3.0", "2.13.0", "2.3.3", "2.4.6", "25.0.1", "3.17.2",
         (("tensorboard", "2.21.0"), ("tqdm", "4.67.1"), ("cloudpickle", "3.1.2"))),
 )
@@ -109,13 +125,14 @@ def moved(before: dict[str, str], after: dict[str, str]) -> list[str]:
 def build(row: Row, venv: Path, log) -> dict[str, str]:
     """The runtime's packages alone, cached by the row's pins; returns what they are."""
     stamp = venv / ".runtime.json"
-    key = hashlib.sha256(json.dumps(row.pins(), sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps({**row.pins(), "python": row.python}, sort_keys=True).encode()).hexdigest()
     if stamp.exists() and json.loads(stamp.read_text())["key"] == key:
         runtime = json.loads(stamp.read_text())["runtime"]
         if not moved(runtime, installed(venv / "bin" / "python")):  # an earlier failed run may have moved some
             return runtime
     run(["rm", "-rf", str(venv)], log)
-    run([sys.executable, "-m", "venv", str(venv)], log)
+    command, env = row.interpreter()
+    run([*command, "-m", "venv", str(venv)], log, env={**os.environ, **env})
     python = venv / "bin" / "python"
     run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], log)
     run([str(python), "-m", "pip", "install", "--quiet", *(f"{n}=={v}" for n, v in row.pins().items())], log)
@@ -161,7 +178,9 @@ def main() -> int:
     by_name = {row.name: row for row in ROWS}
     if args.list:
         for row in ROWS:
-            print(f"{row.name:7} {row.runtime:24} " + " ".join(f"{n}=={v}" for n, v in row.pins().items()))
+            command, env = row.interpreter()
+            python = " ".join([*(f"{k}={v}" for k, v in env.items()), *command])
+            print(f"{row.name:7} {row.runtime:24} {python:32} " + " ".join(f"{n}=={v}" for n, v in row.pins().items()))
         return 0
     unknown = [name for name in args.rows if name not in by_name]
     if unknown:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import posixpath
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -17,13 +18,20 @@ from pyspark.sql import DataFrame
 
 from spark_torch_est import moved
 from spark_torch_est.checkpoints.checkpoint import Checkpoint
+from spark_torch_est.checkpoints.storage import CheckpointDir
 from spark_torch_est.cluster.launcher import Launcher
 from spark_torch_est.cluster.messages import RankMessage
 from spark_torch_est.core.duration import Duration
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.running import fit_logger, running_fit
 from spark_torch_est.core.spec import TaskSpec
-from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
+from spark_torch_est.errors import (
+    IncompatibleCheckpointError,
+    InvalidInputError,
+    SparkTorchError,
+    TrainingCompleteError,
+    TrainingFailedError,
+)
 from spark_torch_est.ingest.kept_registry import KeptIngest
 from spark_torch_est.loggers import Logger
 from spark_torch_est.loggers.base import normalize_loggers
@@ -291,6 +299,16 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             TrainingCompleteError: The run already reached ``maxEpochs``.
             TrainingFailedError: A rank failed; the estimator's run is unchanged.
         """
+        try:
+            return self._fit_maps(dataset, params, duration, resume_from)
+        except (InvalidInputError, TrainingCompleteError, IncompatibleCheckpointError) as error:
+            # The user's mistake, said in the message: the traceback starts here, at the user's
+            # call, not in the package's planning (a thread pool's frames among them); a cause
+            # (the user's creator that raised) stays.
+            raise error.with_traceback(None) from error.__cause__
+
+    def _fit_maps(self, dataset: DataFrame, params: ParamMap | list[ParamMap] | tuple[ParamMap, ...] | None,
+                  duration: str | Duration | None, resume_from: Any) -> TorchModel | list[TorchModel]:
         if params is None:
             params = {}
         if isinstance(params, (list, tuple)):
@@ -304,7 +322,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             warnings.warn(
                 "fit(df, params, duration=...) trains a copy with the param map: a new run each call, which never "
                 "continues the last one; to train a configuration in steps, make it once with est.copy(params) "
-                "and call fit(df, duration=...) on that copy", UserWarning, stacklevel=2)
+                "and call fit(df, duration=...) on that copy", UserWarning, stacklevel=3)
         return self.copy(params)._fit_run(dataset, duration, resume_from, self._search_name(params))
 
     def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[ParamMap]) -> Iterator[tuple[int, TorchModel]]:
@@ -355,15 +373,24 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
     def _fit_alone(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
                    name: str | None) -> TorchModel:
+        view = DriverView(self.getShowProgress(), None, None, self.getNumWorkers() * self.getBatchSize(), name or "")
+        try:
+            return self._fit_shown(dataset, duration, resume_from, name, view)
+        finally:
+            view.close()
+
+    def _fit_shown(self, dataset: DataFrame, duration: str | Duration | None, resume_from: Any,
+                   name: str | None, view: DriverView) -> TorchModel:
+        view.phase("checking the DataFrame, the Params and the model")
         start = resolve_checkpoint(resume_from) if resume_from is not None else self._checkpoint
         try:
-            return self._fit_planned(dataset, duration, start, name)
+            return self._fit_planned(dataset, duration, start, name, view)
         except BaseException:
             release_claim(start, self._checkpoint, self.getCheckpointDir())
             raise
 
     def _fit_planned(self, dataset: DataFrame, duration: str | Duration | None, start: Checkpoint | None,
-                     name: str | None) -> TorchModel:
+                     name: str | None, view: DriverView) -> TorchModel:
         plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks, own=self._checkpoint)
         progress = plan.progress
         rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
@@ -381,17 +408,20 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                             replan=lambda workers: plan_frame(self, dataset, plan.schema, workers),
                             on_ask=lambda epoch: loggers.stop_asked(epoch, spec.stop_wait_s or 0.0))
         label = name or f"run {spec.run_id[:8]}"
-        view = DriverView(self.getShowProgress(), progress, plan.target, self.getNumWorkers() * self.getBatchSize(),
-                          label)
+        if start is None:
+            _say_if_dir_holds_a_run(self.getCheckpointDir(), self.getMaxEpochs())
+        view.name = label
+        view.planned(progress, plan.target)
         try:
             with running_fit(label):
+                ranks = f"{self.getNumWorkers()} rank{'s' if self.getNumWorkers() > 1 else ''}"
+                view.phase(f"launching {ranks} (a Spark barrier job): they start, read their rows, lay them out "
+                           "and meet before the first step")
                 checkpoint = _train(launcher, spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:
             loggers.fail(error)
             raise
-        finally:
-            view.close()
         for name, hook in self._creators.hooks.items():
             if name in checkpoint.hook_states:
                 hook.load_state_dict(checkpoint.hook_states[name])
@@ -451,6 +481,24 @@ def _train(launcher: Launcher, spec: TaskSpec, start: Progress) -> Checkpoint:
         raise
     except Exception as error:  # the package promises its own errors only
         raise TrainingFailedError(f"the fit failed unexpectedly: {type(error).__name__}: {error}") from error
+
+
+def _say_if_dir_holds_a_run(checkpoint_dir: str | None, max_epochs: int) -> None:
+    """Warns before a new run trains when ``checkpointDir`` already holds a run (a new driver
+    with the same estimator): which run, how far it came, and how to continue it instead."""
+    if checkpoint_dir is None:
+        return
+    try:
+        newest = CheckpointDir(checkpoint_dir).latest()
+    except (OSError, ValueError) as error:  # a notice only: the fit's own writes will tell
+        logger.debug("could not list checkpointDir=%s: %s", checkpoint_dir, error)
+        return
+    if newest is not None:
+        logger.warning(
+            "checkpointDir=%r already holds a run: its newest checkpoint %s is at epoch %d of maxEpochs=%d (global "
+            "step %d). This fit starts a new run from epoch 0 beside it; to continue that run instead, call "
+            "fit(df, resume_from=%r)", checkpoint_dir, posixpath.basename(newest.url), newest.epoch, max_epochs,
+            newest.global_step, checkpoint_dir)
 
 
 def _with_stop_wait(spec: TaskSpec, wait: float | None) -> TaskSpec:

@@ -340,6 +340,7 @@ class ProgressReporter:
         self.client = client if rank == 0 else None
         self.interval = interval
         self._last = 0.0
+        self._last_position: float | None = None
 
     def step(self, progress: Progress, loss: float, steps_per_epoch: int) -> None:
         """Reports the position after a step and its loss (read by the loop, a number), at
@@ -349,8 +350,19 @@ class ProgressReporter:
         now = time.monotonic()
         if now - self._last < self.interval:
             return
-        self._last = now
+        self._last = self._last_position = now
         self.client.send(RankMessage.for_step(progress, loss, steps_per_epoch))
+
+    def position(self, progress: Progress, steps_per_epoch: int) -> None:
+        """Reports the position after a step whose loss is not read yet: the first at once,
+        then at most every ``interval`` seconds (a step report counts)."""
+        if self.client is None:
+            return
+        now = time.monotonic()
+        if self._last_position is not None and now - self._last_position < self.interval:
+            return
+        self._last_position = now
+        self.client.send(RankMessage.for_position(progress, steps_per_epoch))
 
     def epoch(self, entry: dict) -> None:
         """Reports a finished epoch's history entry."""

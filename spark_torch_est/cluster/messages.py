@@ -1,6 +1,7 @@
 """[both] What the ranks tell the driver while a fit runs: one typed message.
 
-Rank 0 reports its progress after a step (throttled) and each epoch's history entry;
+Rank 0 reports its progress after a step (throttled): its position after every step, and
+with the loss where the loop reads the losses; and each epoch's history entry;
 every rank forwards its warning and error log records. The channel
 (:mod:`spark_torch_est.cluster.channel`) carries a message as JSON (:meth:`RankMessage.to_dict`)
 and the driver decodes it once, where it arrives (:meth:`RankMessage.from_dict`), so the
@@ -32,6 +33,7 @@ class Kind(enum.Enum):
     """What a :class:`RankMessage` reports; its value is the ``"type"`` on the wire."""
 
     PROGRESS = "progress"  #: rank 0's position after a step and that step's loss
+    POSITION = "position"  #: rank 0's position after a step whose loss is not read yet
     EPOCH = "epoch"  #: a completed epoch's history entry
     LOG = "log"  #: a rank's log record
 
@@ -43,8 +45,8 @@ class RankMessage:
     Attributes:
         kind: What it reports.
         time: When the rank sent it (``time.time()`` on the rank).
-        progress: ``PROGRESS``: where the run stands after the step.
-        steps_per_epoch: ``PROGRESS``: optimizer steps in an epoch.
+        progress: ``PROGRESS``, ``POSITION``: where the run stands after the step.
+        steps_per_epoch: ``PROGRESS``, ``POSITION``: optimizer steps in an epoch.
         loss: ``PROGRESS``: the step's loss.
         entry: ``EPOCH``: the history entry, with its 1-based ``"epoch"``.
         rank: ``LOG``: the rank that logged the record.
@@ -70,6 +72,11 @@ class RankMessage:
         return cls(Kind.PROGRESS, time.time(), progress=progress, steps_per_epoch=steps_per_epoch, loss=loss)
 
     @classmethod
+    def for_position(cls, progress: Progress, steps_per_epoch: int) -> RankMessage:
+        """Rank 0's position after a step, before its loss is read, sent now."""
+        return cls(Kind.POSITION, time.time(), progress=progress, steps_per_epoch=steps_per_epoch)
+
+    @classmethod
     def for_epoch(cls, entry: dict[str, Any]) -> RankMessage:
         """A completed epoch's history entry, sent now."""
         return cls(Kind.EPOCH, time.time(), entry=entry)
@@ -85,6 +92,8 @@ class RankMessage:
         if self.kind is Kind.PROGRESS:
             fields: dict[str, Any] = {**self.progress.to_dict(), "steps_per_epoch": self.steps_per_epoch,
                                       "loss": self.loss}
+        elif self.kind is Kind.POSITION:
+            fields = {**self.progress.to_dict(), "steps_per_epoch": self.steps_per_epoch}
         elif self.kind is Kind.EPOCH:
             fields = {"entry": self.entry}
         else:
@@ -104,6 +113,9 @@ class RankMessage:
             if kind is Kind.PROGRESS:
                 return cls(kind, sent, progress=Progress.from_dict(data),
                            steps_per_epoch=_integer(data["steps_per_epoch"]), loss=_number(data["loss"]))
+            if kind is Kind.POSITION:
+                return cls(kind, sent, progress=Progress.from_dict(data),
+                           steps_per_epoch=_integer(data["steps_per_epoch"]))
             if kind is Kind.EPOCH:
                 entry = data["entry"]
                 _integer(entry["epoch"])

@@ -29,7 +29,7 @@ __all__ = ["MLflowLogger", "RUN_ID_TAG", "REQUEST_SETTINGS", "input_example"]
 RUN_ID_TAG = "spark_torch_est.run_id"
 _PARENT_TAG = "mlflow.parentRunId"
 _ERROR_TAG = "spark_torch_est.error"
-_STEP_METRIC = "train_loss_step"
+_WORLD_SIZE = "world_size"
 _MAX_PARAM = 500
 _URI_LOCK = threading.Lock()
 #: MLflow's HTTP retry settings while a logger event runs, unless the process sets them:
@@ -89,11 +89,13 @@ class MLflowLogger(Logger):
 
     Params and config (as ``config.<key>``) are logged as MLflow params at the run's first
     fit (later fits add new names only: MLflow params cannot change), each history entry
-    as metrics with ``step=epoch``, rank 0's throttled loss as ``train_loss_step`` with
-    ``step=global_step``, and at the end of each fit the model with
-    ``mlflow.pytorch.log_model``. When an MLflow run is active where ``fit`` is called (or,
-    as for ``CrossValidator``'s threads, in another thread of the driver), the new run is
-    nested under it. A failed fit marks the run FAILED (KILLED for Ctrl-C).
+    as metrics with ``step=epoch`` (its ``world_size`` as the tag ``world_size``), and at the
+    end of each fit the model with ``mlflow.pytorch.log_model``. No per-step metric: the
+    loss rank 0 reports while it trains is a sample of a few points (a throttled stream),
+    which MLflow's run summary would show as the run's loss beside the epoch's mean. When
+    an MLflow run is active where ``fit`` is called (or, as for ``CrossValidator``'s threads,
+    in another thread of the driver), the new run is nested under it. A failed fit marks the
+    run FAILED (KILLED for Ctrl-C).
 
     Args:
         tracking_uri: Where to log (default None: ``MLFLOW_TRACKING_URI`` or
@@ -154,20 +156,18 @@ class MLflowLogger(Logger):
         self._active[run_id] = _Active(client, run.info.run_id, experiment_id)
 
     @_bounded
-    def on_step(self, progress: Any, loss: float, run_id: str) -> None:
-        """Logs the step loss at ``step=global_step``."""
-        active = self._active[run_id]
-        active.client.log_metric(active.run_id, _STEP_METRIC, loss, step=progress.global_step)
-
-    @_bounded
     def on_epoch_end(self, metrics: dict, run_id: str) -> None:
-        """Logs a history entry's numbers at ``step=epoch``."""
-        from mlflow.entities import Metric
+        """Logs a history entry's numbers at ``step=epoch``; its ``world_size`` (the ranks
+        that trained the epoch: fewer in a shrunk elastic run) as a tag, not a metric."""
+        from mlflow.entities import Metric, RunTag
 
         active = self._active[run_id]
         now = int(time.time() * 1000)
-        batch = [Metric(key, value, now, int(metrics["epoch"])) for key, value in scalars(metrics).items()]
-        active.client.log_batch(active.run_id, metrics=batch)
+        numbers = scalars(metrics)
+        world_size = numbers.pop(_WORLD_SIZE, None)
+        batch = [Metric(key, value, now, int(metrics["epoch"])) for key, value in numbers.items()]
+        tags = [RunTag(_WORLD_SIZE, str(int(world_size)))] if world_size is not None else []
+        active.client.log_batch(active.run_id, metrics=batch, tags=tags)
 
     @_bounded
     def on_fit_end(self, model: Any, checkpoint: Any, run_id: str) -> None:

@@ -192,6 +192,7 @@ class Trainer:
         self._call("after_train_iter", batch, outputs=outputs, loss=loss)
         if due:
             self._read_losses()
+        self.reporter.position(self.state.progress, self.rows.steps_per_epoch)
 
     # ------------------------------------------------------------------------ setup
 

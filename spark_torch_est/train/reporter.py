@@ -19,6 +19,11 @@ class Reporter(Protocol):
         steps (see :data:`spark_torch_est.train.step.READ_EVERY`), never a tensor the call
         would have to wait for; the implementation may send fewer."""
 
+    def position(self, progress: Progress, steps_per_epoch: int) -> None:
+        """The position after every step, without its loss (not read yet): the
+        implementation sends the first at once (the fit's first step) and then a few a second
+        at most, so the driver's view moves while steps run between readings."""
+
     def epoch(self, entry: dict) -> None:
         """A finished epoch's history entry."""
 
@@ -33,6 +38,9 @@ class _Silent:
     """Reports nothing: a loop run without a driver (tests, a rank without a channel)."""
 
     def step(self, progress: Progress, loss: float, steps_per_epoch: int) -> None:
+        pass
+
+    def position(self, progress: Progress, steps_per_epoch: int) -> None:
         pass
 
     def epoch(self, entry: dict) -> None:

@@ -306,3 +306,29 @@ def test_feature_cols_messages_name_the_column_and_the_feature_count(spark):
                                                   r"model was given 4 features per row \(featureCols \['a', 'b', 'c', "
                                                   r"'d'\]\)"):
         est.fit(df.na.fill(0.0))
+
+
+def _package_frames(error: BaseException) -> list[str]:
+    """The package's frames in the traceback a user sees of ``error`` (with its chain)."""
+    import traceback
+
+    text = "".join(traceback.format_exception(error))
+    return [line for line in text.splitlines() if line.strip().startswith("File ") and "spark_torch_est" in line
+            and "/tests/" not in line]
+
+
+def test_an_error_before_any_job_shows_the_users_frame_and_few_of_the_packages(spark, linear_df):
+    """A bad labelCol read as one clear line under a 104-line traceback with 15 of the
+    package's frames, concurrent.futures among them."""
+    import traceback
+
+    est = linear_estimator(labelCol="no_such_column", showProgress=False)
+    with pytest.raises(InvalidInputError) as caught:
+        est.fit(linear_df)  # the user's line
+    text = "".join(traceback.format_exception(caught.value))
+    assert "no_such_column" in text and "est.fit(linear_df)  # the user's line" in text, text
+    assert "concurrent" not in text and "threading.py" not in text, text
+    assert len(_package_frames(caught.value)) <= 3, text
+    with pytest.raises(SparkTorchError) as caught:
+        est.setLabelCol("label").fit(linear_df, duration="0ep")
+    assert len(_package_frames(caught.value)) <= 3, "".join(traceback.format_exception(caught.value))

@@ -43,3 +43,10 @@ def test_quick_ingest_once_runs_and_its_later_fits_take_kept_rows():
     assert "| computed | on |" in out and "| computed | off |" in out
     kept_cv = next(line for line in out.splitlines() if "keeping on:" in line)
     assert "2 of 5 fits on kept rows" in kept_cv, kept_cv
+
+
+@pytest.mark.slow  # ten fits and a CrossValidator of 28: about two minutes on a loaded machine
+@pytest.mark.timeout(900)
+def test_fixed_cost_of_small_fits_and_crossvalidator_against_scikit_learn():
+    out = _run("benchmarks.fixed_cost", "--fits", "1", timeout=800)
+    assert "numWorkers=1: fit " in out and "numWorkers=2: fit " in out and "GridSearchCV on the same maps" in out

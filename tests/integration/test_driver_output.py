@@ -25,7 +25,10 @@ def test_progress_and_epoch_metrics_reach_stderr_unless_show_progress_is_off():
     assert done.returncode == 0, done.stderr[-3000:]
     shown, quiet = done.stderr.split("--- quiet ---\n")
     lines = [line for line in shown.splitlines() if "spark_torch_est: " in line]
-    assert any("spark_torch_est: step " in line and " of this fit, epoch 1, loss " in line for line in lines), shown
+    assert lines[0] == "spark_torch_est: checking the DataFrame, the Params and the model ...", shown
+    assert any(line.startswith("spark_torch_est: launching 2 ranks (a Spark barrier job)") for line in lines), shown
+    assert any(line.startswith("spark_torch_est: first step after ") and "; step 1/" in line
+               and " of this fit, epoch 1" in line for line in lines), shown
     assert [line.split("spark_torch_est: ")[1][:len("epoch 1: train_loss=")] for line in lines
             if "train_loss=" in line] == ["epoch 1: train_loss=", "epoch 2: train_loss="], shown
     assert "spark_torch_est" not in quiet, quiet

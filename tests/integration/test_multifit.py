@@ -279,3 +279,28 @@ def test_a_second_fit_of_an_estimator_that_is_fitting_is_refused_and_the_first_t
     assert est.progress.epoch == 2 and [entry["epoch"] for entry in est.history] == [1, 2]
     est.setMaxEpochs(3).fit(linear_df)  # once the first fit returned, the run goes on
     assert est.progress.epoch == 3
+
+
+def test_a_new_driver_on_a_checkpoint_dir_that_holds_a_run_is_told_and_resume_from_the_dir_continues_it(
+        spark, linear_df, tmp_path, caplog):
+    """A new driver whose estimator names the same checkpointDir but no resume_from trained
+    from epoch 0 with no word that the folder held a run at epoch 2 of 6."""
+    import logging
+
+    folder = str(tmp_path / "ckpt")
+    killed = estimator(maxEpochs=6, checkpointDir=folder)  # the first driver, 2 epochs done
+    killed.fit(linear_df, duration="2ep")
+    run = killed.checkpoint.run_id
+    continued = estimator(maxEpochs=6, checkpointDir=folder)  # the new driver
+    continued.fit(linear_df, resume_from=folder, duration="1ep")  # the newest run in the folder, from epoch 2
+    parent = continued.checkpoint.parent  # another estimator's run: continued as its branch (docs/multi-fit.md)
+    assert continued.progress.epoch == 3 and (parent.run_id, parent.global_step) == (run, killed.progress.global_step)
+    run = continued.checkpoint.run_id
+    with caplog.at_level(logging.WARNING):
+        fresh = estimator(maxEpochs=6, checkpointDir=folder)
+        fresh.fit(linear_df, duration="1ep")
+    notices = [r.getMessage() for r in caplog.records if "already holds a run" in r.getMessage()]
+    assert len(notices) == 1, caplog.text
+    assert f"ckpt-{run[:12]}-ep000003-" in notices[0] and "at epoch 3 of maxEpochs=6" in notices[0]
+    assert f"resume_from={folder!r}" in notices[0]
+    assert fresh.checkpoint.run_id != run and fresh.progress.epoch == 1

@@ -273,3 +273,22 @@ def test_no_answer_in_time_goes_on_and_closes_the_channel(caplog):
         release.set()
         client.close()
         server.close()
+
+
+def test_rank_0_sends_its_position_after_the_first_step_at_once_then_at_most_once_an_interval(rank_channel):
+    """The loop reads its losses every 10 steps: without positions between readings a bar sat
+    at 10/120 and jumped to 100%, and nothing came before the tenth step."""
+    from spark_torch_est.cluster.channel import ProgressReporter
+
+    _, client, received = rank_channel
+    reporter = ProgressReporter(client, rank=0, interval=0.3)
+    for step in range(1, 50):  # fast steps
+        reporter.position(Progress(batch_in_epoch=step, global_step=step), 100)
+    assert _wait_for(lambda: len(received) == 1)
+    assert received[0].kind is Kind.POSITION and received[0].progress.global_step == 1  # the first step, at once
+    time.sleep(0.35)  # the interval passes while steps run
+    reporter.position(Progress(batch_in_epoch=50, global_step=50), 100)
+    assert _wait_for(lambda: len(received) == 2) and received[1].progress.global_step == 50
+    ProgressReporter(client, rank=1).position(Progress(global_step=1), 100)  # other ranks send nothing
+    time.sleep(0.2)
+    assert len(received) == 2
