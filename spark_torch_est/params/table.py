@@ -5,7 +5,9 @@ Every Param is one :class:`ParamSpec` row of :data:`PARAMS`: name, doc, type, co
 default and family. Everything else comes from the table: ``python -m
 spark_torch_est.params.codegen`` (``make params``) writes the typed Param declarations, their
 defaults and their ``getX``/``setX`` accessors into one module per family (``params/columns.py``,
-``params/training.py``, ``params/runtime.py``), and tests/unit/test_params.py checks that those
+``params/training.py``, ``params/runtime.py``, and the tuner's ``tuning/halving_params.py``),
+their bounds are checked before a fit (see ``minimum``, ``seconds``, ``choices`` of
+:class:`ParamSpec`), and tests/unit/test_params.py checks that those
 modules are up to date and that ``TorchEstimator``'s signature and docstring agree with the
 table. docs/params.md says how to add a Param.
 
@@ -82,11 +84,13 @@ class Family:
 
     Attributes:
         cls: The mixin's name, e.g. ``"TrainingParams"``.
-        module: Its module in the package, e.g. ``"training"`` (``params/training.py``).
+        module: Its module in ``folder``, e.g. ``"training"`` (``params/training.py``).
         doc: What its Params are about (the mixin's and the module's docstring).
-        carried_by: The stages whose class declares them (TorchModel gets the others of its
-            estimator when fitted, see :func:`spark_torch_est.params.base.carry_params`).
+        carried_by: The stages whose class declares them (a fitted TorchModel holds the
+            values its estimator had, see :func:`spark_torch_est.params.base.carry_params`).
         type_imports: Imports the accessors' annotations need (for type checkers only).
+        folder: The package's folder of the module: ``params``, or the folder of the stage that
+            alone carries them (the tuner's beside the tuner, as pyspark's ``ml/tuning.py``).
     """
 
     cls: str
@@ -94,6 +98,7 @@ class Family:
     doc: str
     carried_by: tuple[str, ...]
     type_imports: tuple[str, ...] = ()
+    folder: str = "params"
 
 
 @dataclass(frozen=True)
@@ -138,15 +143,15 @@ FAMILIES: dict[str, Family] = {
                       "the columns a model reads and writes, and how transform reads them",
                       ("TorchEstimator", "TorchModel")),
     "training": Family("TrainingParams", "training",
-                       "what is trained, on which rows, and how", ("TorchEstimator",)),
+                       "what is trained, on which rows, and how", ("TorchEstimator", "TorchModel")),
     "runtime": Family("RuntimeParams", "runtime",
                       "where and how a fit runs: ranks, slots, retries, checkpoints, memory, progress",
-                      ("TorchEstimator",)),
-    "halving": Family("HalvingParams", "halving",
+                      ("TorchEstimator", "TorchModel")),
+    "halving": Family("HalvingParams", "halving_params",
                       "what successive halving tunes and how its rungs keep and train configurations",
                       ("SuccessiveHalving",),
                       ("from pyspark.ml.evaluation import Evaluator",
-                       "from spark_torch_est.estimator import TorchEstimator")),
+                       "from spark_torch_est.estimator import TorchEstimator"), folder="tuning"),
 }
 
 _T = TypeConverters

@@ -132,3 +132,18 @@ def test_each_bound_the_table_declares_is_refused_before_a_fit(spec, tmp_path):
     check_params(est.copy({est.getParam(spec.name): spec.default}))  # the default is within bounds
     with pytest.raises(InvalidInputError, match=message):
         check_params(est.copy({est.getParam(spec.name): below}))
+
+
+def test_a_fitted_model_holds_its_estimators_params_declared_by_its_class():
+    """TorchModel shares the estimator's Params class (as a pyspark.ml model does): fit sets
+    the values it was trained with; no Param is declared for one instance only."""
+    from pyspark.ml.param import Param
+
+    from spark_torch_est.params.base import carry_params
+
+    est, model = TorchEstimator(batchSize=32, strategy="fsdp"), TorchModel()
+    carry_params(est, model)
+    assert {p.name for p in model.params} == {p.name for p in est.params}
+    assert (model.getBatchSize(), model.getStrategy(), model.getMaxEpochs()) == (32, "fsdp", 10)
+    assert model.isSet("batchSize") and not model.isSet("maxEpochs")
+    assert not [p.name for p in est.params if not isinstance(getattr(TorchModel, p.name, None), Param)]
