@@ -152,6 +152,20 @@ def test_no_import_circle_between_folders():
     assert not {unit for unit in graph.get("core", ()) if unit in FOLDERS}, "core imports another folder"
 
 
+#: docs/architecture.md's layers: what each lower folder may import (errors.py aside); the
+#: estimator, the model, planning, persistence, tuning and loggers sit on top.
+_BELOW = {"core": set(), "params": {"core"}, "checkpoints": {"core"}, "ingest": {"core"},
+          "train": {"core", "ingest", "checkpoints"}}
+_BELOW |= dict.fromkeys(("cluster", "scoring"), {"core", "params", "checkpoints", "ingest", "train"})
+
+
+@pytest.mark.parametrize("folder", sorted(_BELOW))
+def test_folders_depend_downwards_as_the_architecture_note_says(folder):
+    imported = {_unit(name) for module, path in MODULES.items() if _unit(module) == folder
+                for name in _imports(path) if name.startswith("spark_torch_est.")} - {folder, "errors"}
+    assert imported <= _BELOW[folder], f"{folder} imports {sorted(imported - _BELOW[folder])}: see docs/architecture.md"
+
+
 def test_old_module_names_still_import_for_saved_pickles():
     import importlib
     import pickle
@@ -165,3 +179,27 @@ def test_old_module_names_still_import_for_saved_pickles():
     saved = pickle.dumps(importlib.import_module("spark_torch_est.train.builtin_hooks").EarlyStopping(), protocol=0)
     hook = pickle.loads(saved.replace(b"spark_torch_est.train.builtin_hooks", b"spark_torch_est.builtin_hooks"))
     assert type(hook).__module__ == "spark_torch_est.train.builtin_hooks"
+
+
+def _defines_a_logger(path: Path) -> bool:
+    """Whether the module defines a subclass of ``loggers.base.Logger``."""
+    return any(isinstance(node, ast.ClassDef) and any(getattr(base, "id", None) == "Logger" for base in node.bases)
+               for node in ast.walk(ast.parse(path.read_text())))
+
+
+LOGGER_MODULES = [name for name, path in MODULES.items() if _defines_a_logger(path)]
+
+
+@pytest.mark.parametrize("name", LOGGER_MODULES)
+def test_a_logger_imports_its_base_and_nothing_else_but_core_and_errors(name):
+    """docs/architecture.md's rule for a new logger: what it needs of the rest comes through
+    ``loggers/base.py``, so a logger never ties the loggers to the training side."""
+    allowed = ("spark_torch_est.loggers.base", "spark_torch_est.errors", "spark_torch_est.core.")
+    own = sorted(imported for imported in _imports(MODULES[name]) if imported.startswith("spark_torch_est"))
+    assert "spark_torch_est.loggers.base" in own
+    assert [imported for imported in own if not imported.startswith(allowed)] == [], f"{name} imports them"
+
+
+def test_every_logger_the_package_exports_is_checked_for_its_imports():
+    assert {"spark_torch_est.loggers.csv_logger", "spark_torch_est.loggers.tensorboard_logger",
+            "spark_torch_est.loggers.mlflow_logger", "spark_torch_est.tuning.optuna"} <= set(LOGGER_MODULES)
