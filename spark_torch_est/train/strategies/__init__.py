@@ -1,5 +1,6 @@
-"""[executor] How a rank's model is distributed: one class per strategy, :class:`~.ddp.DDP`
-and :class:`~.fsdp.FSDP`, behind :class:`~.base.Strategy`, and the registry of them.
+"""[both] How a rank's model is distributed: one class per strategy, :class:`~.ddp.DDP`
+and :class:`~.fsdp.FSDP`, behind :class:`~.base.Strategy`, and the registry of them (the
+driver reads it to check a fit, the executors to build their strategy).
 
 :data:`STRATEGIES` is the one list of the ``strategy`` Param's values: the driver checks the
 Param against it (see ``params/table.py``) and asks the class it names for its checks

@@ -1,4 +1,4 @@
-"""[executor] What a strategy does for the loop, one class per strategy (:mod:`.ddp`,
+"""[both] What a strategy does for the loop, one class per strategy (:mod:`.ddp`,
 :mod:`.fsdp`): the module a step calls, what a checkpoint holds of the model and its
 optimizer, the full weights at the end of a fit, and what the teardown must see freed.
 
