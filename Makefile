@@ -59,7 +59,7 @@ bench-scale: $(STAMP)  ## only the growth table: call to first step against pyar
 bench-precision: $(STAMP)  ## the loop under precision 32 and bf16-mixed, compiled or not, against plain torch (CPU, about 15 minutes on 2 cores, estimated)
 	$(RUN) $(BIN)/python -m benchmarks.precision
 
-params: $(STAMP)  ## regenerates spark_torch_est/params/{columns,training,runtime,halving}.py from the Param table (spark_torch_est/params/table.py, docs/params.md)
+params: $(STAMP)  ## regenerates spark_torch_est/params/{columns,training,runtime}.py and tuning/halving_params.py from the Param table (spark_torch_est/params/table.py, docs/params.md)
 	$(BIN)/python -m spark_torch_est.params.codegen
 
 clean:

@@ -25,7 +25,7 @@ from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.ingest.frames import check_inputs, input_schema, label_kind, weight_column
 from spark_torch_est.ingest.parquet_plan import parquet_table
 from spark_torch_est.ingest.parquet_read import over_parts
-from spark_torch_est.params.base import ModelParams
+from spark_torch_est.params.base import EstimatorParams
 from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, read_required, saved_checkpoint
 from spark_torch_est.scoring.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
 from spark_torch_est.scoring.predict_udf import arrow_predict_function
@@ -40,7 +40,7 @@ _SPEC_FIELDS = {"predictionCol": "prediction_col", "rawPredictionCol": "raw_pred
                 "probabilityCol": "probability_col"}
 
 
-class TorchModel(Model, ModelParams, TorchPersistence):
+class TorchModel(Model, EstimatorParams, TorchPersistence):
     """A trained model: ``transform`` appends predictions, ``evaluate`` computes the loss
     and metrics, ``predict_udf()`` is the model as a column function, ``torch_model()``
     returns the module.
@@ -54,6 +54,11 @@ class TorchModel(Model, ModelParams, TorchPersistence):
     ``predictionCol`` is the class index (double), ``rawPredictionCol`` the outputs
     (logits) and ``probabilityCol`` their softmax, both as Spark ML Vectors; an output
     Param set to ``""`` omits its column.
+
+    Its Params are its estimator's (as a pyspark.ml model shares its estimator's Params
+    class): the column Params that transform and evaluate read, and the others with the
+    values the model was trained with (set by fit, see
+    :func:`~spark_torch_est.params.base.carry_params`), which it saves and loads.
     """
 
     def __init__(self, creators: Creators | None = None, checkpoint: Checkpoint | None = None) -> None:

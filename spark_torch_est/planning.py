@@ -8,6 +8,7 @@ Everything here raises :class:`InvalidInputError` (or ``TrainingCompleteError`` 
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -32,17 +33,17 @@ from spark_torch_est.ingest.frames import check_inputs, frame_outputs, input_sch
 from spark_torch_est.ingest.parquet_plan import parquet_source
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import EstimatorParams
-from spark_torch_est.params.table import to_config
+from spark_torch_est.params.table import ESTIMATOR_PARAMS, ParamSpec, to_config
 from spark_torch_est.train.creators import CreatorError, Creators
 from spark_torch_est.train.hooks import HookSet, normalize_hooks
 from spark_torch_est.train.losses import check_weighted
 from spark_torch_est.train.metrics import check_metrics
-from spark_torch_est.train.precision import PRECISIONS
-from spark_torch_est.train.strategies.fsdp import STRATEGIES, check_present, check_shardable, model_to_check
+from spark_torch_est.train.strategies import STRATEGIES, Strategy
+from spark_torch_est.train.strategies.fsdp import check_present
 
-__all__ = ["FitPlan", "plan_fit", "plan_frame", "check_static", "check_params", "check_changes", "check_creators",
-           "task_spec", "make_creators", "checked_config", "resolve_checkpoint", "run_of", "release_claim",
-           "check_resumable"]
+__all__ = ["FitPlan", "plan_fit", "plan_frame", "check_static", "check_params", "check_bounds", "check_changes",
+           "check_creators", "strategy_of", "task_spec", "make_creators", "checked_config", "resolve_checkpoint",
+           "run_of", "release_claim", "check_resumable"]
 
 logger = fit_logger()
 
@@ -85,8 +86,9 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
     check_static(dataset)
     progress = start.progress if start is not None else Progress()
     check_params(params)
-    if params.getStrategy() == "fsdp" and not _gpu_ranks(params, dataset):
-        support.require(support.FSDP_CPU)
+    if not _gpu_ranks(params, dataset):
+        for feature in strategy_of(params).needs_on_cpu:
+            support.require(feature)
     check_changes(params, start)
     check_resumable(start)
     target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
@@ -111,31 +113,23 @@ def check_static(dataset: DataFrame) -> None:
 
 
 def check_params(params: EstimatorParams) -> None:
-    """Refuses values no fit can run with (ranges, choices, a checkpointDir the driver cannot write)."""
-    for name, low in (("batchSize", 1), ("maxEpochs", 1), ("numWorkers", 1), ("maxRetries", 0),
-                      ("inferenceBatchSize", 1), ("memoryBudgetMB", 0), ("keepIngestedMB", 0)):
-        value = params.getOrDefault(name)
-        if value < low:
-            raise InvalidInputError(f"{name} must be at least {low}, got {value}")
-    for name in ("timeout", "slotWaitTimeout"):
-        if not params.getOrDefault(name) > 0:
-            raise InvalidInputError(f"{name} must be a positive number of seconds, got {params.getOrDefault(name)}")
-    _check_choice("precision", params.getPrecision(), PRECISIONS)
+    """Refuses values no fit can run with: the bounds the Param table declares (see
+    :func:`check_bounds`), those between Params, what the strategy needs (see
+    :class:`~spark_torch_est.train.strategies.base.Strategy`), a checkpointDir the driver
+    cannot write."""
+    for spec in ESTIMATOR_PARAMS:
+        check_bounds(spec, params.getOrDefault(spec.name))
     fewest, high = params.getMinWorkers(), params.getNumWorkers()
     if fewest is not None and not 1 <= fewest <= high:
         raise InvalidInputError(f"minWorkers must be between 1 and numWorkers={high} (or None for numWorkers), "
                                 f"got {fewest}")
-    _check_choice("strategy", params.getStrategy(), STRATEGIES)
-    if params.getStrategy() == "fsdp":
-        support.require(support.FSDP)
+    strategy = strategy_of(params)
+    for feature in strategy.needs:
+        support.require(feature)
     if is_remote():
         support.require(support.CONNECT_ML)
     directory = params.getCheckpointDir()
-    if params.getStrategy() == "fsdp" and not directory:
-        raise InvalidInputError(
-            f'strategy="fsdp" writes sharded checkpoints, each rank its part, so it needs checkpointDir: set it '
-            f"to storage every worker reaches (a shared filesystem, DBFS, HDFS or an object store); got "
-            f"checkpointDir={directory!r}")
+    strategy.check_settings(directory)
     Interval.parse(params.getCheckpointInterval())
     if directory:
         try:
@@ -154,9 +148,37 @@ def _gpu_ranks(params: EstimatorParams, dataset: DataFrame) -> bool:
     return dataset.sparkSession.conf.get("spark.task.resource.gpu.amount", None) not in (None, "0")
 
 
-def _check_choice(name: str, value: str, choices: Collection[str]) -> None:
-    if value not in choices:
-        raise InvalidInputError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+def check_bounds(spec: ParamSpec, value: Any) -> None:
+    """Refuses a ``value`` of the Param ``spec`` outside the bounds its row in the table
+    declares (``minimum``, ``seconds``, ``choices``).
+
+    Raises:
+        InvalidInputError: Names the Param, its bound and the value received.
+    """
+    if spec.minimum is not None and value < spec.minimum:
+        raise InvalidInputError(f"{spec.name} must be at least {spec.minimum}, got {value}")
+    if spec.seconds and not value > 0:
+        raise InvalidInputError(f"{spec.name} must be a positive number of seconds, got {value}")
+    if spec.choices is not None:
+        choices = _choices(spec.choices)
+        if value not in choices:
+            raise InvalidInputError(f"{spec.name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def _choices(where: str) -> Collection[str]:
+    """The collection ``"module:NAME"`` (a ``choices`` of the table) names."""
+    module, name = where.split(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def strategy_of(params: EstimatorParams) -> type[Strategy]:
+    """The class of the strategy the ``strategy`` Param names.
+
+    Raises:
+        InvalidInputError: It names none (as :func:`check_bounds` says it).
+    """
+    check_bounds(next(spec for spec in ESTIMATOR_PARAMS if spec.name == "strategy"), params.getStrategy())
+    return STRATEGIES[params.getStrategy()]
 
 
 def check_changes(params: EstimatorParams, start: Checkpoint | None) -> None:
@@ -164,7 +186,7 @@ def check_changes(params: EstimatorParams, start: Checkpoint | None) -> None:
     if start is not None and start.strategy != params.getStrategy():
         raise InvalidInputError(
             f"strategy changed from {start.strategy!r} to {params.getStrategy()!r} within a run: its optimizer "
-            f"state is kept {'sharded' if start.strategy == 'fsdp' else 'whole'} and cannot be carried over; "
+            f"state is kept {'sharded' if _sharded(start.strategy) else 'whole'} and cannot be carried over; "
             f"keep strategy={start.strategy!r}, or call est.reset() to start a new run")
     if start is None or start.progress.sample_in_epoch == 0 or start.seed == params.getSeed():
         return
@@ -174,6 +196,12 @@ def check_changes(params: EstimatorParams, start: Checkpoint | None) -> None:
         f"the epoch with seed={start.seed} first (fit(df, duration=...) up to its end), then change the seed; "
         "or call est.reset() to start a new run"
     )
+
+
+def _sharded(strategy: str) -> bool:
+    """Whether a run under ``strategy`` (a checkpoint's) keeps its state in parts."""
+    known = STRATEGIES.get(strategy)
+    return known is not None and known.sharded
 
 
 def run_of(start: Checkpoint | None, own: Checkpoint | None, checkpoint_dir: str | None) -> tuple[str, Parent | None]:
@@ -238,11 +266,10 @@ def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoin
         if getattr(creators, name) is None:
             raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
     HookSet(creators.hooks).state_dict()  # a state the checkpoint cannot store fails here, not after an epoch
+    strategy = strategy_of(params)
     try:
-        fsdp = params.getStrategy() == "fsdp"
-        model = model_to_check(creators) if fsdp else creators.build_model()
-        if fsdp:
-            check_shardable(model, params.getShardModules())
+        model = strategy.model_to_check(creators)
+        strategy.check_model(model, params.getShardModules())
         if start is not None and start.model_state:  # a sharded checkpoint's own .pt holds no weights
             check_compatible(model.state_dict(), start.model_state)
         creators.build_scheduler(creators.build_optimizer(model))

@@ -17,19 +17,26 @@ the end of that epoch, keeping its checkpoint. That is how a tuner prunes a tria
 
 Every event also offers ``run_id``, the estimator run's id: kept across the run's fits,
 new after ``reset()``, ``copy()`` and for each ``CrossValidator`` fit. A logger keeps one
-tracking run per estimator run by keying on it. Like hook methods, a logger method names
-only the arguments it wants.
+tracking run per estimator run by keying on it (:func:`run_folder` names its folder). Like
+hook methods, a logger method names only the arguments it wants.
+
+A logger's module imports, of this package, this base and nothing else but ``core`` and
+``errors``: what a logger needs of the rest (the binding of an event's arguments, the run's
+folder named as its checkpoints are) this module gives it. tests/unit/test_package.py checks
+it for every :class:`Logger` subclass in the package.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from spark_torch_est.checkpoints.storage import short_run_id
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.train.hooks import bind_keywords
 
-__all__ = ["Logger", "EVENT_ARGUMENTS", "normalize_loggers", "plan_events", "scalars", "tracked_params"]
+__all__ = ["Logger", "EVENT_ARGUMENTS", "normalize_loggers", "plan_events", "scalars", "tracked_params", "run_folder"]
 
 #: The keyword arguments on offer at each event.
 EVENT_ARGUMENTS: dict[str, tuple[str, ...]] = {
@@ -150,3 +157,9 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The numbers of a history entry, without its ``"epoch"``."""
     return {key: float(value) for key, value in metrics.items()
             if key != "epoch" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+def run_folder(log_dir: str, run_id: str) -> str:
+    """The folder of the estimator run ``run_id`` under ``log_dir``, named by the run's short
+    id as its checkpoints are."""
+    return os.path.join(log_dir, short_run_id(run_id))

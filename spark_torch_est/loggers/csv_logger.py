@@ -7,8 +7,7 @@ import json
 import os
 from typing import Any
 
-from spark_torch_est.checkpoints.storage import short_run_id
-from spark_torch_est.loggers.base import Logger, tracked_params
+from spark_torch_est.loggers.base import Logger, run_folder, tracked_params
 
 __all__ = ["CSVLogger"]
 
@@ -28,7 +27,7 @@ class CSVLogger(Logger):
 
     def run_dir(self, run_id: str) -> str:
         """The folder of the estimator run ``run_id``."""
-        return os.path.join(self.log_dir, short_run_id(run_id))
+        return run_folder(self.log_dir, run_id)
 
     def on_fit_start(self, params: dict, config: dict, run_id: str) -> None:
         """Creates the run's folder and writes ``params.json``."""

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
-from spark_torch_est.checkpoints.storage import short_run_id
 from spark_torch_est.errors import InvalidInputError
-from spark_torch_est.loggers.base import Logger, scalars, tracked_params
+from spark_torch_est.loggers.base import Logger, run_folder, scalars, tracked_params
 
 __all__ = ["TensorBoardLogger"]
 
@@ -34,7 +32,7 @@ class TensorBoardLogger(Logger):
 
     def run_dir(self, run_id: str) -> str:
         """The folder of the estimator run ``run_id``."""
-        return os.path.join(self.log_dir, short_run_id(run_id))
+        return run_folder(self.log_dir, run_id)
 
     def on_fit_start(self, params: dict, config: dict, progress: Any, run_id: str) -> None:
         """Opens the run's folder and records the Params and config."""

@@ -3,7 +3,10 @@ and how a fitted model carries its estimator's Params.
 
 Every Param is one row of the table in :mod:`spark_torch_est.params.table`; its declaration,
 default and typed ``getX``/``setX`` are generated from it into ``columns.py``,
-``training.py`` and ``runtime.py`` of this folder (see docs/params.md).
+``training.py`` and ``runtime.py`` of this folder (see docs/params.md). TorchModel declares
+the estimator's Params in its class, as a pyspark.ml model shares its estimator's: only a
+Param this version does not know (saved by a newer one, or of a user's estimator subclass)
+is declared on an instance.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class ModelParams(ColumnParams, HasFeaturesCol, HasLabelCol, HasPredictionCol, H
 
 
 class EstimatorParams(ModelParams, TrainingParams, RuntimeParams, HasSeed, HasValidationIndicatorCol):
-    """Params of TorchEstimator."""
+    """Params of TorchEstimator, and of the TorchModel it fits (which holds the values it was
+    trained with, see :func:`carry_params`)."""
 
     # As getFeaturesCol above: pyspark's HasValidationIndicatorCol says str, ours defaults to None.
     def getValidationIndicatorCol(self) -> str | None:  # type: ignore[override]
@@ -62,9 +66,10 @@ def param_map_name(param_map: dict) -> str:
 
 
 def carry_params(source: Params, target: Params) -> None:
-    """Gives ``target`` (a fitted model) every Param of ``source`` (its estimator) that it
-    lacks, with the value it has there: set where it is set, a default where it is a
-    default. So a model says what it was trained with, and saves and loads it."""
+    """Gives ``target`` (a fitted model) every Param of ``source`` (its estimator) with the
+    value it has there: set where it is set, a default where it is a default (as pyspark's
+    ``_copyValues``). So a model says what it was trained with, and saves and loads it. A
+    Param its class lacks (one of an estimator subclass) is declared on ``target``."""
     for param in source.params:
         if not target.hasParam(param.name):
             _declare(target, param.name, param.doc, param.typeConverter)
@@ -77,9 +82,9 @@ def carry_params(source: Params, target: Params) -> None:
 
 
 def declare_params(instance: Params, names: Iterable[str]) -> None:
-    """Declares on ``instance`` the Params ``names`` that its class lacks (the estimator
-    Params a saved model was trained with, see :func:`carry_params`), as the estimator
-    declares them."""
+    """Declares on ``instance`` the Params ``names`` that its class lacks (a saved model's
+    Params that this version does not declare, see :func:`carry_params`), as the estimator
+    declares them where it does."""
     for name in names:
         if not instance.hasParam(name):
             declared = getattr(EstimatorParams, name, None)

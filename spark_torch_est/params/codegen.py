@@ -29,8 +29,9 @@ _TABLE_MODULE = f"{_PACKAGE}.params.table"
 
 
 def module_path(family: str) -> Path:
-    """Where the module of ``family`` (a key of ``FAMILIES``) lives."""
-    return Path(__file__).resolve().parent / f"{FAMILIES[family].module}.py"
+    """Where the module of ``family`` (a key of ``FAMILIES``) lives: ``<folder>/<module>.py``."""
+    spec = FAMILIES[family]
+    return Path(__file__).resolve().parents[1] / spec.folder / f"{spec.module}.py"
 
 
 def render(family: str) -> str:
@@ -66,7 +67,7 @@ def render(family: str) -> str:
         "",
         "",
         f"class {spec.cls}(Params):",
-        f'    """Params of {carried}: {spec.doc}."""',
+        *_docstring(f"Params of {carried}: {spec.doc}."),
         "",
     ]
     for param in params:
@@ -77,6 +78,14 @@ def render(family: str) -> str:
     for param in params:
         lines += _accessors(param)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _docstring(text: str) -> list[str]:
+    """The class docstring ``text``, on one line where it fits, else wrapped."""
+    if len(text) + 10 <= _WIDTH:
+        return [f'    """{text}"""']
+    lines = textwrap.wrap(text, width=_WIDTH - 10, break_long_words=False, break_on_hyphens=False)
+    return [f'    """{lines[0]}', *(f"    {line}" for line in lines[1:]), '    """']
 
 
 def _type_imports(imports: tuple[str, ...]) -> list[str]:

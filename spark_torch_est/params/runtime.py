@@ -1,6 +1,6 @@
 """[driver] RuntimeParams: where and how a fit runs: ranks, slots, retries, checkpoints, memory, progress.
 
-Params of TorchEstimator, their defaults and typed accessors. GENERATED from the table in
+Params of TorchEstimator and TorchModel, their defaults and typed accessors. GENERATED from the table in
 spark_torch_est/params/table.py by ``make params`` (``python -m spark_torch_est.params.codegen``):
 do not edit by hand; tests/unit/test_params.py fails while this file is stale. See docs/params.md.
 """
@@ -19,7 +19,9 @@ _P = TypeVar("_P", bound=Params)
 
 
 class RuntimeParams(Params):
-    """Params of TorchEstimator: where and how a fit runs: ranks, slots, retries, checkpoints, memory, progress."""
+    """Params of TorchEstimator and TorchModel: where and how a fit runs: ranks, slots, retries, checkpoints, memory,
+    progress.
+    """
 
     numWorkers: Param = Param(
         Params._dummy(), "numWorkers",

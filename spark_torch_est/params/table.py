@@ -5,7 +5,9 @@ Every Param is one :class:`ParamSpec` row of :data:`PARAMS`: name, doc, type, co
 default and family. Everything else comes from the table: ``python -m
 spark_torch_est.params.codegen`` (``make params``) writes the typed Param declarations, their
 defaults and their ``getX``/``setX`` accessors into one module per family (``params/columns.py``,
-``params/training.py``, ``params/runtime.py``), and tests/unit/test_params.py checks that those
+``params/training.py``, ``params/runtime.py``, and the tuner's ``tuning/halving_params.py``),
+their bounds are checked before a fit (see ``minimum``, ``seconds``, ``choices`` of
+:class:`ParamSpec`), and tests/unit/test_params.py checks that those
 modules are up to date and that ``TorchEstimator``'s signature and docstring agree with the
 table. docs/params.md says how to add a Param.
 
@@ -82,11 +84,13 @@ class Family:
 
     Attributes:
         cls: The mixin's name, e.g. ``"TrainingParams"``.
-        module: Its module in the package, e.g. ``"training"`` (``params/training.py``).
+        module: Its module in ``folder``, e.g. ``"training"`` (``params/training.py``).
         doc: What its Params are about (the mixin's and the module's docstring).
-        carried_by: The stages whose class declares them (TorchModel gets the others of its
-            estimator when fitted, see :func:`spark_torch_est.params.base.carry_params`).
+        carried_by: The stages whose class declares them (a fitted TorchModel holds the
+            values its estimator had, see :func:`spark_torch_est.params.base.carry_params`).
         type_imports: Imports the accessors' annotations need (for type checkers only).
+        folder: The package's folder of the module: ``params``, or the folder of the stage that
+            alone carries them (the tuner's beside the tuner, as pyspark's ``ml/tuning.py``).
     """
 
     cls: str
@@ -94,6 +98,7 @@ class Family:
     doc: str
     carried_by: tuple[str, ...]
     type_imports: tuple[str, ...] = ()
+    folder: str = "params"
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,14 @@ class ParamSpec:
         family: A key of :data:`FAMILIES`.
         copy: ``get<Name>`` returns a deep copy (a mutable value, e.g. config).
         required: No default: the user sets it before fitting (``default`` is then None).
+        minimum: The least value a fit takes (None: no bound).
+        seconds: A duration in seconds: a fit takes only a value above 0.
+        choices: The values a fit takes, as ``"module:NAME"`` of the collection that holds
+            them beside the code that implements them (e.g. the strategies' registry), or None.
+
+    The driver checks ``minimum``, ``seconds`` and ``choices`` before any job
+    (:func:`spark_torch_est.planning.check_bounds`); bounds that relate two Params stay in
+    ``planning.check_params``.
     """
 
     name: str
@@ -120,6 +133,9 @@ class ParamSpec:
     family: str
     copy: bool = False
     required: bool = False
+    minimum: float | None = None
+    seconds: bool = False
+    choices: str | None = None
 
 
 FAMILIES: dict[str, Family] = {
@@ -127,15 +143,15 @@ FAMILIES: dict[str, Family] = {
                       "the columns a model reads and writes, and how transform reads them",
                       ("TorchEstimator", "TorchModel")),
     "training": Family("TrainingParams", "training",
-                       "what is trained, on which rows, and how", ("TorchEstimator",)),
+                       "what is trained, on which rows, and how", ("TorchEstimator", "TorchModel")),
     "runtime": Family("RuntimeParams", "runtime",
                       "where and how a fit runs: ranks, slots, retries, checkpoints, memory, progress",
-                      ("TorchEstimator",)),
-    "halving": Family("HalvingParams", "halving",
+                      ("TorchEstimator", "TorchModel")),
+    "halving": Family("HalvingParams", "halving_params",
                       "what successive halving tunes and how its rungs keep and train configurations",
                       ("SuccessiveHalving",),
                       ("from pyspark.ml.evaluation import Evaluator",
-                       "from spark_torch_est.estimator import TorchEstimator")),
+                       "from spark_torch_est.estimator import TorchEstimator"), folder="tuning"),
 }
 
 _T = TypeConverters
@@ -160,7 +176,8 @@ PARAMS: tuple[ParamSpec, ...] = (
               "outputs (logits); '' = omit", "str", to_optional_string, "rawPrediction", "columns"),
     ParamSpec("probabilityCol", "for classifiers (integer labels, several outputs): Vector column of the softmax of "
               "the outputs; '' = omit", "str", to_optional_string, "probability", "columns"),
-    ParamSpec("inferenceBatchSize", "rows per forward pass in transform()", "int", _T.toInt, 4096, "columns"),
+    ParamSpec("inferenceBatchSize", "rows per forward pass in transform()", "int", _T.toInt, 4096, "columns",
+              minimum=1),
     ParamSpec("directRead", "a plain Parquet table on a local or mounted filesystem is read by the tasks themselves "
               "with pyarrow, not through the JVM: in fit; in evaluate, and in transform where a join's broadcast "
               "decision stays as on the table, when pyarrow reads its columns exactly as Spark would pass them "
@@ -168,8 +185,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     # ---- training: TorchEstimator
     ParamSpec("config", "plain dict handed to every creator (model, optimizer, scheduler); JSON values only",
               "dict[str, Any]", to_config, {}, "training", copy=True),
-    ParamSpec("batchSize", "rows per worker per step", "int", _T.toInt, 64, "training"),
-    ParamSpec("maxEpochs", "the run never trains past this many epochs", "int", _T.toInt, 10, "training"),
+    ParamSpec("batchSize", "rows per worker per step", "int", _T.toInt, 64, "training", minimum=1),
+    ParamSpec("maxEpochs", "the run never trains past this many epochs", "int", _T.toInt, 10, "training",
+              minimum=1),
     ParamSpec("seed", "seed of initialization, shuffles and RNG streams", "int", _T.toInt, 0, "training"),
     ParamSpec("validationIndicatorCol", "boolean column, True for validation rows; None = no validation",
               "str | None", to_optional_string, None, "training"),
@@ -181,36 +199,39 @@ PARAMS: tuple[ParamSpec, ...] = (
               "step and the run keeps its last good state)", "bool", _T.toBoolean, False, "training"),
     ParamSpec("precision", "'32' (float32), 'bf16-mixed' (bfloat16 autocast) or '16-mixed' (float16 autocast and a "
               "gradient scaler): the forward pass and loss of training, validation, evaluate and transform; weights "
-              "stay float32", "str", _T.toString, "32", "training"),
+              "stay float32", "str", _T.toString, "32", "training",
+              choices="spark_torch_est.train.precision:PRECISIONS"),
     ParamSpec("compileModel", "compile each rank's model with torch.compile (one graph per batch shape)",
               "bool", _T.toBoolean, False, "training"),
     ParamSpec("strategy", "'ddp' (every rank holds the whole model) or 'fsdp' (FSDP2: each rank holds its shard of "
               "the parameters and optimizer state; sharded checkpoints; needs checkpointDir)",
-              "str", _T.toString, "ddp", "training"),
+              "str", _T.toString, "ddp", "training", choices="spark_torch_est.train.strategies:STRATEGIES"),
     ParamSpec("shardModules", "with strategy='fsdp': class names of the submodules sharded on their own before the "
               "root, e.g. ['TransformerBlock']; None = every direct child holding parameters",
               "list[str] | None", to_optional_string_list, None, "training"),
     # ---- runtime: TorchEstimator
-    ParamSpec("numWorkers", "barrier tasks, i.e. DDP ranks", "int", _T.toInt, 2, "runtime"),
+    ParamSpec("numWorkers", "barrier tasks, i.e. DDP ranks", "int", _T.toInt, 2, "runtime", minimum=1),
     ParamSpec("minWorkers", "fewest ranks a launch may train with when fewer than numWorkers task slots are free "
               "after slotWaitTimeout (the global batch stays batchSize * numWorkers); None = numWorkers (no "
               "elasticity)", "int | None", to_optional_int, None, "runtime"),
     ParamSpec("useGpu", "True/False, or None to use GPUs when tasks have them",
               "bool | None", to_optional_bool, None, "runtime"),
     ParamSpec("timeout", "seconds before a rendezvous or collective that does not complete fails the fit",
-              "float", _T.toFloat, 600.0, "runtime"),
+              "float", _T.toFloat, 600.0, "runtime", seconds=True),
     ParamSpec("slotWaitTimeout", "seconds to wait for executors to offer numWorkers task slots",
-              "float", _T.toFloat, 60.0, "runtime"),
-    ParamSpec("maxRetries", "relaunches of a failed job from the newest checkpoint", "int", _T.toInt, 1, "runtime"),
+              "float", _T.toFloat, 60.0, "runtime", seconds=True),
+    ParamSpec("maxRetries", "relaunches of a failed job from the newest checkpoint", "int", _T.toInt, 1, "runtime",
+              minimum=0),
     ParamSpec("checkpointDir", "fsspec URL for periodic checkpoints (None = only the driver's copy)",
               "str | None", to_optional_string, None, "runtime"),
     ParamSpec("checkpointInterval", "how often to write to checkpointDir, e.g. '1ep' or '500ba'",
               "str", _T.toString, "1ep", "runtime"),
     ParamSpec("memoryBudgetMB", "MB of a partition's rows a rank keeps in RAM; beyond that they spill to local files "
-              "read per batch (0: never spill)", "float", _T.toFloat, 4096.0, "runtime"),
+              "read per batch (0: never spill)", "float", _T.toFloat, 4096.0, "runtime", minimum=0),
     ParamSpec("keepIngestedMB", "MB of a DataFrame's rows each executor keeps on its local disk, as the ranks "
               "received them, so that later fits on the same unchanged DataFrame skip Spark's scan and shuffle; the "
-              "least recently used are evicted past it (0: keep nothing)", "float", _T.toFloat, 8192.0, "runtime"),
+              "least recently used are evicted past it (0: keep nothing)", "float", _T.toFloat, 8192.0, "runtime",
+              minimum=0),
     ParamSpec("showProgress", "show a progress bar (a terminal or notebook), else progress and epoch lines on stderr "
               "(through logging where it is set up)", "bool", _T.toBoolean, True, "runtime"),
     # ---- halving: SuccessiveHalving (its seed and parallelism are pyspark's shared Params)

@@ -1,6 +1,6 @@
 """[driver] TrainingParams: what is trained, on which rows, and how.
 
-Params of TorchEstimator, their defaults and typed accessors. GENERATED from the table in
+Params of TorchEstimator and TorchModel, their defaults and typed accessors. GENERATED from the table in
 spark_torch_est/params/table.py by ``make params`` (``python -m spark_torch_est.params.codegen``):
 do not edit by hand; tests/unit/test_params.py fails while this file is stale. See docs/params.md.
 """
@@ -20,7 +20,7 @@ _P = TypeVar("_P", bound=Params)
 
 
 class TrainingParams(Params):
-    """Params of TorchEstimator: what is trained, on which rows, and how."""
+    """Params of TorchEstimator and TorchModel: what is trained, on which rows, and how."""
 
     config: Param = Param(
         Params._dummy(), "config",

@@ -44,17 +44,18 @@ class RunState:
         ranks: This rank and its peers.
         rows: The fit's rows, as the ranks agreed on them.
         output_shape: The model's output shape per row.
-        model: The model (not its DDP or compiled wrapper).
-        optimizer: Its optimizer.
         optimizer_made: Each param group's hyper-parameters as the optimizer creator made
             them (before a scheduler or a checkpoint changed them).
-        scheduler: Its LR scheduler, or None.
+        scheduler: The optimizer's LR scheduler, or None.
         precision: The fit's precision (and gradient scaler).
         hooks: The fit's hooks.
-        strategy: How the model is distributed: what a checkpoint holds of it and of the
-            optimizer (the model is wrapped, the optimizer attached).
+        strategy: How the model is distributed, with the model already wrapped and the
+            optimizer attached (the model and optimizer are taken from it): what a
+            checkpoint holds of them.
 
     Attributes:
+        model: The model (not its DDP or compiled wrapper), the strategy's.
+        optimizer: Its optimizer, the strategy's.
         progress: Where the run stands.
         history: One metrics entry per completed epoch.
         loss_sum: This rank's weighted loss sum of the epoch so far (the steps read so far).
@@ -77,8 +78,8 @@ class RunState:
 
     def restore(self, resume: Checkpoint) -> None:
         """Continues the run of ``resume``: its counters, and the optimizer, scheduler, scaler
-        and hook states (and under "fsdp" the model's shards; else the model holds the run's
-        weights already). A hyper-parameter the optimizer creator now makes differently (a
+        and hook states (and under a sharded strategy, "fsdp", the model's shards; else the
+        model holds the run's weights already). A hyper-parameter the optimizer creator now makes differently (a
         new config) takes its new value; the others keep the run's, as a scheduler left them.
         Hooks added since keep their own state.
 

@@ -42,9 +42,9 @@ from spark_torch_est.estimator import TorchEstimator
 from spark_torch_est.ingest.frames import label_kind
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import param_map_name
-from spark_torch_est.params.halving import HalvingParams
 from spark_torch_est.persistence import TorchPersistence, read_required
 from spark_torch_est.planning import check_params
+from spark_torch_est.tuning.halving_params import HalvingParams
 
 __all__ = ["SuccessiveHalving", "SuccessiveHalvingModel", "param_map_name"]
 
@@ -55,7 +55,7 @@ _CLASSIFIER_OUTPUTS = ("rawPredictionCol", "probabilityCol")
 
 
 class _SuccessiveHalvingParams(HalvingParams, HasSeed, HasParallelism):
-    """Params of SuccessiveHalving: the table's (:mod:`spark_torch_est.params.halving`) and
+    """Params of SuccessiveHalving: the table's (:mod:`spark_torch_est.tuning.halving_params`) and
     pyspark's shared seed and parallelism."""
 
 

@@ -5,8 +5,10 @@ import torch
 
 from spark_torch_est import TorchEstimator
 from spark_torch_est.core.progress import Target
+from spark_torch_est.core.support import Feature
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.planning import check_creators, check_params, task_spec
+from spark_torch_est.train.strategies import DDP, STRATEGIES
 from tests.helpers import features_schema, linear_model, sgd
 
 
@@ -27,10 +29,40 @@ def _est(**kw):
     ({"minWorkers": 0}, r"minWorkers must be between 1 and numWorkers=2 \(or None for numWorkers\), got 0"),
     ({"minWorkers": 3}, r"minWorkers must be between 1 and numWorkers=2 .*got 3"),
     ({"minWorkers": 5, "numWorkers": 4}, "numWorkers=4 .*got 5"),
+    ({"strategy": "zero3"}, "strategy must be one of 'ddp', 'fsdp', got 'zero3'"),
+    ({"strategy": "fsdp"}, 'strategy="fsdp" writes sharded checkpoints.*checkpointDir=None'),
+    ({"precision": "fp8"}, "precision must be one of '32', 'bf16-mixed', '16-mixed', got 'fp8'"),
 ])
 def test_params_out_of_range(params, message):
     with pytest.raises(InvalidInputError, match=message):
         check_params(_est(**params))
+
+
+class _Piped(DDP):
+    """A strategy as a new module would declare it: its name, its releases, its checks."""
+
+    name = "piped"
+    needs = (Feature('strategy="piped"', "torch", (99, 0), "torch.pipes"),)
+    sharded = True
+
+    @classmethod
+    def check_model(cls, model, shard_modules):
+        raise InvalidInputError(f"piped cannot split {type(model).__name__}")
+
+
+def test_a_new_strategy_is_one_class_in_the_registry_and_the_driver_asks_it(monkeypatch, tmp_path):
+    with pytest.raises(InvalidInputError, match="strategy must be one of 'ddp', 'fsdp', got 'piped'"):
+        check_params(_est(strategy="piped"))
+    monkeypatch.setitem(STRATEGIES, "piped", _Piped)
+    with pytest.raises(InvalidInputError, match=r'strategy="piped" needs torch >= 99.0 \(torch.pipes\)'):
+        check_params(_est(strategy="piped"))
+    monkeypatch.setattr(_Piped, "needs", ())
+    with pytest.raises(InvalidInputError, match='strategy="piped" writes sharded checkpoints.*checkpointDir=None'):
+        check_params(_est(strategy="piped"))
+    est = _est(strategy="piped", checkpointDir=str(tmp_path))
+    check_params(est)
+    with pytest.raises(InvalidInputError, match="piped cannot split Linear"):
+        check_creators(est, est._run_creators, None)
 
 
 def test_param_accessors_and_copy_keep_values():

@@ -152,6 +152,20 @@ def test_no_import_circle_between_folders():
     assert not {unit for unit in graph.get("core", ()) if unit in FOLDERS}, "core imports another folder"
 
 
+#: docs/architecture.md's layers: what each lower folder may import (errors.py aside); the
+#: estimator, the model, planning, persistence, tuning and loggers sit on top.
+_BELOW = {"core": set(), "params": {"core"}, "checkpoints": {"core"}, "ingest": {"core"},
+          "train": {"core", "ingest", "checkpoints"}}
+_BELOW |= dict.fromkeys(("cluster", "scoring"), {"core", "params", "checkpoints", "ingest", "train"})
+
+
+@pytest.mark.parametrize("folder", sorted(_BELOW))
+def test_folders_depend_downwards_as_the_architecture_note_says(folder):
+    imported = {_unit(name) for module, path in MODULES.items() if _unit(module) == folder
+                for name in _imports(path) if name.startswith("spark_torch_est.")} - {folder, "errors"}
+    assert imported <= _BELOW[folder], f"{folder} imports {sorted(imported - _BELOW[folder])}: see docs/architecture.md"
+
+
 def test_old_module_names_resolve_only_while_a_saved_stage_is_loaded():
     """Importing the package installs nothing on sys.meta_path, so an old name does not import
     (and never shadows a new one); a pickle naming old module paths loads through

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from spark_torch_est import TorchEstimator, TorchModel
+from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.params.codegen import module_path, render
 from spark_torch_est.params.table import ESTIMATOR_PARAMS, FAMILIES, PARAMS
+from spark_torch_est.planning import check_params
 from spark_torch_est.tuning import SuccessiveHalving
 
 PACKAGE = Path(__file__).resolve().parents[2] / "spark_torch_est"
@@ -113,3 +115,35 @@ def test_the_estimators_docstring_documents_every_param_with_its_default():
     _assert_same_names(set(entries) - _CREATOR_ARGS, "TorchEstimator's docstring")
     for spec in ESTIMATOR_PARAMS:
         assert f"(default {_documented(spec.default)}" in entries[spec.name], (spec.name, entries[spec.name])
+
+
+@pytest.mark.parametrize("spec", [p for p in ESTIMATOR_PARAMS if p.minimum is not None or p.seconds or p.choices],
+                         ids=lambda p: p.name)
+def test_each_bound_the_table_declares_is_refused_before_a_fit(spec, tmp_path):
+    """A row's ``minimum``, ``seconds`` or ``choices`` is all it takes for fit to refuse a value
+    out of bounds, naming the Param and the value."""
+    if spec.minimum is not None:
+        below, message = spec.minimum - 1, f"{spec.name} must be at least {spec.minimum}, got {spec.minimum - 1}"
+    elif spec.seconds:
+        below, message = 0.0, f"{spec.name} must be a positive number of seconds, got 0.0"
+    else:
+        below, message = "nope", f"{spec.name} must be one of .*, got 'nope'"
+    est = TorchEstimator(checkpointDir=str(tmp_path))
+    check_params(est.copy({est.getParam(spec.name): spec.default}))  # the default is within bounds
+    with pytest.raises(InvalidInputError, match=message):
+        check_params(est.copy({est.getParam(spec.name): below}))
+
+
+def test_a_fitted_model_holds_its_estimators_params_declared_by_its_class():
+    """TorchModel shares the estimator's Params class (as a pyspark.ml model does): fit sets
+    the values it was trained with; no Param is declared for one instance only."""
+    from pyspark.ml.param import Param
+
+    from spark_torch_est.params.base import carry_params
+
+    est, model = TorchEstimator(batchSize=32, strategy="fsdp"), TorchModel()
+    carry_params(est, model)
+    assert {p.name for p in model.params} == {p.name for p in est.params}
+    assert (model.getBatchSize(), model.getStrategy(), model.getMaxEpochs()) == (32, "fsdp", 10)
+    assert model.isSet("batchSize") and not model.isSet("maxEpochs")
+    assert not [p.name for p in est.params if not isinstance(getattr(TorchModel, p.name, None), Param)]

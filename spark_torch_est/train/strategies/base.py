@@ -1,22 +1,32 @@
-"""[executor] What a strategy does for the loop, one class per strategy (:mod:`.ddp`,
+"""[both] What a strategy does for the loop, one class per strategy (:mod:`.ddp`,
 :mod:`.fsdp`): the module a step calls, what a checkpoint holds of the model and its
 optimizer, the full weights at the end of a fit, and what the teardown must see freed.
 
-The loop and the run's state ask the fit's strategy; neither knows which one it is.
+The class also says what the driver checks before any job (its class attributes and
+classmethods: the releases it needs, whether it needs a checkpointDir, the model it can
+take), so that planning asks the strategy the ``strategy`` Param names and never compares
+names. The loop and the run's state ask the fit's strategy; neither knows which one it is.
 """
 
 from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from spark_torch_est.checkpoints.checkpoint import Checkpoint, check_compatible
 from spark_torch_est.core.ranks import Ranks
+from spark_torch_est.core.support import Feature
+from spark_torch_est.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from spark_torch_est.core.spec import TaskSpec
+    from spark_torch_est.train.creators import Creators
 
 __all__ = ["Strategy", "SavedStates"]
 
@@ -50,8 +60,44 @@ class Strategy(ABC):
         optimizer: Its optimizer, once attached.
     """
 
-    #: The ``strategy`` Param's value for this class.
-    name = ""
+    #: The ``strategy`` Param's value for this class (its key in the registry,
+    #: :data:`spark_torch_est.train.strategies.STRATEGIES`).
+    name: ClassVar[str] = ""
+    #: The releases it needs on any ranks, and those it needs besides on CPU ranks (see
+    #: :mod:`spark_torch_est.core.support`): the driver refuses it before any job without them.
+    needs: ClassVar[tuple[Feature, ...]] = ()
+    needs_on_cpu: ClassVar[tuple[Feature, ...]] = ()
+    #: Whether every rank writes its part of each checkpoint (so a fit needs a checkpointDir
+    #: every rank reaches) and the run's optimizer state is kept in those parts, not whole.
+    sharded: ClassVar[bool] = False
+
+    @classmethod
+    def check_settings(cls, checkpoint_dir: str | None) -> None:
+        """Refuses, on the driver, the fit's settings this strategy cannot run with.
+
+        Raises:
+            InvalidInputError: It writes sharded checkpoints and ``checkpoint_dir`` is unset.
+        """
+        if cls.sharded and not checkpoint_dir:
+            raise InvalidInputError(
+                f'strategy="{cls.name}" writes sharded checkpoints, each rank its part, so it needs checkpointDir: '
+                f"set it to storage every worker reaches (a shared filesystem, DBFS, HDFS or an object store); got "
+                f"checkpointDir={checkpoint_dir!r}")
+
+    @classmethod
+    def model_to_check(cls, creators: Creators) -> nn.Module:
+        """The model the driver builds to check the creators before any job."""
+        return creators.build_model()
+
+    @classmethod  # noqa: B027 - most strategies take any model
+    def check_model(cls, model: nn.Module, shard_modules: Sequence[str] | None) -> None:
+        """Refuses, on the driver, a model (built by :meth:`model_to_check`) this strategy
+        cannot train; ``shard_modules``: the ``shardModules`` Param."""
+
+    @classmethod
+    def for_spec(cls, spec: TaskSpec, ranks: Ranks) -> Strategy:
+        """The strategy of a task of the fit ``spec``, on ``ranks``."""
+        return cls(ranks)
 
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks

@@ -53,15 +53,14 @@ from spark_torch_est.train.strategies.base import SavedStates, Strategy
 
 if TYPE_CHECKING:
     from spark_torch_est.checkpoints.checkpoint import Checkpoint
+    from spark_torch_est.core.spec import TaskSpec
     from spark_torch_est.train.creators import Creators
 
-__all__ = ["STRATEGIES", "FSDP", "model_to_check", "check_shardable", "shard_targets", "shard_model",
+__all__ = ["FSDP", "model_to_check", "check_shardable", "shard_targets", "shard_model",
            "full_model_state", "ShardedState", "check_present", "copy_sharded"]
 
 logger = logging.getLogger(__name__)
 
-#: The values of the ``strategy`` Param.
-STRATEGIES = ("ddp", "fsdp")
 _METADATA = ".metadata"
 #: The most bytes a ``.metadata`` may hold (a model of 10^5 tensors writes some tens of MB).
 METADATA_BYTES = 1 << 30
@@ -153,6 +152,23 @@ class FSDP(Strategy):
     """
 
     name = "fsdp"
+    needs = (support.FSDP,)
+    needs_on_cpu = (support.FSDP_CPU,)
+    sharded = True
+
+    @classmethod
+    def model_to_check(cls, creators: Creators) -> nn.Module:
+        """Built on the meta device where the creator can (see :func:`model_to_check`)."""
+        return model_to_check(creators)
+
+    @classmethod
+    def check_model(cls, model: nn.Module, shard_modules: Sequence[str] | None) -> None:
+        """See :func:`check_shardable`."""
+        check_shardable(model, shard_modules)
+
+    @classmethod
+    def for_spec(cls, spec: TaskSpec, ranks: Ranks) -> FSDP:
+        return cls(ranks, spec.shard_modules)
 
     def __init__(self, ranks: Ranks, shard_modules: Sequence[str] | None) -> None:
         super().__init__(ranks)
