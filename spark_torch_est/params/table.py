@@ -5,7 +5,7 @@ Every Param is one :class:`ParamSpec` row of :data:`PARAMS`: name, doc, type, co
 default and family. Everything else comes from the table: ``python -m
 spark_torch_est.params.codegen`` (``make params``) writes the typed Param declarations, their
 defaults and their ``getX``/``setX`` accessors into one module per family (``params/columns.py``,
-``params/training.py``, ``params/runtime.py``), and tests/unit/test_params.py checks that those
+``params/training.py``, ``params/runtime.py``), and tests/unit/params/test_table.py checks that those
 modules are up to date and that ``TorchEstimator``'s signature and docstring agree with the
 table. docs/params.md says how to add a Param.
 
