@@ -4,7 +4,7 @@ As pyspark's ``ml/param/_shared_params_code_gen.py`` writes ``shared.py``: the a
 explicit code, so IDEs and type checkers see every ``getX``/``setX`` with its type, and one
 table says everything about a Param. Run ``python -m spark_torch_est.params.codegen`` (or
 ``make params``) after changing the table; ``--check`` only says whether the modules are up
-to date (tests/unit/test_params.py checks it too).
+to date (tests/unit/params/test_table.py checks it too).
 
 >>> runtime = sum(p.family == "runtime" for p in PARAMS)  # one getX and one setX each
 >>> render("runtime").count("    def get") == render("runtime").count("    def set") == runtime
@@ -49,7 +49,7 @@ def render(family: str) -> str:
         "",
         f"Params of {carried}, their defaults and typed accessors. GENERATED from the table in",
         "spark_torch_est/params/table.py by ``make params`` (``python -m spark_torch_est.params.codegen``):",
-        "do not edit by hand; tests/unit/test_params.py fails while this file is stale. See docs/params.md.",
+        "do not edit by hand; tests/unit/params/test_table.py fails while this file is stale. See docs/params.md.",
         '"""',
         "",
         "from __future__ import annotations",

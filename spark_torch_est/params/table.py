@@ -7,7 +7,7 @@ spark_torch_est.params.codegen`` (``make params``) writes the typed Param declar
 defaults and their ``getX``/``setX`` accessors into one module per family (``params/columns.py``,
 ``params/training.py``, ``params/runtime.py``, and the tuner's ``tuning/halving_params.py``),
 their bounds are checked before a fit (see ``minimum``, ``seconds``, ``choices`` of
-:class:`ParamSpec`), and tests/unit/test_params.py checks that those
+:class:`ParamSpec`), and tests/unit/params/test_table.py checks that those
 modules are up to date and that ``TorchEstimator``'s signature and docstring agree with the
 table. docs/params.md says how to add a Param.
 

@@ -2,7 +2,7 @@
 
 Params of SuccessiveHalving, their defaults and typed accessors. GENERATED from the table in
 spark_torch_est/params/table.py by ``make params`` (``python -m spark_torch_est.params.codegen``):
-do not edit by hand; tests/unit/test_params.py fails while this file is stale. See docs/params.md.
+do not edit by hand; tests/unit/params/test_table.py fails while this file is stale. See docs/params.md.
 """
 
 from __future__ import annotations

@@ -166,6 +166,31 @@ def test_folders_depend_downwards_as_the_architecture_note_says(folder):
     assert imported <= _BELOW[folder], f"{folder} imports {sorted(imported - _BELOW[folder])}: see docs/architecture.md"
 
 
+UNIT = Path(__file__).resolve().parent
+# The tests in tests/unit/ that test no module of the package, each with what it tests instead.
+NOT_A_MODULE = {
+    "test_package.py": "the package's shape as a whole (this file)",
+    "test_benchmarks.py": "benchmarks/, beside the package",
+    "test_compat_script.py": "scripts/compat.py, beside the package",
+}
+
+
+def test_unit_tests_mirror_the_package():
+    """``tests/unit/<folder>/test_<module>.py`` tests ``spark_torch_est/<folder>/<module>.py``
+    (the top-level modules' tests sit in ``tests/unit/``), so a module's tests are found by its
+    path; each test folder is a package, since two folders may hold files of one name."""
+    wrong = []
+    for path in sorted(UNIT.rglob("test_*.py")):
+        folder = path.parent.relative_to(UNIT)
+        module = PACKAGE / folder / f"{path.stem.removeprefix('test_')}.py"
+        if not module.is_file() and not (folder == Path(".") and path.name in NOT_A_MODULE):
+            wrong.append(f"{path.relative_to(UNIT.parent.parent)}: no module {module.relative_to(PACKAGE.parent)}")
+    for folder in sorted({path.parent for path in UNIT.rglob("test_*.py")}):
+        if not (folder / "__init__.py").is_file():
+            wrong.append(f"{folder.relative_to(UNIT.parent.parent)} has no __init__.py")
+    assert not wrong, "tests/unit mirrors the package (docs/architecture.md):\n" + "\n".join(wrong)
+
+
 def test_old_module_names_resolve_only_while_a_saved_stage_is_loaded():
     """Importing the package installs nothing on sys.meta_path, so an old name does not import
     (and never shadows a new one); a pickle naming old module paths loads through

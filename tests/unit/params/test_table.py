@@ -17,7 +17,7 @@ from spark_torch_est.params.table import ESTIMATOR_PARAMS, FAMILIES, PARAMS
 from spark_torch_est.planning import check_params
 from spark_torch_est.tuning import SuccessiveHalving
 
-PACKAGE = Path(__file__).resolve().parents[2] / "spark_torch_est"
+PACKAGE = Path(__file__).resolve().parents[3] / "spark_torch_est"
 
 
 @pytest.mark.parametrize("stage", [TorchEstimator, TorchModel])
