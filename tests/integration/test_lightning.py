@@ -15,7 +15,7 @@ from spark_torch_est import TorchEstimator, TorchModel  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
-ROWS, WIDTH, BATCH = 256, 4, 32
+ROWS, WIDTH, BATCH = 288, 4, 32  # every 9th row validates: 256 training rows, 4 steps per epoch on 2 ranks
 
 
 class Regressor(pl.LightningModule):
@@ -63,20 +63,93 @@ def lit_df(spark):
     rng = np.random.default_rng(3)
     x = rng.normal(size=(ROWS, WIDTH)).astype(np.float32)
     y = (x @ np.arange(1, WIDTH + 1, dtype=np.float32) + 0.25).astype(np.float32)
-    return spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x, y)], ["features", "label"])
+    rows = [(i, row.tolist(), float(t), i % 9 == 0) for i, (row, t) in enumerate(zip(x, y))]
+    return spark.createDataFrame(rows, ["id", "features", "label", "is_val"])
 
 
 def lit_estimator(module, **params) -> TorchEstimator:
     settings = dict(model=module, batchSize=BATCH, maxEpochs=3, numWorkers=2, showProgress=False,
-                    trainerArgs={"num_sanity_val_steps": 0})
+                    validationIndicatorCol="is_val", trainerArgs={"num_sanity_val_steps": 0})
     return TorchEstimator(**{**settings, **params})
 
 
-def test_fit_trains_the_module(lit_df):
-    est = lit_estimator(Regressor())
+class _Batches:
+    """The recorded global batches of each epoch, as a single-process Trainer's loader: the
+    batches of ``module``'s current epoch, each step the two ranks' rows together."""
+
+    def __init__(self, epochs: list[list[tuple[torch.Tensor, torch.Tensor]]], module: pl.LightningModule) -> None:
+        self.epochs, self.module = epochs, module
+
+    def __len__(self) -> int:
+        return len(self.epochs[0])
+
+    def __iter__(self):
+        trainer = self.module._trainer
+        epoch = trainer.current_epoch if trainer is not None else 0
+        return iter(self.epochs[min(epoch, len(self.epochs) - 1)])
+
+
+class _EpochLoss(pl.Callback):
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.values.append(float(trainer.callback_metrics["loss_epoch"]))
+
+
+def recorded_epochs(folder: str) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The batches the ranks trained on, by epoch and step, both ranks' rows joined."""
+    parts: dict[tuple[int, int], dict[int, dict]] = {}
+    for name in os.listdir(folder):
+        epoch, step, rank = (int(p[1:]) for p in name[:-3].split("-"))
+        parts.setdefault((epoch, step), {})[rank] = torch.load(os.path.join(folder, name))
+    epochs: dict[int, list] = {}
+    for (epoch, _step), ranks in sorted(parts.items()):
+        x = torch.cat([ranks[r]["x"] for r in sorted(ranks)])
+        y = torch.cat([ranks[r]["y"] for r in sorted(ranks)])
+        epochs.setdefault(epoch, []).append((x, y))
+    return [epochs[e] for e in sorted(epochs)]
+
+
+def test_fit_matches_pl_trainer_on_the_same_batches(lit_df, tmp_path):
+    """Two ranks under the estimator and one process under pl.Trainer, on the same global
+    batches: the same weights, the same epoch losses (close: DDP averages two half-batch
+    gradients where one process takes the mean over the whole batch), the StepLR dict
+    stepping every 2nd step in both, the logged values averaged over the ranks, validation
+    on the indicator's rows."""
+    record = tmp_path / "seen"
+    record.mkdir()
+    est = lit_estimator(Regressor(record=str(record)))
     model = est.fit(lit_df)
     history = est.history
     assert [entry["epoch"] for entry in history] == [1, 2, 3]
-    assert history[-1]["loss"] < history[0]["loss"]
-    assert history[0]["rank_seen"] == pytest.approx(0.5)  # the ranks' values averaged (sync_dist)
-    assert isinstance(model, TorchModel)
+    assert history[0]["rank_seen"] == pytest.approx(0.5)  # ranks 0 and 1, averaged (sync_dist)
+    assert all(np.isfinite(entry["val_mse"]) for entry in history)
+    assert "loss_step" not in history[0]
+
+    epochs = recorded_epochs(str(record))
+    assert [len(e) for e in epochs] == [4, 4, 4]
+    rows = torch.cat([x for epoch in epochs for x, _ in epoch])
+    assert len(rows) == 3 * 256 and len(torch.unique(rows[:256], dim=0)) == 256  # each row once per epoch
+
+    reference, losses = Regressor(), _EpochLoss()
+    trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[losses])
+    trainer.fit(reference, train_dataloaders=_Batches(epochs, reference))
+    fitted = model.torch_model()
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(fitted.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+    assert [entry["loss"] for entry in history] == pytest.approx(losses.values, rel=1e-5)
+    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == pytest.approx(
+        [0.05 * 0.5 ** ((3 * 4 // 2) // 3)])
+
+    predictions = np.array([r["prediction"] for r in model.transform(lit_df).orderBy("id").collect()])
+    x = torch.tensor([r["features"] for r in lit_df.orderBy("id").collect()])
+    with torch.no_grad():
+        expected = fitted(x).squeeze(-1).numpy()
+    np.testing.assert_allclose(predictions, expected, rtol=1e-5, atol=1e-5)
+    model.save(str(tmp_path / "saved"))
+    loaded = TorchModel.load(str(tmp_path / "saved"))
+    again = np.array([r["prediction"] for r in loaded.transform(lit_df).orderBy("id").collect()])
+    np.testing.assert_array_equal(again, predictions)
+    assert isinstance(loaded.torch_model(), Regressor)
