@@ -12,6 +12,8 @@ import torch
 pl = pytest.importorskip("lightning.pytorch", reason="needs the lightning extra (pip install '.[lightning]')")
 
 from spark_torch_est import TorchEstimator, TorchModel  # noqa: E402
+from spark_torch_est.errors import InvalidInputError  # noqa: E402
+from tests.helpers import spark_jobs_started  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -153,3 +155,114 @@ def test_fit_matches_pl_trainer_on_the_same_batches(lit_df, tmp_path):
     again = np.array([r["prediction"] for r in loaded.transform(lit_df).orderBy("id").collect()])
     np.testing.assert_array_equal(again, predictions)
     assert isinstance(loaded.torch_model(), Regressor)
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return model.torch_model().state_dict()
+
+
+@pytest.mark.slow
+def test_fits_in_parts_equal_one_straight_fit(lit_df):
+    """fit(duration="2ep") then fit(), and fit(duration="5ba") (in the middle of epoch 2)
+    then fit(), end where one straight fit does, bitwise on the CPU: Lightning's optimizer,
+    scheduler (stepped every 2nd step) and loops continue from the package's checkpoint."""
+    straight = lit_estimator(Regressor())
+    expected = _weights(straight.fit(lit_df))
+    for duration in ("2ep", "5ba"):
+        est = lit_estimator(Regressor())
+        est.fit(lit_df, duration=duration)
+        paused = est.checkpoint
+        assert paused.lightning_state["optimizer_states"] and paused.lightning_state["lr_schedulers"]
+        weights = _weights(est.fit(lit_df))
+        assert all(torch.equal(weights[k], v) for k, v in expected.items()), duration
+        assert [e["train_loss"] for e in est.history] == [e["train_loss"] for e in straight.history], duration
+        assert est.checkpoint.lightning_state["global_step"] == straight.checkpoint.lightning_state["global_step"]
+        assert est.history == straight.history, duration
+
+
+class _StopOnRank1(pl.Callback):
+    """Sets trainer.should_stop on rank 1 alone, at the end of epoch 2."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.global_rank == 1 and trainer.current_epoch == 1:
+            trainer.should_stop = True
+
+
+class _Counter(pl.Callback):
+    """Counts the batches it saw, in its state."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
+
+    def state_dict(self) -> dict:
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches = state["batches"]
+
+
+def test_callbacks_act_as_under_the_trainer(lit_df):
+    """A callback setting should_stop on one rank stops every rank at that epoch's end;
+    LearningRateMonitor's rates reach the history; a callback's state is in the checkpoint."""
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    est = lit_estimator(Regressor(), maxEpochs=4, trainerArgs={"num_sanity_val_steps": 0, "log_every_n_steps": 1},
+                        callbacks=[_StopOnRank1(), LearningRateMonitor(logging_interval="step"), _Counter()])
+    est.fit(lit_df)
+    assert [entry["epoch"] for entry in est.history] == [1, 2]
+    # the rate at the start of each epoch's last batch: StepLR(step_size=3) stepped every 2nd batch
+    assert est.history[0]["lr-Adam"] == pytest.approx(0.05)
+    assert est.history[1]["lr-Adam"] == pytest.approx(0.05 * 0.5)
+    assert est.checkpoint.lightning_state["callbacks"]["_Counter"] == {"batches": 8}
+
+
+def test_pytorch_lightning_module_with_early_stopping_and_bf16(lit_df):
+    """A pytorch_lightning module fits too; its EarlyStopping stops the fit (every rank) when
+    the monitored value gets no better; precision reaches the Trainer."""
+    ptl = pytest.importorskip("pytorch_lightning")
+
+    class PTLRegressor(ptl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(WIDTH, 1)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self(x).squeeze(-1).float(), y)
+            self.log("loss", loss, on_epoch=True, sync_dist=True)
+            self.log("dtype_bf16", float(self(x).dtype == torch.bfloat16), on_epoch=True)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    stop = ptl.callbacks.EarlyStopping(monitor="loss", mode="max", patience=0)
+    est = lit_estimator(PTLRegressor(), maxEpochs=5, validationIndicatorCol=None, precision="bf16-mixed",
+                        callbacks=[stop])
+    est.fit(lit_df)
+    assert [entry["epoch"] for entry in est.history] == [1, 2]  # the loss fell in epoch 2: no better for "max"
+    assert est.history[0]["dtype_bf16"] == 1.0
+
+
+def test_refused_before_any_job(spark, lit_df):
+    """optimizer= or loss= beside a LightningModule, hooks= in place of callbacks, and
+    callbacks= with a plain module are refused on the driver before any Spark job."""
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match="configure_optimizers"):
+        lit_estimator(Regressor(), optimizer=lambda model, config: torch.optim.SGD(model.parameters(), 0.1)).fit(
+            lit_df)
+    with pytest.raises(InvalidInputError, match="loss= is given with a LightningModule"):
+        lit_estimator(lambda config: Regressor(), loss=torch.nn.MSELoss()).fit(lit_df)
+    with pytest.raises(InvalidInputError, match="callbacks= are Lightning callbacks"):
+        lit_estimator(lambda config: torch.nn.Linear(WIDTH, 1), optimizer=lambda m, c: torch.optim.SGD(
+            m.parameters(), 0.1), loss=torch.nn.MSELoss(), callbacks=[_Counter()]).fit(lit_df)
+    with pytest.raises(InvalidInputError, match="trainerArgs may not set 'max_epochs'"):
+        lit_estimator(Regressor(), trainerArgs={"max_epochs": 5})
+    assert spark_jobs_started(spark) == jobs

@@ -36,9 +36,10 @@ def _release(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
-def check_release(namespace: str) -> None:
+def check_release(namespace: str, torch_version: str | None = None) -> None:
     """Refuses a Lightning release this package does not run, or one the installed torch
-    cannot carry (the torch range the release declares).
+    (``torch_version``: that release instead) cannot carry: the torch range the installed
+    Lightning release declares.
 
     Raises:
         ValueError: Names both releases and what is needed.
@@ -52,17 +53,18 @@ def check_release(namespace: str) -> None:
         needed = ".".join(map(str, MIN_LIGHTNING))
         raise ValueError(f"a LightningModule needs {distribution} >= {needed}; this environment has {distribution} "
                          f"{lightning_version}: pip install 'spark-torch-est[lightning]'")
-    torch_version = _release(version("torch"))
+    torch_text = torch_version or version("torch")
+    have_torch = _release(torch_text)
     for line in requires(distribution) or []:
         match = re.match(r"torch\s*([^;]*)$", line.strip())
         if match is None:
             continue
         for op, bound in re.findall(r"(>=|<=|<|>|==|!=)\s*([\d.]+)", match.group(1)):
             wanted = _release(bound)
-            have = torch_version[:len(wanted)]
+            have = have_torch[:len(wanted)]
             fits = {">=": have >= wanted, ">": have > wanted, "<=": have <= wanted, "<": have < wanted,
                     "==": have == wanted, "!=": have != wanted}[op]
             if not fits:
                 raise ValueError(f"{distribution} {lightning_version} needs torch {match.group(1).strip()}; this "
-                                 f"environment has torch {version('torch')}: install a {distribution} release that "
+                                 f"environment has torch {torch_text}: install a {distribution} release that "
                                  "supports it")

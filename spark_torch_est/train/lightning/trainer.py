@@ -62,6 +62,9 @@ logger = logging.getLogger(__name__)
 #: What the package keeps of Lightning's checkpoint (the weights are the package's own).
 LIGHTNING_KEYS = ("epoch", "global_step", "pytorch-lightning_version", "loops", "callbacks", "optimizer_states",
                   "lr_schedulers")
+#: Where the package keeps each rank's epoch aggregates of ``self.log(on_epoch=True)`` in a
+#: checkpoint taken in the middle of an epoch (Lightning's own checkpoint does not hold them).
+EPOCH_RESULTS = "spark_torch_est_epoch_results"
 #: The precision Param as Lightning names it.
 _PRECISION = {"32": "32-true", "16-mixed": "16-mixed", "bf16-mixed": "bf16-mixed"}
 
@@ -255,6 +258,7 @@ class LightningTrainer:
         self._partial = (0.0, 0.0)  # the epoch's sums before this fit (rank 0)
         self._pausing: dict[str, Any] | None = None  # Lightning's state where the fit stops mid-epoch
         self._output_shape: list[int] = []
+        self._carried: dict[str, torch.Tensor] | None = None  # this rank's epoch aggregates before this fit
 
     @property
     def stage(self) -> str:
@@ -375,6 +379,8 @@ class LightningTrainer:
     def step_done(self, trainer: Any, outputs: Any, batch: tuple[torch.Tensor, ...]) -> None:
         """After a training batch: counts it into the progress, its loss into the epoch's
         mean (on the device), and stops the fit when its target is reached mid-epoch."""
+        if self._carried is not None:
+            self._add_carried(trainer)
         samples = self.train_batches.samples.popleft()
         self.progress = self.progress.to_next_batch(samples)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -466,18 +472,69 @@ class LightningTrainer:
         self.offset = done // self.rows.shards if done else 0
 
     def _lightning_file(self, resume: Checkpoint, folder: str) -> str | None:
-        """Lightning's checkpoint of ``resume`` as a file for ``Trainer.fit(ckpt_path=...)``."""
-        state = resume.lightning_state
-        if state is None:
+        """Lightning's checkpoint of ``resume`` as a file for ``Trainer.fit(ckpt_path=...)``;
+        this rank's epoch aggregates kept aside for its first step (see :meth:`_add_carried`)."""
+        state = dict(resume.lightning_state or {})
+        if not state:
             return None
+        carried = state.pop(EPOCH_RESULTS, None)
+        if carried is not None and self.progress.batch_in_epoch > 0:
+            values = carried["values"]
+            if len(values) == self.ranks.world_size:
+                self._carried = dict(zip(carried["keys"], values[self.ranks.rank]))
+            elif self.ranks.rank == 0:
+                logger.warning("the epoch in progress began on %d ranks and goes on on %d: its values logged with "
+                               "on_epoch cover this fit's part of it", len(values), self.ranks.world_size)
         path = os.path.join(folder, "resume.ckpt")
         torch.save({**state, "state_dict": resume.model_state}, path)
         return path
 
     def _lightning_state(self, trainer: Any) -> dict[str, Any]:
-        """What the package keeps of Lightning's checkpoint as it is now."""
+        """Collective in the middle of an epoch: what the package keeps of Lightning's
+        checkpoint as it is now, with every rank's epoch aggregates so far."""
         dumped = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
-        return {key: value for key, value in dumped.items() if key in LIGHTNING_KEYS or key[:1].isupper()}
+        state = {key: value for key, value in dumped.items() if key in LIGHTNING_KEYS or key[:1].isupper()}
+        if self.progress.batch_in_epoch > 0:
+            state[EPOCH_RESULTS] = self._epoch_results(trainer)
+        return state
+
+    @staticmethod
+    def _epoch_metrics(trainer: Any) -> dict[str, Any]:
+        """The training loop's values logged with ``on_epoch`` (tensors), by key."""
+        results = trainer.fit_loop.epoch_loop._results
+        return {key: result for key, result in sorted(results.items())
+                if result.is_tensor and result.meta.on_epoch}
+
+    def _epoch_results(self, trainer: Any) -> dict[str, Any]:
+        """Collective: every rank's aggregates of the epoch so far (``value`` and rows of each
+        value logged with ``on_epoch``), to continue the epoch's means exactly."""
+        metrics = self._epoch_metrics(trainer)
+        table = torch.zeros(self.ranks.world_size, len(metrics), 2, dtype=torch.float64)
+        for index, result in enumerate(metrics.values()):
+            count = getattr(result, "cumulated_batch_size", torch.tensor(0))
+            table[self.ranks.rank, index] = torch.stack([result.value.detach().double().cpu(),
+                                                         count.detach().double().cpu()])
+        with self._stage.at("collective"):
+            table = self.ranks.all_reduce(table)
+        return {"keys": list(metrics), "values": table}
+
+    def _add_carried(self, trainer: Any) -> None:
+        """After the first step of a fit that continues an epoch: this rank's aggregates of
+        the epoch's earlier steps join those of the step (a sum, or the max or min, as the
+        value reduces), so the epoch's logged means equal those of one straight fit."""
+        carried, self._carried = self._carried or {}, None
+        for key, result in self._epoch_metrics(trainer).items():
+            if key not in carried:
+                continue
+            value, count = carried[key]
+            before = value.to(result.value.dtype).to(result.value.device)
+            meta = result.meta
+            if meta.is_max_reduction or meta.is_min_reduction:
+                result.value = meta.reduce_fx(before, result.value)
+            else:
+                result.value = before + result.value
+            if meta.is_mean_reduction:
+                result.cumulated_batch_size = count.long().to(result.value.device) + result.cumulated_batch_size
 
     def _due(self, unit: str) -> bool:
         every = self.spec.checkpoint_every
