@@ -13,9 +13,14 @@ pl = pytest.importorskip("lightning.pytorch", reason="needs the lightning extra 
 
 from spark_torch_est import TorchEstimator, TorchModel  # noqa: E402
 from spark_torch_est.errors import InvalidInputError  # noqa: E402
+from spark_torch_est.loggers import CSVLogger  # noqa: E402
 from tests.helpers import spark_jobs_started  # noqa: E402
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark, pytest.mark.compat,
+    pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
+                       reason="the Lightning tests were checked with torch 2.13 and lightning 2.6.6 only"),
+]
 
 ROWS, WIDTH, BATCH = 288, 4, 32  # every 9th row validates: 256 training rows, 4 steps per epoch on 2 ranks
 
@@ -161,13 +166,19 @@ def _weights(model) -> dict[str, torch.Tensor]:
     return model.torch_model().state_dict()
 
 
+@pytest.fixture(scope="module")
+def straight(lit_df):
+    """One straight fit of the Regressor: its estimator and the fitted weights."""
+    est = lit_estimator(Regressor())
+    return est, _weights(est.fit(lit_df))
+
+
 @pytest.mark.slow
-def test_fits_in_parts_equal_one_straight_fit(lit_df):
+def test_fits_in_parts_equal_one_straight_fit(lit_df, straight):
     """fit(duration="2ep") then fit(), and fit(duration="5ba") (in the middle of epoch 2)
     then fit(), end where one straight fit does, bitwise on the CPU: Lightning's optimizer,
     scheduler (stepped every 2nd step) and loops continue from the package's checkpoint."""
-    straight = lit_estimator(Regressor())
-    expected = _weights(straight.fit(lit_df))
+    straight, expected = straight
     for duration in ("2ep", "5ba"):
         est = lit_estimator(Regressor())
         est.fit(lit_df, duration=duration)
@@ -266,3 +277,45 @@ def test_refused_before_any_job(spark, lit_df):
     with pytest.raises(InvalidInputError, match="trainerArgs may not set 'max_epochs'"):
         lit_estimator(Regressor(), trainerArgs={"max_epochs": 5})
     assert spark_jobs_started(spark) == jobs
+
+
+class _CrashOnce(pl.Callback):
+    """Hard-exits rank 1's Python worker after the 2nd batch of epoch 2, the first time only."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_rank == 1 and trainer.current_epoch == 1 and batch_idx == 1 and not os.path.exists(
+                self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+
+
+@pytest.mark.slow
+def test_relaunch_after_a_crash_ends_as_a_straight_fit(lit_df, straight, tmp_path, spark):
+    """A rank that dies mid-epoch is relaunched from the newest checkpoint in checkpointDir
+    (Lightning's state in it) and the run ends bitwise where a straight fit does; the epoch
+    metrics reach the driver's loggers; predict_udf and torch_model() serve the module."""
+    from pyspark.sql import functions as F
+
+    straight_est, expected = straight
+    est = lit_estimator(Regressor(), checkpointDir=str(tmp_path / "ckpt"), maxRetries=1,
+                        callbacks=[_CrashOnce(str(tmp_path / "crashed"))], loggers=[CSVLogger(str(tmp_path / "csv"))])
+    model = est.fit(lit_df)
+    assert os.path.exists(tmp_path / "crashed")
+    weights = _weights(model)
+    assert all(torch.equal(weights[k], v) for k, v in expected.items())
+    assert est.history == straight_est.history
+    csv_dir = tmp_path / "csv" / os.listdir(tmp_path / "csv")[0]
+    header = (csv_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"epoch", "train_loss", "loss", "val_mse"} <= set(header)
+
+    predict = model.predict_udf()
+    rows = lit_df.orderBy("id").limit(8).select(predict(F.col("features")).alias("p")).collect()
+    with torch.no_grad():
+        x = torch.tensor([r["features"] for r in lit_df.orderBy("id").limit(8).collect()])
+        direct = model.torch_model()(x).squeeze(-1).numpy()
+    np.testing.assert_allclose([r["p"] for r in rows], direct, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidInputError, match="validation_step"):
+        model.evaluate(lit_df)
