@@ -341,6 +341,8 @@ class LightningTrainer:
         args.setdefault("enable_progress_bar", False)
         args.setdefault("enable_model_summary", False)
         args.setdefault("default_root_dir", tempfile.gettempdir())
+        args.setdefault("log_every_n_steps", max(1, min(50, self.rows.steps_per_epoch)))  # no warning for short epochs
+        logging.getLogger(f"{namespace}.utilities.rank_zero").setLevel(logging.WARNING)  # "GPU available: ..." per fit
         self.recorder = Recorder()
         cuda = self.device.type == "cuda"
         strategy = Strategy(parallel_devices=[self.device], cluster_environment=Environment(self.ranks.rank,
