@@ -13,7 +13,7 @@ pl = pytest.importorskip("lightning.pytorch", reason="needs the lightning extra 
 
 from spark_torch_est import TorchEstimator, TorchModel  # noqa: E402
 from spark_torch_est.errors import InvalidInputError  # noqa: E402
-from spark_torch_est.loggers import CSVLogger  # noqa: E402
+from spark_torch_est.loggers import CSVLogger, MLflowLogger  # noqa: E402
 from tests.helpers import spark_jobs_started  # noqa: E402
 
 pytestmark = [
@@ -118,15 +118,16 @@ def recorded_epochs(folder: str) -> list[list[tuple[torch.Tensor, torch.Tensor]]
     return [epochs[e] for e in sorted(epochs)]
 
 
-def test_fit_matches_pl_trainer_on_the_same_batches(lit_df, tmp_path):
+@pytest.mark.parametrize("scheduler", ["step", "plateau"])
+def test_fit_matches_pl_trainer_on_the_same_batches(lit_df, tmp_path, scheduler):
     """Two ranks under the estimator and one process under pl.Trainer, on the same global
     batches: the same weights, the same epoch losses (close: DDP averages two half-batch
     gradients where one process takes the mean over the whole batch), the StepLR dict
-    stepping every 2nd step in both, the logged values averaged over the ranks, validation
-    on the indicator's rows."""
+    stepping every 2nd step, or ReduceLROnPlateau monitoring the logged loss, as in the
+    Trainer; the logged values averaged over the ranks, validation on the indicator's rows."""
     record = tmp_path / "seen"
     record.mkdir()
-    est = lit_estimator(Regressor(record=str(record)))
+    est = lit_estimator(Regressor(record=str(record), scheduler=scheduler))
     model = est.fit(lit_df)
     history = est.history
     assert [entry["epoch"] for entry in history] == [1, 2, 3]
@@ -139,7 +140,7 @@ def test_fit_matches_pl_trainer_on_the_same_batches(lit_df, tmp_path):
     rows = torch.cat([x for epoch in epochs for x, _ in epoch])
     assert len(rows) == 3 * 256 and len(torch.unique(rows[:256], dim=0)) == 256  # each row once per epoch
 
-    reference, losses = Regressor(), _EpochLoss()
+    reference, losses = Regressor(scheduler=scheduler), _EpochLoss()
     trainer = pl.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[losses])
     trainer.fit(reference, train_dataloaders=_Batches(epochs, reference))
@@ -147,8 +148,13 @@ def test_fit_matches_pl_trainer_on_the_same_batches(lit_df, tmp_path):
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(fitted.state_dict()[name], value, rtol=1e-5, atol=1e-6)
     assert [entry["loss"] for entry in history] == pytest.approx(losses.values, rel=1e-5)
-    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == pytest.approx(
-        [0.05 * 0.5 ** ((3 * 4 // 2) // 3)])
+    rates = [g["lr"] for g in trainer.optimizers[0].param_groups]
+    if scheduler == "step":
+        assert rates == pytest.approx([0.05 * 0.5 ** ((3 * 4 // 2) // 3)])
+    fitted_rate = est.checkpoint.lightning_state["optimizer_states"][0]["param_groups"][0]["lr"]
+    assert [fitted_rate] == pytest.approx(rates)
+    if scheduler == "plateau":
+        return
 
     predictions = np.array([r["prediction"] for r in model.transform(lit_df).orderBy("id").collect()])
     x = torch.tensor([r["features"] for r in lit_df.orderBy("id").collect()])
@@ -215,19 +221,27 @@ class _Counter(pl.Callback):
         self.batches = state["batches"]
 
 
-def test_callbacks_act_as_under_the_trainer(lit_df):
+def test_callbacks_act_as_under_the_trainer(lit_df, store):
     """A callback setting should_stop on one rank stops every rank at that epoch's end;
-    LearningRateMonitor's rates reach the history; a callback's state is in the checkpoint."""
+    LearningRateMonitor's rates reach the history and the MLflow logger, which logs the fitted
+    module; a callback's state is in the checkpoint."""
     from lightning.pytorch.callbacks import LearningRateMonitor
 
+    uri, client, experiment_id = store
+
     est = lit_estimator(Regressor(), maxEpochs=4, trainerArgs={"num_sanity_val_steps": 0, "log_every_n_steps": 1},
-                        callbacks=[_StopOnRank1(), LearningRateMonitor(logging_interval="step"), _Counter()])
-    est.fit(lit_df)
+                        callbacks=[_StopOnRank1(), LearningRateMonitor(logging_interval="step"), _Counter()],
+                        loggers=[MLflowLogger(tracking_uri=uri, experiment_name="tests")])
+    model = est.fit(lit_df)
     assert [entry["epoch"] for entry in est.history] == [1, 2]
     # the rate at the start of each epoch's last batch: StepLR(step_size=3) stepped every 2nd batch
     assert est.history[0]["lr-Adam"] == pytest.approx(0.05)
     assert est.history[1]["lr-Adam"] == pytest.approx(0.05 * 0.5)
     assert est.checkpoint.lightning_state["callbacks"]["_Counter"] == {"batches": 8}
+    (run,) = client.search_runs([experiment_id])
+    assert {"lr-Adam", "loss", "val_mse", "train_loss"} <= set(run.data.metrics)
+    (logged,) = client.search_logged_models([experiment_id])  # the fitted module, by mlflow.pytorch
+    assert logged.source_run_id == run.info.run_id and model.torch_model() is not None
 
 
 def test_pytorch_lightning_module_with_early_stopping_and_bf16(lit_df):
@@ -319,3 +333,85 @@ def test_relaunch_after_a_crash_ends_as_a_straight_fit(lit_df, straight, tmp_pat
     np.testing.assert_allclose([r["p"] for r in rows], direct, rtol=1e-5, atol=1e-5)
     with pytest.raises(InvalidInputError, match="validation_step"):
         model.evaluate(lit_df)
+
+
+class TypedRegressor(pl.LightningModule):
+    """Two typed input columns and a weight: the batch is ``(a, b, label, weight)``; the
+    optimizers come as ``([optimizer], [scheduler])``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(10, 3)
+        self.layer = torch.nn.Linear(3 + WIDTH, 1)
+        self.shapes: list[list[int]] = []
+
+    def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(torch.cat([self.embed(ids), x], dim=1))
+
+    def training_step(self, batch, batch_idx):
+        ids, x, y, weight = batch
+        assert ids.dtype == torch.int64 and weight.shape == y.shape
+        loss = (weight * (self(ids, x).squeeze(-1) - y) ** 2).sum() / weight.sum()
+        self.log("weighted_mse", loss, on_epoch=True, sync_dist=True)
+        return loss
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+
+
+def test_typed_inputs_and_weights(spark, lit_df):
+    """inputCols give the step ``(*inputs, label)``, weightCol adds the weight last; the
+    ``([opts], [scheds])`` form steps per epoch."""
+    from pyspark.sql import functions as F
+
+    df = lit_df.select((F.col("id") % 10).alias("ids"), F.col("features").alias("x"), "label",
+                       (F.col("id") % 3 + 1).cast("double").alias("w"))
+    est = TorchEstimator(model=TypedRegressor(), inputCols=["ids", "x"], featuresCol=None, weightCol="w",
+                         batchSize=BATCH, maxEpochs=2, numWorkers=2, showProgress=False)
+    model = est.fit(df)
+    assert [e["epoch"] for e in est.history] == [1, 2]
+    assert est.history[1]["weighted_mse"] < est.history[0]["weighted_mse"]
+    assert est.checkpoint.lightning_state["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.0025)
+    rows = model.transform(df).orderBy("ids").limit(4).collect()
+    assert all(np.isfinite(r["prediction"]) for r in rows)
+
+
+class ManualRegressor(pl.LightningModule):
+    """Manual optimization: self.optimizers(), self.lr_schedulers(), manual_backward; the
+    step returns nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.automatic_optimization = False
+        self.layer = torch.nn.Linear(WIDTH, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(self(x).squeeze(-1), y)
+        self.manual_backward(loss)
+        optimizer.step()
+        if self.trainer.is_last_batch:
+            scheduler.step()
+        self.log("manual_mse", loss, on_epoch=True, sync_dist=True)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.02)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.1)]
+
+
+def test_manual_optimization(lit_df):
+    """self.optimizers() and self.lr_schedulers() under manual optimization; a step that
+    returns no loss leaves train_loss out of the history, the logged values in."""
+    est = lit_estimator(ManualRegressor(), maxEpochs=2, validationIndicatorCol=None)
+    est.fit(lit_df)
+    assert [sorted(e) for e in est.history] == [["epoch", "manual_mse", "world_size"]] * 2
+    assert est.history[1]["manual_mse"] < est.history[0]["manual_mse"]
+    assert est.checkpoint.lightning_state["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.0002)

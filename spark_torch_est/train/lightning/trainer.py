@@ -45,7 +45,6 @@ from spark_torch_est.core import rng
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
-from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
 from spark_torch_est.ingest.shard import Shard
 from spark_torch_est.train.creators import CreatorError, Creators
@@ -406,7 +405,7 @@ class LightningTrainer:
         self.progress = self.progress.to_next_epoch()
         self.offset = 0
         self.history.append(entry)
-        self.reporter.step(self.progress, entry["train_loss"], self.rows.steps_per_epoch)
+        self.reporter.step(self.progress, entry.get("train_loss", float("nan")), self.rows.steps_per_epoch)
         self.reporter.epoch(entry)
         stop = bool(trainer.should_stop)
         wait = self.spec.stop_wait_s
@@ -434,17 +433,14 @@ class LightningTrainer:
         self._loss_sum.zero_()
         self._loss_count.zero_()
         self._partial = (0.0, 0.0)
-        weight_col = self.spec.columns.weight
-        if not count and weight_col is not None and not self.spec.allow_non_finite:
-            raise InputDataError(f"weightCol {weight_col!r}: the training rows' weights sum to 0 in epoch "
-                                 f"{self.progress.epoch + 1}; give some rows a positive weight")
-        train_loss = total / count if count else float("nan")
-        if not math.isfinite(train_loss) and not self.spec.allow_non_finite:
-            raise NonFiniteLossError(f"the epoch's mean training loss is {train_loss} in epoch "
-                                     f"{self.progress.epoch + 1} on rank {self.ranks.rank}; set allowNonFinite=True to "
-                                     "train on")
-        entry: dict[str, Any] = {"epoch": self.progress.epoch + 1, "train_loss": train_loss,
-                                 "world_size": self.ranks.world_size}
+        entry: dict[str, Any] = {"epoch": self.progress.epoch + 1}
+        if count:  # training_step returned its loss (not under manual optimization returning None)
+            train_loss = total / count
+            if not math.isfinite(train_loss) and not self.spec.allow_non_finite:
+                raise NonFiniteLossError(f"the epoch's mean training loss is {train_loss} in epoch "
+                                         f"{self.progress.epoch + 1}; set allowNonFinite=True to train on")
+            entry["train_loss"] = train_loss
+        entry["world_size"] = self.ranks.world_size
         metrics = trainer.callback_metrics
         logged: set[str] = set()
         loops = [trainer.fit_loop.epoch_loop, trainer.fit_loop.epoch_loop.val_loop]
