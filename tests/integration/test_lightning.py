@@ -12,7 +12,7 @@ import torch
 pl = pytest.importorskip("lightning.pytorch", reason="needs the lightning extra (pip install '.[lightning]')")
 
 from spark_torch_est import TorchEstimator, TorchModel  # noqa: E402
-from spark_torch_est.errors import InvalidInputError  # noqa: E402
+from spark_torch_est.errors import InvalidInputError, TrainingFailedError  # noqa: E402
 from spark_torch_est.loggers import CSVLogger, MLflowLogger  # noqa: E402
 from tests.helpers import spark_jobs_started  # noqa: E402
 
@@ -415,3 +415,22 @@ def test_manual_optimization(lit_df):
     assert [sorted(e) for e in est.history] == [["epoch", "manual_mse", "world_size"]] * 2
     assert est.history[1]["manual_mse"] < est.history[0]["manual_mse"]
     assert est.checkpoint.lightning_state["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.0002)
+
+
+class _Failing(Regressor):
+    def training_step(self, batch, batch_idx):
+        if self.current_epoch == 1 and batch_idx == 1:
+            raise ValueError("boom in training_step")
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_error_in_the_module_fails_the_fit_and_keeps_the_run(lit_df):
+    """An exception in training_step fails the fit once (user code is not retried), named
+    with the module's frame; the estimator's run stays where it was."""
+    est = lit_estimator(_Failing(), maxRetries=2)
+    est.fit(lit_df, duration="1ep")
+    before = est.checkpoint
+    with pytest.raises(TrainingFailedError, match="boom in training_step") as failed:
+        est.fit(lit_df)
+    assert "training_step" in str(failed.value)
+    assert est.checkpoint is before and est.progress.epoch == 1

@@ -576,7 +576,7 @@ class LightningTrainer:
 
     def _shape(self, module: nn.Module) -> list[int]:
         """The module's output shape per row, from its ``forward`` on two rows (eval mode, no
-        RNG drawn); ``[]`` when it has no ``forward`` (``transform`` then runs ``predict_step``)."""
+        RNG drawn); ``[]`` when it has no ``forward`` (it trains; ``transform`` needs one)."""
         was_training = module.training
         module.eval()
         try:
