@@ -52,6 +52,10 @@ class Creators:
     config: Mapping[str, Any] = field(default_factory=dict)
     callbacks: list[Any] = field(default_factory=list)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Creators pickled before a field existed (a saved model or estimator) take its default."""
+        self.__dict__.update({"callbacks": [], **state})
+
     def build_model(self) -> nn.Module:
         """Returns a fresh model (a deep copy when the user gave an instance)."""
         if isinstance(self.model, nn.Module):

@@ -179,7 +179,6 @@ def straight(lit_df):
     return est, _weights(est.fit(lit_df))
 
 
-@pytest.mark.slow
 def test_fits_in_parts_equal_one_straight_fit(lit_df, straight):
     """fit(duration="2ep") then fit(), and fit(duration="5ba") (in the middle of epoch 2)
     then fit(), end where one straight fit does, bitwise on the CPU: Lightning's optimizer,
@@ -306,7 +305,6 @@ class _CrashOnce(pl.Callback):
             os._exit(3)
 
 
-@pytest.mark.slow
 def test_relaunch_after_a_crash_ends_as_a_straight_fit(lit_df, straight, tmp_path, spark):
     """A rank that dies mid-epoch is relaunched from the newest checkpoint in checkpointDir
     (Lightning's state in it) and the run ends bitwise where a straight fit does; the epoch
