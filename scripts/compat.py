@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = "mlflow,tensorboard,progress"
 TEST_TOOLS = ["pytest>=8,<10", "pytest-timeout>=2.2", "torchmetrics>=1.0,<2"]
 #: The lightning extra, installed where it fits the row's pins (its tests skip where it is not).
-LIGHTNING = "lightning>=2.6,<2.7"
+LIGHTNING = "lightning>=2.5,<2.7"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from tests.helpers import spark_jobs_started  # noqa: E402
 pytestmark = [
     pytest.mark.spark, pytest.mark.compat,
     pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
-                       reason="the Lightning tests were checked with torch 2.13 and lightning 2.6.6 only"),
+                       reason="the Lightning tests were checked on torch 2.13 only (lightning 2.5.0 and 2.6.6)"),
 ]
 
 ROWS, WIDTH, BATCH = 288, 4, 32  # every 9th row validates: 256 training rows, 4 steps per epoch on 2 ranks

@@ -19,8 +19,9 @@ __all__ = ["NAMESPACES", "namespace_of", "check_release", "MIN_LIGHTNING"]
 
 #: The two import names of Lightning's Trainer package, and their distributions.
 NAMESPACES = {"lightning.pytorch": "lightning", "pytorch_lightning": "pytorch-lightning"}
-#: The oldest Lightning release the package was checked with (the ``lightning`` extra's range).
-MIN_LIGHTNING = (2, 6)
+#: The oldest Lightning release the package runs exactly (the ``lightning`` extra's range): 2.4
+#: continues a fit stopped in the middle of an epoch other than one straight fit would.
+MIN_LIGHTNING = (2, 5)
 def namespace_of(model: Any) -> str | None:
     """``"lightning.pytorch"`` or ``"pytorch_lightning"`` when ``model`` is a LightningModule
     of that package, else None (never imports either)."""
