@@ -8,6 +8,7 @@ Everything here raises :class:`InvalidInputError` (or ``TrainingCompleteError`` 
 
 from __future__ import annotations
 
+import inspect
 import sys
 import uuid
 from collections.abc import Collection, Mapping
@@ -237,14 +238,20 @@ def check_lightning(params: EstimatorParams, creators: Creators, namespace: str,
         check_release(namespace)
     except ValueError as error:
         raise InvalidInputError(str(error)) from None
-    replaced = {"optimizer": "configure_optimizers", "loss": "training_step", "scheduler": "configure_optimizers",
-                "metrics": "self.log in validation_step", "hooks": "callbacks=[...] (Lightning callbacks)"}
-    for name, instead in replaced.items():
+    for name in ("optimizer", "loss", "scheduler", "metrics", "hooks"):
         if getattr(creators, name):
             raise InvalidInputError(
-                f"{name}= is given with a LightningModule as the model ({type(creators.model).__name__}): the "
-                f"module's own {instead} does that; drop {name}=, the module's configure_optimizers makes the "
-                "optimizers and schedulers")
+                f"{name}= is given with a LightningModule as the model ({type(creators.model).__name__}): the module "
+                "trains itself (configure_optimizers makes its optimizers and schedulers, training_step its loss, "
+                "self.log its metrics; Lightning callbacks in callbacks=[...] take the place of hooks); drop "
+                f"{name}=")
+    trainer_class = getattr(sys.modules[namespace], "Trainer", None)
+    if trainer_class is not None:
+        known = inspect.signature(trainer_class).parameters
+        unknown = [key for key in params.getTrainerArgs() if key not in known]
+        if unknown:
+            raise InvalidInputError(f"trainerArgs {unknown[0]!r} is not an argument of {namespace}.Trainer "
+                                    f"(its arguments: {', '.join(sorted(known))})")
     if params.getStrategy() != "ddp" or params.getCompileModel():
         raise InvalidInputError(
             f"a LightningModule trains with strategy='ddp' and compileModel=False, got strategy="
@@ -268,10 +275,10 @@ def check_lightning(params: EstimatorParams, creators: Creators, namespace: str,
 
 def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoint | None) -> None:
     """Builds every object once on the driver, so bad creators fail before any job."""
-    if creators.callbacks and lightning_of(creators) is None:
+    namespace = lightning_of(creators)
+    if creators.callbacks and namespace is None:
         raise InvalidInputError("callbacks= are Lightning callbacks: they need a LightningModule as the model; use "
                                 "hooks= for a plain module")
-    namespace = lightning_of(creators)
     if namespace is not None:
         check_lightning(params, creators, namespace, start)
         return

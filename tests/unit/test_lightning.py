@@ -63,6 +63,9 @@ def test_optimizer_or_loss_beside_a_module_is_refused_naming_configure_optimizer
         est = TorchEstimator(model=Lit(), **extra)
         with pytest.raises(InvalidInputError, match="configure_optimizers"):
             check_creators(est, est._creators, None)
+    est = TorchEstimator(model=Lit(), trainerArgs={"gradient_clip_vall": 1.0})
+    with pytest.raises(InvalidInputError, match="trainerArgs 'gradient_clip_vall' is not an argument"):
+        check_creators(est, est._creators, None)
     est = TorchEstimator(model=Lit(), strategy="fsdp")
     with pytest.raises(InvalidInputError, match="strategy='ddp'"):
         check_creators(est, est._creators, None)
