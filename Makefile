@@ -35,9 +35,9 @@ test-all: $(STAMP)
 example: $(STAMP)  ## the main example on local[*]
 	$(RUN) $(BIN)/python examples/train_regression.py
 
-examples: $(STAMP)  ## all examples: regression, classifier, recommender, text, images, custom loop, notebook, tuning, Optuna, large model
+examples: $(STAMP)  ## all examples: regression, classifier, recommender, text, images, custom loop, notebook, tuning, Optuna, large model, LightningModule
 	for script in train_regression train_classifier recommender text_classifier image_classifier custom_training \
-	        notebook tune optuna_tune large_model; do $(RUN) $(BIN)/python examples/$$script.py || exit 1; done
+	        notebook tune optuna_tune large_model lightning_module; do $(RUN) $(BIN)/python examples/$$script.py || exit 1; done
 
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py

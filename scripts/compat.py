@@ -12,7 +12,8 @@ For each row, as a user on that runtime would meet the package:
 2. ``pip install <this project>[mlflow,tensorboard,progress]`` is run as a user would run it,
    and must move none of the runtime's packages (any that moved fails the row);
 3. pytest, pytest-timeout and torchmetrics (the tests' metrics) are added, every runtime
-   package held fixed;
+   package held fixed; so is the ``lightning`` extra where it installs beside them (the
+   Lightning tests skip where it does not, and run as ``compat`` on the rows they were checked on);
 4. ``pytest -m compat tests`` runs with the virtualenv's Python on the executors.
 
 Each row's virtualenv is made with its runtime's Python (``Row.python``): 3.11 for 15.4, 16.4
@@ -39,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = "mlflow,tensorboard,progress"
 TEST_TOOLS = ["pytest>=8,<10", "pytest-timeout>=2.2", "torchmetrics>=1.0,<2"]
+#: The lightning extra, installed where it fits the row's pins (its tests skip where it is not).
+LIGHTNING = "lightning>=2.5,<2.7"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +162,10 @@ def check_row(row: Row, pytest_args: list[str]) -> tuple[bool, str]:
             constraints = venv / "runtime-constraints.txt"
             constraints.write_text("".join(f"{n}=={v}\n" for n, v in runtime.items()))
             run([str(python), "-m", "pip", "install", "--quiet", "-c", str(constraints), *TEST_TOOLS], log)
+            try:  # as the extra installs it, moving none of the runtime's packages
+                run([str(python), "-m", "pip", "install", "--quiet", "-c", str(constraints), LIGHTNING], log)
+            except RuntimeError:
+                log.write(f"{LIGHTNING} does not install beside this runtime's packages: its tests skip\n")
             env = {**os.environ, "PYSPARK_PYTHON": str(python), "PYSPARK_DRIVER_PYTHON": str(python),
                    "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_CONF_DIR": str(ROOT / "conf")}
             run([str(python), "-m", "pytest", "-m", "compat", "-p", "no:cacheprovider", *pytest_args, "tests"],

@@ -42,6 +42,7 @@ from spark_torch_est.params.base import EstimatorParams, carry_params, param_map
 from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, read_required, saved_checkpoint
 from spark_torch_est.planning import (
     checked_config,
+    checked_trainer_args,
     make_creators,
     plan_fit,
     plan_frame,
@@ -59,7 +60,7 @@ __all__ = ["TorchEstimator"]
 
 logger = fit_logger()
 
-_CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks")
+_CREATOR_ARGS = ("model", "optimizer", "loss", "scheduler", "metrics", "hooks", "callbacks")
 #: Guards every estimator's ``_fitting`` flag while a fit checks and sets it.
 _FITTING = threading.Lock()
 _T = TypeVar("_T")
@@ -74,13 +75,17 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     thread's fit of the same estimator runs is refused; copies fit in parallel.
 
     Args:
-        model: An ``nn.Module`` or ``callable(config) -> nn.Module``.
+        model: An ``nn.Module`` or ``callable(config) -> nn.Module``; or a LightningModule (or
+            its creator), trained by Lightning's own loop without optimizer= or loss= (see
+            docs/lightning.md).
         optimizer: ``callable(model, config) -> torch.optim.Optimizer``.
         loss: An ``nn.Module`` (or its class) or ``callable(outputs, labels) -> scalar``.
         scheduler: ``callable(optimizer, config) -> LR scheduler`` stepped once per epoch, or None.
         metrics: ``{name: callable(outputs, labels) | torchmetrics.Metric}`` computed on the
             validation rows each epoch, or None.
         hooks: A list of :class:`Hook` or a ``{name: Hook}`` dict, or None.
+        callbacks: With a LightningModule: a list of Lightning callbacks (``EarlyStopping``,
+            ``LearningRateMonitor``, ...), or None.
         loggers: A list of :class:`~spark_torch_est.loggers.Logger` run on the driver
             (experiment tracking, see docs/tracking.md), or None.
         config: A plain dict of JSON values handed to every creator (default ``{}``); a Param,
@@ -143,6 +148,9 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             which it needs (see docs/large-models.md).
         shardModules: With ``"fsdp"``: class names of the submodules sharded on their own
             before the root (default None: every direct child holding parameters).
+        trainerArgs: With a LightningModule: more arguments of Lightning's ``Trainer`` as JSON
+            values (default ``{}``), not those the estimator sets (devices, num_nodes,
+            strategy, max_epochs, ...).
     """
 
     _input_kwargs: dict[str, Any]  # the constructor's arguments, as @keyword_only records them
@@ -150,7 +158,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
     @keyword_only
     def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
                  scheduler: Any = None, metrics: Mapping[str, Any] | None = None,
-                 hooks: Iterable[Hook] | Mapping[str, Hook] | None = None, loggers: Iterable[Logger] | None = None,
+                 hooks: Iterable[Hook] | Mapping[str, Hook] | None = None, callbacks: list[Any] | None = None,
+                 loggers: Iterable[Logger] | None = None,
                  config: Mapping[str, Any] | None = None, featuresCol: str | None = "features",
                  featureCols: list[str] | None = None, inputCols: list[str] | None = None,
                  inputShapes: dict[str, list[int]] | None = None, paddingValue: float = 0.0,
@@ -163,11 +172,14 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                  timeout: float = 600.0, slotWaitTimeout: float = 60.0, showProgress: bool = True,
                  memoryBudgetMB: float = 4096.0, keepIngestedMB: float = 8192.0, inferenceBatchSize: int = 4096,
                  allowNonFinite: bool = False, directRead: bool = True, precision: str = "32",
-                 compileModel: bool = False, strategy: str = "ddp", shardModules: list[str] | None = None) -> None:
+                 compileModel: bool = False, strategy: str = "ddp", shardModules: list[str] | None = None,
+                 trainerArgs: Mapping[str, Any] | None = None) -> None:
         super().__init__()  # the Params' defaults: see params/table.py
         kwargs = dict(self._input_kwargs)
         if "config" in kwargs:
             kwargs["config"] = checked_config(kwargs["config"])
+        if "trainerArgs" in kwargs:
+            kwargs["trainerArgs"] = checked_trainer_args(kwargs["trainerArgs"])
         creator_args = {name: kwargs.pop(name) for name in _CREATOR_ARGS if name in kwargs}
         self._creators = make_creators(**creator_args)
         self._initial_hook_states = _hook_states(self._creators.hooks)

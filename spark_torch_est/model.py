@@ -245,8 +245,14 @@ class TorchModel(Model, EstimatorParams, TorchPersistence):
             merged with their ``merge_state``.
 
         Raises:
-            InvalidInputError: Missing or unusable columns (before any Spark job).
+            InvalidInputError: Missing or unusable columns (before any Spark job), or a
+                LightningModule's model (no loss= to evaluate).
         """
+        if self.checkpoint.lightning_state is not None:
+            raise InvalidInputError(
+                "evaluate() computes the estimator's loss= and metrics=, which a LightningModule's fit has not: its "
+                "validation_step logs its metrics, in the fit's history for the validationIndicatorCol rows; score "
+                "other rows with transform() and a pyspark.ml evaluator")
         where = self._inputs(dataset)
         label_kind(dataset.schema, self.getLabelCol())
         weight = self.getWeightCol()

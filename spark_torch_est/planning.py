@@ -9,6 +9,8 @@ Everything here raises :class:`InvalidInputError` (or ``TrainingCompleteError`` 
 from __future__ import annotations
 
 import importlib
+import inspect
+import sys
 import uuid
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -33,17 +35,18 @@ from spark_torch_est.ingest.frames import check_inputs, frame_outputs, input_sch
 from spark_torch_est.ingest.parquet_plan import parquet_source
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import EstimatorParams
-from spark_torch_est.params.table import ESTIMATOR_PARAMS, ParamSpec, to_config
+from spark_torch_est.params.table import ESTIMATOR_PARAMS, ParamSpec, to_config, to_trainer_args
 from spark_torch_est.train.creators import CreatorError, Creators
 from spark_torch_est.train.hooks import HookSet, normalize_hooks
+from spark_torch_est.train.lightning import NAMESPACES, check_release, namespace_of
 from spark_torch_est.train.losses import check_weighted
 from spark_torch_est.train.metrics import check_metrics
 from spark_torch_est.train.strategies import STRATEGIES, Strategy
 from spark_torch_est.train.strategies.fsdp import check_present
 
 __all__ = ["FitPlan", "plan_fit", "plan_frame", "check_static", "check_params", "check_bounds", "check_changes",
-           "check_creators", "strategy_of", "task_spec", "make_creators", "checked_config", "resolve_checkpoint",
-           "run_of", "release_claim", "check_resumable"]
+           "check_creators", "strategy_of", "task_spec", "make_creators", "checked_config", "checked_trainer_args",
+           "lightning_of", "check_lightning", "resolve_checkpoint", "run_of", "release_claim", "check_resumable"]
 
 logger = fit_logger()
 
@@ -260,8 +263,73 @@ def check_resumable(start: Checkpoint | None) -> None:
             "a newer checkpoint of the run (resume_from=checkpointDir)") from None
 
 
+def lightning_of(creators: Creators) -> str | None:
+    """The Lightning package of the model when it is a LightningModule (an instance, or what
+    its creator returns), else None. Imports nothing: without Lightning imported, no model is
+    a LightningModule and a creator is not called here."""
+    if creators.model is None or not any(name in sys.modules for name in NAMESPACES):
+        return None
+    if isinstance(creators.model, torch.nn.Module):
+        return namespace_of(creators.model)
+    try:
+        return namespace_of(creators.build_model())
+    except CreatorError as error:
+        raise InvalidInputError(f"{error} (check the model= argument)") from error
+
+
+def check_lightning(params: EstimatorParams, creators: Creators, namespace: str, start: Checkpoint | None) -> None:
+    """Refuses, before any job, what a LightningModule's fit cannot take: creators its own
+    methods replace, strategies and Params its Trainer does not run, a Lightning release the
+    installed torch cannot carry, callbacks that are not Lightning callbacks, and a checkpoint
+    that is not a LightningModule's run."""
+    try:
+        check_release(namespace)
+    except ValueError as error:
+        raise InvalidInputError(str(error)) from None
+    for name in ("optimizer", "loss", "scheduler", "metrics", "hooks"):
+        if getattr(creators, name):
+            raise InvalidInputError(
+                f"{name}= is given with a LightningModule as the model ({type(creators.model).__name__}): the module "
+                "trains itself (configure_optimizers makes its optimizers and schedulers, training_step its loss, "
+                "self.log its metrics; Lightning callbacks in callbacks=[...] take the place of hooks); drop "
+                f"{name}=")
+    trainer_class = getattr(sys.modules[namespace], "Trainer", None)
+    if trainer_class is not None:
+        known = inspect.signature(trainer_class).parameters
+        unknown = [key for key in params.getTrainerArgs() if key not in known]
+        if unknown:
+            raise InvalidInputError(f"trainerArgs {unknown[0]!r} is not an argument of {namespace}.Trainer "
+                                    f"(its arguments: {', '.join(sorted(known))})")
+    if params.getStrategy() != "ddp" or params.getCompileModel():
+        raise InvalidInputError(
+            f"a LightningModule trains with strategy='ddp' and compileModel=False, got strategy="
+            f"{params.getStrategy()!r}, compileModel={params.getCompileModel()}")
+    callback_class = getattr(sys.modules[namespace], "Callback", None)
+    for callback in creators.callbacks:
+        if callback_class is not None and not isinstance(callback, callback_class):
+            raise InvalidInputError(f"callbacks must be {namespace}.Callback instances, got "
+                                    f"{type(callback).__name__}")
+    if start is not None and start.lightning_state is None:
+        raise InvalidInputError(
+            "the fit would continue a checkpoint that a plain module's fit wrote (it holds no Lightning state): "
+            "call est.reset() to start a new run with the LightningModule")
+    try:
+        model = creators.build_model()
+        if start is not None and start.model_state:
+            check_compatible(model.state_dict(), start.model_state)
+    except CreatorError as error:
+        raise InvalidInputError(f"{error} (check the model= argument)") from error
+
+
 def check_creators(params: EstimatorParams, creators: Creators, start: Checkpoint | None) -> None:
     """Builds every object once on the driver, so bad creators fail before any job."""
+    namespace = lightning_of(creators)
+    if creators.callbacks and namespace is None:
+        raise InvalidInputError("callbacks= are Lightning callbacks: they need a LightningModule as the model; use "
+                                "hooks= for a plain module")
+    if namespace is not None:
+        check_lightning(params, creators, namespace, start)
+        return
     for name in ("model", "optimizer", "loss"):
         if getattr(creators, name) is None:
             raise InvalidInputError(f"TorchEstimator needs {name}=...; it is None")
@@ -365,11 +433,13 @@ def task_spec(params: EstimatorParams, creators: Creators, target: Target, schem
         allow_non_finite=params.getAllowNonFinite(), fresh_hooks=tuple(sorted(fresh_hooks)), source=source,
         precision=params.getPrecision(), compile_model=params.getCompileModel(), strategy=params.getStrategy(),
         shard_modules=tuple(shards) if shards is not None else None,
+        lightning={"trainer_args": params.getTrainerArgs(), "max_epochs": params.getMaxEpochs()}
+        if lightning_of(creators) is not None else None,
     )
 
 
 def make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None, scheduler: Any = None,
-                  metrics: Mapping[str, Any] | None = None, hooks: Any = None) -> Creators:
+                  metrics: Mapping[str, Any] | None = None, hooks: Any = None, callbacks: Any = None) -> Creators:
     """The creators of ``TorchEstimator(...)``, each checked to be of a kind that can work."""
     for name, value in (("optimizer", optimizer), ("scheduler", scheduler)):
         if value is not None and not callable(value):
@@ -378,14 +448,24 @@ def make_creators(*, model: Any = None, optimizer: Any = None, loss: Any = None,
         raise InvalidInputError(f"model must be an nn.Module or a callable(config), got {type(model).__name__}")
     if loss is not None and not callable(loss):
         raise InvalidInputError(f"loss must be an nn.Module or a callable(outputs, labels), got {type(loss).__name__}")
+    if callbacks is not None and not isinstance(callbacks, (list, tuple)):
+        raise InvalidInputError(f"callbacks must be a list of Lightning callbacks, got {type(callbacks).__name__}")
     return Creators(model=model, optimizer=optimizer, loss=loss, scheduler=scheduler,
-                    metrics=check_metrics(metrics), hooks=normalize_hooks(hooks))
+                    metrics=check_metrics(metrics), hooks=normalize_hooks(hooks), callbacks=list(callbacks or []))
 
 
 def checked_config(config: Any) -> dict[str, Any]:
     """``config`` as the config Param takes it, or an InvalidInputError naming config."""
     try:
         return to_config(config)
+    except TypeError as error:
+        raise InvalidInputError(str(error)) from None
+
+
+def checked_trainer_args(args: Any) -> dict[str, Any]:
+    """``args`` as the trainerArgs Param takes it, or an InvalidInputError naming trainerArgs."""
+    try:
+        return to_trainer_args(args)
     except TypeError as error:
         raise InvalidInputError(str(error)) from None
 

@@ -37,6 +37,10 @@ runs code::
                     live there, ``optimizer`` is {} and ``model`` is {} in the checkpoints written
                     to checkpointDir, the full weights gathered at the end of a fit in the one the
                     driver keeps. Absent or None under "ddp"
+    lightning       a LightningModule's run: what it keeps of Lightning's own checkpoint (optimizer and
+                    scheduler states, loops, callbacks' state; see
+                    :mod:`spark_torch_est.train.lightning.trainer`), the weights being ``model``. Absent
+                    or None for a plain module
 
 A checkpoint keeps the bytes it was read from, so handing it on (to the next fit, to a
 file) never serializes it again.
@@ -99,7 +103,7 @@ class Checkpoint:
               rng: list[torch.Tensor], hooks: dict[str, dict], precision: str = "32",
               scaler: dict | None = None, strategy: str = "ddp",
               sharded: dict | None = None, parent: Parent | None = None,
-              shards: int | None = None) -> Checkpoint:
+              shards: int | None = None, lightning: dict | None = None) -> Checkpoint:
         """A checkpoint of the state a rank trained (tensors already on the CPU)."""
         return cls({
             "format_version": FORMAT_VERSION, "run_id": run_id, "fit_id": fit_id, "progress": progress.to_dict(),
@@ -113,6 +117,7 @@ class Checkpoint:
             "model": dict(model), "optimizer": optimizer, "scheduler": scheduler, "rng": list(rng), "hooks": hooks,
             "precision": precision, "scaler": scaler, "strategy": strategy, "sharded": sharded,
             "parent": {"run_id": parent.run_id, "global_step": parent.global_step} if parent is not None else None,
+            **({"lightning": lightning} if lightning is not None else {}),
         })
 
     # ------------------------------------------------------------------ properties
@@ -131,6 +136,11 @@ class Checkpoint:
     def progress(self) -> Progress:
         """Where the run stands."""
         return Progress.from_dict(self._state["progress"])
+
+    @property
+    def lightning_state(self) -> dict[str, Any] | None:
+        """A LightningModule's run: what it keeps of Lightning's checkpoint, or None."""
+        return self._state.get("lightning")
 
     @property
     def history(self) -> list[dict]:
@@ -383,7 +393,11 @@ def _check_structure(state: Mapping[str, Any]) -> None:
          and integer(parent.get("global_step")), "parent", "None or {'run_id': str, 'global_step': int >= 0}")
     need(sharded is None or _sharded_pointer(sharded), "sharded",
          "None or {'url': str, 'digest': str, 'files': {name: str}}")
-    need((sharded is not None and optimizer == {}) or isinstance(optimizer, Mapping)
+    lightning = state.get("lightning")
+    need(lightning is None or isinstance(lightning, Mapping) and isinstance(lightning.get("loops"), Mapping)
+         and isinstance(lightning.get("optimizer_states"), list), "lightning",
+         "None or Lightning's checkpoint: {'loops': dict, 'optimizer_states': list, ...}")
+    need(((sharded is not None or lightning is not None) and optimizer == {}) or isinstance(optimizer, Mapping)
          and isinstance(optimizer.get("state"), Mapping)
          and isinstance(optimizer.get("param_groups"), list)
          and all(isinstance(g, Mapping) and isinstance(g.get("params"), list) for g in optimizer["param_groups"]),

@@ -236,10 +236,14 @@ def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
     for the teardown to check."""
     from spark_torch_est.train.loop import Trainer
 
-    trainer = None
+    trainer: Any = None
     try:
         creators: Creators = cloudpickle.loads(spec.payload)  # from the driver, inside the Spark task
-        trainer = Trainer(creators, spec, shard, rank, spec.world_size, device, reporter)
+        if spec.lightning is not None:  # a LightningModule: Lightning's own loop
+            from spark_torch_est.train.lightning.trainer import LightningTrainer
+            trainer = LightningTrainer(creators, spec, shard, rank, spec.world_size, device, reporter)
+        else:
+            trainer = Trainer(creators, spec, shard, rank, spec.world_size, device, reporter)
         blob = trainer.run()
         return None, blob, _ddp_refs(trainer)
     except BaseException as error:  # noqa: B036 - turned into plain data for the driver

@@ -142,6 +142,8 @@ class TaskSpec:
         parent: The point the run branched from, recorded in its checkpoints, or None.
         global_batch: Rows of all ranks per step when the job runs on fewer ranks than
             ``numWorkers`` (see :meth:`shrunk`); None: ``batch_size * world_size``.
+        lightning: The model is a LightningModule: ``{"trainer_args": trainerArgs,
+            "max_epochs": maxEpochs}`` for Lightning's Trainer; None for a plain module.
     """
 
     run_id: str
@@ -170,6 +172,7 @@ class TaskSpec:
     stop_wait_s: float | None = None
     parent: Parent | None = None
     global_batch: int | None = None
+    lightning: dict | None = None
 
     @property
     def global_rows_per_step(self) -> int:

@@ -59,7 +59,7 @@ def render(family: str) -> str:
         "",
         f"from pyspark.ml.param import {', '.join(pyspark_names)}",
         "",
-        *([f"from {_TABLE_MODULE} import {', '.join(converters)}", ""] if converters else []),
+        *([*_import_lines(_TABLE_MODULE, converters), ""] if converters else []),
         *(["if TYPE_CHECKING:", *_type_imports(spec.type_imports), ""] if spec.type_imports else []),
         f'__all__ = ["{spec.cls}"]',
         "",
@@ -86,6 +86,15 @@ def _docstring(text: str) -> list[str]:
         return [f'    """{text}"""']
     lines = textwrap.wrap(text, width=_WIDTH - 10, break_long_words=False, break_on_hyphens=False)
     return [f'    """{lines[0]}', *(f"    {line}" for line in lines[1:]), '    """']
+
+
+def _import_lines(module: str, names: list[str]) -> list[str]:
+    """``from module import names`` on one line, or one name a line where that is over 120
+    characters (as ruff's isort writes it)."""
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= 120:
+        return [line]
+    return [f"from {module} import (", *(f"    {name}," for name in names), ")"]
 
 
 def _type_imports(imports: tuple[str, ...]) -> list[str]:

@@ -25,8 +25,8 @@ from typing import Any
 
 from pyspark.ml.param import TypeConverters
 
-__all__ = ["Family", "ParamSpec", "FAMILIES", "PARAMS", "to_config", "to_optional_bool", "to_optional_int",
-           "to_optional_string", "to_optional_string_list", "to_shapes"]
+__all__ = ["Family", "ParamSpec", "FAMILIES", "PARAMS", "to_config", "to_trainer_args", "TRAINER_OWNED",
+           "to_optional_bool", "to_optional_int", "to_optional_string", "to_optional_string_list", "to_shapes"]
 
 
 def to_optional_bool(value: object) -> bool | None:
@@ -76,6 +76,39 @@ def to_config(value: object) -> dict[str, Any]:
                         f"dicts with string keys), so it saves with the Params; got {dict(value)!r} ({error}). "
                         "Pass a name in config and look the object up in your creator"[:1000]) from None
     return copy.deepcopy(dict(value))
+
+
+def to_trainer_args(value: object) -> dict[str, Any]:
+    """A copy of a ``trainerArgs`` dict (None is ``{}``): JSON values, as ``config``, and none of
+    the Trainer arguments the estimator sets itself.
+
+    Raises:
+        TypeError: ``value`` is not a plain dict, or it sets an argument the estimator owns
+            (the message names the key and what sets it).
+    """
+    if value is None:
+        return {}
+    try:
+        args = to_config(value)
+    except TypeError as error:
+        raise TypeError(str(error).replace("config must", "trainerArgs must", 1)) from None
+    for key in args:
+        if key in TRAINER_OWNED:
+            raise TypeError(f"trainerArgs may not set {key!r}: the estimator sets it ({TRAINER_OWNED[key]})")
+    return args
+
+
+#: Lightning Trainer arguments the estimator sets itself, and the Param or argument that sets each.
+TRAINER_OWNED = {
+    "accelerator": "useGpu", "devices": "numWorkers (one device per rank)", "num_nodes": "numWorkers",
+    "strategy": "the estimator (DDP on the task's process group)", "plugins": "the estimator",
+    "max_epochs": "maxEpochs and fit(duration=...)", "min_epochs": "maxEpochs and fit(duration=...)",
+    "max_steps": "fit(duration='Nba')", "min_steps": "fit(duration='Nba')", "max_time": "fit(duration=...)",
+    "use_distributed_sampler": "the estimator: rows come in the run's exactly-once order",
+    "limit_train_batches": "fit(duration=...)", "overfit_batches": "fit(duration=...)",
+    "fast_dev_run": "fit(duration=...)", "precision": "the precision Param", "callbacks": "callbacks=[...]",
+    "logger": "loggers=[...], on the driver", "reload_dataloaders_every_n_epochs": "the estimator",
+}
 
 
 @dataclass(frozen=True)
@@ -209,6 +242,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("shardModules", "with strategy='fsdp': class names of the submodules sharded on their own before the "
               "root, e.g. ['TransformerBlock']; None = every direct child holding parameters",
               "list[str] | None", to_optional_string_list, None, "training"),
+    ParamSpec("trainerArgs", "with a LightningModule as the model: more arguments of Lightning's Trainer, e.g. "
+              "{'gradient_clip_val': 1.0}; JSON values only; not those the estimator sets (devices, num_nodes, "
+              "strategy, max_epochs, ...)", "dict[str, Any]", to_trainer_args, {}, "training", copy=True),
     # ---- runtime: TorchEstimator
     ParamSpec("numWorkers", "barrier tasks, i.e. DDP ranks", "int", _T.toInt, 2, "runtime", minimum=1),
     ParamSpec("minWorkers", "fewest ranks a launch may train with when fewer than numWorkers task slots are free "

@@ -12,7 +12,13 @@ from typing import Any, TypeVar
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-from spark_torch_est.params.table import to_config, to_optional_string, to_optional_string_list, to_shapes
+from spark_torch_est.params.table import (
+    to_config,
+    to_optional_string,
+    to_optional_string_list,
+    to_shapes,
+    to_trainer_args,
+)
 
 __all__ = ["TrainingParams"]
 
@@ -87,6 +93,12 @@ class TrainingParams(Params):
         "['TransformerBlock']; None = every direct child holding parameters",
         typeConverter=to_optional_string_list,
     )
+    trainerArgs: Param = Param(
+        Params._dummy(), "trainerArgs",
+        "with a LightningModule as the model: more arguments of Lightning's Trainer, e.g. {'gradient_clip_val': 1.0}; "
+        "JSON values only; not those the estimator sets (devices, num_nodes, strategy, max_epochs, ...)",
+        typeConverter=to_trainer_args,
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,6 +115,7 @@ class TrainingParams(Params):
             compileModel=False,
             strategy="ddp",
             shardModules=None,
+            trainerArgs={},
         )
 
     def getConfig(self) -> dict[str, Any]:
@@ -200,3 +213,11 @@ class TrainingParams(Params):
     def setShardModules(self: _P, value: list[str] | None) -> _P:
         """Sets the value of shardModules."""
         return self._set(shardModules=value)
+
+    def getTrainerArgs(self) -> dict[str, Any]:
+        """Gets a copy of the value of trainerArgs or of its default, ``{}`` (changing it changes nothing)."""
+        return copy.deepcopy(self.getOrDefault(self.trainerArgs))
+
+    def setTrainerArgs(self: _P, value: dict[str, Any]) -> _P:
+        """Sets the value of trainerArgs."""
+        return self._set(trainerArgs=value)

@@ -40,6 +40,7 @@ class Creators:
         metrics: ``{name: callable(outputs, labels) -> tensor | torchmetrics.Metric}``.
         hooks: ``{name: Hook}``.
         config: A plain dict handed to every creator.
+        callbacks: Lightning callbacks, for a LightningModule as the model.
     """
 
     model: nn.Module | Callable[[dict], nn.Module]
@@ -49,6 +50,11 @@ class Creators:
     metrics: Mapping[str, Any] = field(default_factory=dict)
     hooks: Mapping[str, Hook] = field(default_factory=dict)
     config: Mapping[str, Any] = field(default_factory=dict)
+    callbacks: list[Any] = field(default_factory=list)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Creators pickled before a field existed (a saved model or estimator) take its default."""
+        self.__dict__.update({"callbacks": [], **state})
 
     def build_model(self) -> nn.Module:
         """Returns a fresh model (a deep copy when the user gave an instance)."""

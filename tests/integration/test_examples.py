@@ -23,6 +23,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
     ("tune.py", "epochs trained in all: 15 (every configuration to maxEpochs: 36)"),
     ("optuna_tune.py", "MLflow: 6 child runs of the study's run"),
     ("large_model.py", "the full model, gathered: 530177 parameters"),
+    ("lightning_module.py", "epoch  1  mse"),
 ])
 def test_example_runs(script, expected):
     result = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=600,

@@ -176,14 +176,16 @@ NOT_A_MODULE = {
 
 
 def test_unit_tests_mirror_the_package():
-    """``tests/unit/<folder>/test_<module>.py`` tests ``spark_torch_est/<folder>/<module>.py``
-    (the top-level modules' tests sit in ``tests/unit/``), so a module's tests are found by its
-    path; each test folder is a package, since two folders may hold files of one name."""
+    """``tests/unit/<folder>/test_<module>.py`` tests ``spark_torch_est/<folder>/<module>.py`` (or
+    the package ``<module>/``; the top-level modules' tests sit in ``tests/unit/``), so a module's
+    tests are found by its path; each test folder is a package, since two folders may hold files
+    of one name."""
     wrong = []
     for path in sorted(UNIT.rglob("test_*.py")):
         folder = path.parent.relative_to(UNIT)
         module = PACKAGE / folder / f"{path.stem.removeprefix('test_')}.py"
-        if not module.is_file() and not (folder == Path(".") and path.name in NOT_A_MODULE):
+        package = module.with_suffix("") / "__init__.py"  # a module that is a folder (train/lightning/)
+        if not module.is_file() and not package.is_file() and not (folder == Path(".") and path.name in NOT_A_MODULE):
             wrong.append(f"{path.relative_to(UNIT.parent.parent)}: no module {module.relative_to(PACKAGE.parent)}")
     for folder in sorted({path.parent for path in UNIT.rglob("test_*.py")}):
         if not (folder / "__init__.py").is_file():

@@ -76,7 +76,7 @@ def test_each_stage_carries_the_params_of_its_families_with_their_defaults(stage
     assert required <= {p.name for p in instance.params} and not any(instance.isDefined(name) for name in required)
 
 
-_CREATOR_ARGS = {"model", "optimizer", "loss", "scheduler", "metrics", "hooks", "loggers"}
+_CREATOR_ARGS = {"model", "optimizer", "loss", "scheduler", "metrics", "hooks", "callbacks", "loggers"}
 
 
 def _assert_same_names(names: set[str], where: str) -> None:
