@@ -179,13 +179,14 @@ class Trainer:
         ``train_step`` of a hook."""
         self._batch_idx = self.state.progress.batch_in_epoch
         started = time.perf_counter()
+        share = len(batch.labels) * self.ranks.world_size / samples  # 1 where the ranks' parts are equal
         replaced = self._call("before_train_iter", batch)
         if replaced is not None:
             batch = batch.replaced(replaced)
         if self.hooks.train_step is not None:
             loss, outputs = self._hook_step(batch, samples)
         else:
-            loss, outputs = self._default_step(batch, samples)
+            loss, outputs = self._default_step(batch, samples, share)
         if self._compiling:
             self._report_compile(time.perf_counter() - started)
         due = self._keep_loss(batch, loss, position)
@@ -260,14 +261,21 @@ class Trainer:
 
     # ------------------------------------------------------------------------ steps
 
-    def _default_step(self, batch: Batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, loss, backward and optimizer step, with the hooks between them."""
+    def _default_step(self, batch: Batch, samples: int, share: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss, backward and optimizer step, with the hooks between them.
+
+        ``share``: this rank's rows of the step times the ranks, over the step's rows. The
+        gradient is the ranks' mean, so a rank's loss counts ``share`` times: an uneven
+        step (the short last one, or rows the ranks cannot split evenly) gets the gradient
+        of the mean over all its rows, as one process would. A rank with no rows in the
+        step still runs the model (on no rows) and backward, with a zero loss."""
         with self.precision.autocast():
             with self._stage.at("forward"):
                 self.optimizer.zero_grad(set_to_none=True)
                 outputs = self.feed.forward(self.ddp_model, batch.inputs)
             with self._stage.at("loss"):
-                loss = scalar_loss(self.loss_fn(outputs, batch.labels, batch.weights))
+                loss = (scalar_loss(self.loss_fn(outputs, batch.labels, batch.weights)) if len(batch.labels)
+                        else zero_through(self.ddp_model))
         replaced = self._call("before_backward", batch, outputs=outputs, loss=loss)
         if replaced is not None:
             # A constant loss still runs backward through the parameters (not the outputs,
@@ -275,7 +283,7 @@ class Trainer:
             # step simply has zero gradients.
             loss = replaced if replaced.requires_grad else replaced + zero_through(self.ddp_model)
         with self._stage.at("backward"):
-            self.precision.backward(loss)
+            self.precision.backward(loss if share == 1 else loss * share)
             self.precision.unscale(self.optimizer)  # hooks see (and clip) the true gradients
         self._call("after_backward", batch, outputs=outputs, loss=loss)
         self._call("before_optimizer_step", batch, outputs=outputs, loss=loss)
