@@ -55,7 +55,8 @@ def _rank(rank, world, directory, spec, results, total=ROWS):
     torch.set_num_threads(1)
     rows = np.random.default_rng(world).permutation(total)[rank::world]  # each world size deals rows anew
     launch = Launch(job_id=f"job{world}", secret=b"s" * 32)
-    blob = run_rank(spec, launch, iter(_batches(np.sort(rows), total)), _FileBarrier(rank, world, directory + "/barrier"))
+    barrier = _FileBarrier(rank, world, directory + "/barrier")
+    blob = run_rank(spec, launch, iter(_batches(np.sort(rows), total)), barrier)
     if blob is not None:
         results.put(blob)
 
