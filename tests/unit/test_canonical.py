@@ -10,6 +10,7 @@ import os
 import cloudpickle
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -17,13 +18,14 @@ from spark_torch_est import Checkpoint
 from spark_torch_est.cluster.barrier import LocalBarrier
 from spark_torch_est.core.progress import Target
 from spark_torch_est.core.protocol import FEATURES, LABEL
-from spark_torch_est.core.spec import Launch
+from spark_torch_est.core.spec import How, Launch
+from spark_torch_est.ingest import parquet_plan
 from spark_torch_est.ingest.canonical import row_keys
 from spark_torch_est.ingest.rows import DenseRows
 from spark_torch_est.ingest.shard import Table
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import normalize_hooks
-from tests.helpers import StepRows, mlp, sgd, task_spec
+from tests.helpers import SeenRows, StepRows, mlp, sgd, task_spec
 
 ROWS = 240
 
@@ -62,12 +64,15 @@ def _rank(rank, world, directory, spec, results, total=ROWS):
 
 
 def _run(tmp_path, world: int, target: Target, resume: bytes | None = None, total: int = ROWS,
-         **fields) -> Checkpoint:
-    """Trains on ``world`` ranks (a global batch of 12 rows) on ``total`` rows to ``target``; the checkpoint."""
+         table: str | None = None, hooks: dict | None = None, **fields) -> Checkpoint:
+    """Trains on ``world`` ranks (a global batch of 12 rows) on ``total`` rows to ``target``
+    (the ranks reading their parts of the Parquet file ``table`` themselves, if given); the checkpoint."""
     directory = tmp_path / f"w{world}-{os.urandom(4).hex()}"
     directory.mkdir()
-    spec = task_spec(target, hooks={"rows": StepRows()}, world_size=world, batch_size=12 // world, resume=resume,
-                     **fields)
+    if table is not None:
+        fields["source"] = parquet_plan._split([table], _TABLE_OUTPUTS, world, larger_first=True)
+    spec = task_spec(target, hooks=hooks or {"rows": StepRows()}, world_size=world, batch_size=12 // world,
+                     resume=resume, **fields)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     processes = [context.Process(target=_rank, args=(r, world, str(directory), spec, results, total))
@@ -127,6 +132,37 @@ def test_rows_that_do_not_fill_the_last_step_train_once_each_epoch_on_any_number
     assert grown.progress == whole.progress
     # each step's gradient is the mean over its rows, however the ranks split them
     torch.testing.assert_close(_weights(grown), _weights(whole), rtol=1e-5, atol=1e-6)
+
+
+_TABLE_OUTPUTS = ((FEATURES, ("x",), How.AS_IS), (LABEL, ("id",), How.AS_IS))
+
+
+def _table(tmp_path, total: int) -> str:
+    """A Parquet file of ``total`` rows (features ``x``, label ``id`` = the row's place), in row groups of 20."""
+    (batch,) = _batches(np.arange(total), total)
+    path = str(tmp_path / "table.parquet")
+    pq.write_table(pa.table({"x": batch.column(0), "id": batch.column(1)}), path, row_group_size=20)
+    return path
+
+
+def test_a_table_read_in_its_files_order_keeps_each_part_on_its_rank_and_continues_on_any_number(tmp_path):
+    # 101 rows read from the files on 2 ranks: parts of 51 and 50 rows, the run's two logical
+    # shards as read, so each rank trains the rows it read (none is hashed or moved).
+    table, seen = _table(tmp_path, 101), tmp_path / "seen"
+    seen.mkdir()
+    run = functools.partial(_run, tmp_path, total=101, table=table)
+    whole = run(2, Target(epoch=2), hooks={"rows": StepRows(), "seen": SeenRows(str(seen))})
+    for rank, part in ((0, range(51)), (1, range(51, 101))):
+        for epoch in (0, 1):
+            assert sorted(int(v) for path in seen.glob(f"epoch{epoch}-rank{rank}-*")
+                          for v in path.read_text().split()) == list(part)
+    part = run(2, Target(epoch=2, global_step=4))
+    grown = run(3, Target(epoch=2, global_step=13), resume=part.to_bytes())
+    shrunk = run(1, Target(epoch=2), resume=grown.to_bytes())
+    steps = whole.hook_states["rows"]["steps"]
+    assert shrunk.hook_states["rows"]["steps"] == steps, "each global step trains the rows it trains undisturbed"
+    for epoch in (0, 1):
+        assert sorted(v for s in range(9 * epoch + 1, 9 * epoch + 10) for v in steps[str(s)]) == list(range(101))
 
 
 def test_a_row_key_depends_on_the_values_only():
