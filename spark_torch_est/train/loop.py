@@ -107,6 +107,7 @@ class Trainer:
         self._losses = PendingLosses(device)
         self._plan: EpochRows  # the current epoch's rows of this rank (from its first step)
         self._compiling = False  # until the first step of a compiled model has run
+        self.phases: dict[str, float] = {}  # seconds of the launch's phases, logged after the first step
 
     @property
     def stage(self) -> str:
@@ -189,6 +190,10 @@ class Trainer:
             loss, outputs = self._default_step(batch, samples, share)
         if self._compiling:
             self._report_compile(time.perf_counter() - started)
+        if "first step" not in self.phases:
+            self.phases["first step"] = time.perf_counter() - started
+            logger.debug("rank %d: the launch took %s", self.ranks.rank,
+                         ", ".join(f"{name} {seconds:.2f}s" for name, seconds in self.phases.items()))
         due = self._keep_loss(batch, loss, position)
         self._call("after_train_iter", batch, outputs=outputs, loss=loss)
         if due:
@@ -203,8 +208,11 @@ class Trainer:
         shard, self.shard = self.shard, None  # the agreed rows hold them from here on
         if shard is None:
             raise RuntimeError("a Trainer runs one fit: make another for the next")
+        started = time.perf_counter()
         with self._stage.at("collective"):
             self.rows = agree_on_rows(shard, spec, self.ranks, resume.shards if resume is not None else None)
+        laid = time.perf_counter()
+        self.phases["layout"] = laid - started
         self.feed = Feed(spec.schema, self.device, spec.batch_size, self.rows.train_rows)
         torch.manual_seed(spec.seed)
         model = self.model = creators.build_model().to(self.device)
@@ -226,6 +234,7 @@ class Trainer:
         if resume is not None:
             self.state.restore(resume)
         self._batch_idx = max(self.state.progress.batch_in_epoch - 1, 0)
+        self.phases["setup"] = time.perf_counter() - laid
         self._run_args.update(model=model, ddp_model=self.ddp_model, optimizer=self.optimizer,
                               scheduler=self.scheduler, loss_fn=self.loss_fn, scaler=self.precision.scaler)
 
