@@ -90,15 +90,22 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     """
     rank = barrier.rank
     stage = "ingest"
+    started = time.perf_counter()
     importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     store: dist.Store | None = None
     failure: Failure | None
+    reading: _Beside | None = None
     try:
         if spec.kept is not None and spec.kept.mode == "read":  # the ranks tell which parts they kept
             store = connect_store(launch, barrier, spec.timeout_s)
             rank, shard = take_kept(spec, batches, store, rank)
+        elif spec.source is not None:  # the files are read beside the rendezvous, which needs no rows
+            for _ in batches:  # the job's input: one row per rank, nothing to train on
+                pass
+            reading = _Beside(lambda: _ingest(spec, iter(()), rank))
         else:
             shard = _ingest(spec, batches, rank)
+        ingested = time.perf_counter()  # the rows are in, or being read beside
         stage = "rendezvous"
         device = _device(spec, barrier)
         if store is None:
@@ -108,7 +115,14 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
             world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s),
         )
         authenticate_peers(launch.secret, rank, spec.world_size, device)
+        phases = {"rendezvous": time.perf_counter() - ingested}
+        if reading is not None:
+            stage = "ingest"
+            shard = reading.result(spec.timeout_s)
+        phases["ingest"] = reading.seconds if reading is not None else ingested - started
     except BaseException as error:  # noqa: B036 - reported, then re-raised as RankFailure
+        if reading is not None:
+            reading.wait(spec.timeout_s)  # the part read beside is the worker's, held or not
         failure = describe(error, rank, stage, None)
         del error
         _teardown(clean=False)
@@ -125,7 +139,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         logger.warning("rank %d: %s", rank, note)  # now the driver sees it
     try:
         gc.freeze()  # everything older than the trainer: the teardown's collection skips it
-        failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank))
+        failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank), phases)
         _teardown(clean=failure is None, ddp=ddp, store=store)
         if failure is not None:
             _report(launch, failure, channel)
@@ -194,6 +208,51 @@ def _part_key(spec: TaskSpec, rank: int) -> str:
     return "files/" + hashlib.sha256(json.dumps(described, default=str).encode()).hexdigest()
 
 
+class _Beside:
+    """Runs ``work`` in a thread beside the rank's rendezvous (reading a table's files
+    releases the GIL for most of its time); :meth:`result` waits for it.
+
+    Args:
+        work: What the thread runs; its value or exception comes out of :meth:`result`.
+    """
+
+    def __init__(self, work: Callable[[], Shard]) -> None:
+        self.seconds = 0.0
+        self._value: Shard | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name="spark_torch_est-ingest", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], Shard]) -> None:
+        started = time.perf_counter()
+        try:
+            self._value = work()
+        except BaseException as error:  # noqa: B036 - handed to the rank's thread by result()
+            self._error = error
+        self.seconds = time.perf_counter() - started
+
+    def wait(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the work to end; whether it did."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def result(self, timeout_s: float) -> Shard:
+        """The work's value (its exception raised here), within ``timeout_s`` (the ranks'
+        collective timeout: the other ranks wait no longer for these rows either).
+
+        Raises:
+            TimeoutError: The work did not end in time.
+        """
+        if not self.wait(timeout_s):
+            raise TimeoutError(f"reading the rank's part of the table took more than {timeout_s:.0f}s "
+                               "(the timeout Param)")
+        if self._error is not None:
+            raise self._error
+        if self._value is None:
+            raise RuntimeError("a bug in spark_torch_est: the part read beside the rendezvous gave no rows")
+        return self._value
+
+
 def _import_in_background(modules: tuple[str, ...]) -> threading.Thread | None:
     """Imports ``modules`` in a thread while the rank waits for its rows and its peers.
 
@@ -229,11 +288,12 @@ def _open_channel(launch: Launch, rank: int) -> ChannelClient | None:
         return None
 
 
-def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
-           reporter: ProgressReporter) -> tuple[Failure | None, bytes | None, list[weakref.ref]]:
+def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device, reporter: ProgressReporter,
+           phases: dict[str, float] | None = None) -> tuple[Failure | None, bytes | None, list[weakref.ref]]:
     """Runs the loop; returns plain data only, so no exception or frame keeps the DDP
     model alive into the teardown, and weak references to the DDP model and its Reducer
-    for the teardown to check."""
+    for the teardown to check. ``phases``: seconds of the launch's phases so far, for the
+    loop's line on where the launch went."""
     from spark_torch_est.train.loop import Trainer
 
     trainer: Any = None
@@ -244,6 +304,7 @@ def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device,
             trainer = LightningTrainer(creators, spec, shard, rank, spec.world_size, device, reporter)
         else:
             trainer = Trainer(creators, spec, shard, rank, spec.world_size, device, reporter)
+            trainer.phases.update(phases or {})
         blob = trainer.run()
         return None, blob, _ddp_refs(trainer)
     except BaseException as error:  # noqa: B036 - turned into plain data for the driver

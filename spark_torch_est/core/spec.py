@@ -181,9 +181,10 @@ class TaskSpec:
 
     @property
     def data_source(self) -> str:
-        """Which rows each rank reads: the digest of the table's file parts, or ``"spark"``
-        when the rows come through the Spark job."""
-        return self.source.digest if self.source is not None else "spark"
+        """Which rows each rank reads: ``"files:"`` and the digest of the table's file parts
+        (the rows placed in the run by the files' order), or ``"spark"`` when the rows come
+        through the Spark job (placed by hashing them)."""
+        return f"files:{self.source.digest}" if self.source is not None else "spark"
 
     def shrunk(self, world_size: int, source: FileSource | None) -> TaskSpec:
         """This fit as a job of fewer ranks (``minWorkers``) with the same global batch:

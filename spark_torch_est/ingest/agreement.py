@@ -24,7 +24,7 @@ from spark_torch_est.core.schema import FEATURES_LAYOUT
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest import held
-from spark_torch_est.ingest.canonical import CanonicalRows, EpochRows, to_canonical
+from spark_torch_est.ingest.canonical import CanonicalRows, EpochRows, by_source_order, to_canonical
 from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows
 from spark_torch_est.ingest.shard import TORCH_DTYPES, EpochPlan, Shard, Table
 
@@ -147,8 +147,9 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
     if laid:
         logger.info("rank %d: training on rows this worker holds laid out from an earlier fit", ranks.rank)
         canonical = CanonicalRows(train, sum(counts), shards, shard_batch, spec.seed, ranks, spec.memory_budget)
-    else:
-        canonical = to_canonical(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
+    else:  # a table's files read directly come in their order: no hashing (see ingest.canonical)
+        place = by_source_order if spec.source is not None else to_canonical
+        canonical = place(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
         logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
     shard.train, shard.layout = canonical.table, layout if shard.source else ""
     canonical.moved = lambda table: setattr(shard, "train", table)  # rows moved for an epoch on W != L ranks

@@ -1,13 +1,20 @@
 """[executor] One epoch order on any number of ranks: logical shards fixed by the run.
 
 A run fixes ``shards`` (L) when it starts: its first world size, kept in its checkpoints.
-Every row has a place in that layout that does not depend on how Spark dealt the rows
-out: the ranks hash each training row's bytes (every column, :func:`row_keys`) once per
-launch and sort the hashes across the ranks (:func:`run_ids`); the row with the ``g``-th
-smallest hash is row ``g`` of the run, in logical shard ``g % L`` at position ``g // L``. Identical rows hash
-alike and are interchangeable. An epoch's order is then a function of ``(seed, epoch)``
-and the rows only: shard ``j`` visits its rows in ``epoch_order(rows of j, seed, epoch,
-j)``, and global step ``s`` trains positions ``s * b`` onwards of every shard's order
+Every row has a place ``g`` in the run, in logical shard ``g % L`` at position ``g // L``,
+that does not depend on how many ranks read the rows. Where the source has an order of its
+own that every launch reproduces (a Parquet table's files read directly: the file listing
+and row offsets), the place comes from it (:func:`by_source_order`): the ``k``-th training
+row of the table is in the ``k``-th of L near-equal runs of rows (the longer first), the
+one logical shard, at its position in the run; on L ranks each rank read its shard's rows
+and nothing is hashed or moved. Elsewhere (rows through Spark, whose partitioning and
+shuffle order differ between launches) the ranks hash each training row's bytes (every
+column, :func:`row_keys`) once per launch and sort the hashes across the ranks
+(:func:`run_ids`): the row with the ``g``-th smallest hash is row ``g``; identical rows hash
+alike and are interchangeable (:func:`to_canonical`, said in the log with what it took).
+An epoch's order is then a function of ``(seed, epoch)`` and the rows' places: shard ``j``
+visits its rows in ``epoch_order(rows of j, seed, epoch, j)``, and global step ``s``
+trains positions ``s * b`` onwards of every shard's order
 (``b``: rows per shard per step, the global batch over L).
 
 On L ranks (the usual case) rank ``r`` holds shard ``r`` and trains its part of each
@@ -20,8 +27,10 @@ rows each needs for it, so every rank holds about ``1/W`` of the rows.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -32,7 +41,9 @@ from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows, SpilledRows, spill_file
 from spark_torch_est.ingest.shard import EpochPlan, Table, epoch_order
 
-__all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical"]
+__all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical", "by_source_order", "source_ids"]
+
+logger = logging.getLogger(__name__)
 
 _CHUNK_VALUES = 1 << 18  # values hashed, or sent by a rank in one round, at once (2 MB temporaries each)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -213,8 +224,56 @@ def to_canonical(table: Table, counts: list[int], shards: int, shard_batch: int,
         table: This rank's training rows, in the agreed layouts.
         counts: Training rows of every rank.
     """
+    started = time.perf_counter()
     ids, world, total = run_ids(row_keys(table), ranks), ranks.world_size, sum(counts)
+    placed = time.perf_counter()
     table = move_rows(table, ids % world, ids // world, len(range(ranks.rank, total, world)), ranks, budget)
+    logger.info("rank %d: the rows' order cannot be reproduced (read through Spark): placed its %d training rows by "
+                "hashing them (%.2fs) and moved them to their shards (%.2fs)", ranks.rank, counts[ranks.rank],
+                placed - started, time.perf_counter() - placed)
+    return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
+
+
+def source_ids(counts: list[int], rank: int, shards: int) -> torch.Tensor:
+    """The places in the run of this rank's training rows, when the ranks hold the source's
+    rows in its order (rank 0's first, each rank's in order): the ``k``-th row of the source
+    is in the ``k``-th of ``shards`` near-equal runs of rows (the longer first), ``j``, at
+    position ``i`` of it: place ``i * shards + j``. A pure function of the source's order,
+    whatever the number of ranks.
+
+    >>> source_ids([3, 2], 1, shards=2).tolist()  # rows 3, 4 of 5: shards of 3 and 2 rows
+    [1, 3]
+    """
+    total, start = sum(counts), sum(counts[:rank])
+    rows = torch.arange(start, start + counts[rank], dtype=torch.int64)
+    size, longer = divmod(total, shards)
+    first = longer * (size + 1)  # rows in the longer runs
+    shard = torch.where(rows < first, rows // (size + 1), longer + (rows - first) // max(size, 1))
+    return (rows - shard * size - torch.clamp(shard, max=longer)) * shards + shard
+
+
+def by_source_order(table: Table, counts: list[int], shards: int, shard_batch: int, seed: int, ranks: Ranks,
+                    budget: int | None = None) -> CanonicalRows:
+    """:func:`to_canonical` for rows that the ranks hold in the source's own order (see
+    :func:`source_ids`): nothing is hashed; on as many ranks as shards, each holding its
+    shard's rows (parts split as the shards are), nothing moves and there is no collective.
+
+    Args:
+        table: This rank's training rows, in the agreed layouts and the source's order.
+        counts: Training rows of every rank.
+    """
+    world, total = ranks.world_size, sum(counts)
+    size, longer = divmod(total, shards)
+    if world == shards and counts == [size + (w < longer) for w in range(world)]:
+        logger.debug("rank %d: its %d training rows are its logical shard as read: none moves", ranks.rank,
+                     counts[ranks.rank])
+        return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
+    started = time.perf_counter()
+    ids = source_ids(counts, ranks.rank, shards)
+    table = move_rows(table, ids % world, ids // world, len(range(ranks.rank, total, world)), ranks, budget)
+    logger.info("rank %d: moved its %d training rows to their places in %d logical shards on %d ranks, placed by "
+                "the source's order (%.2fs)", ranks.rank, counts[ranks.rank], shards, world,
+                time.perf_counter() - started)
     return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
 
 

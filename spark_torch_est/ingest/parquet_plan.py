@@ -60,7 +60,7 @@ def parquet_source(df: DataFrame, outputs: list[tuple[str, tuple[str, ...], How]
         return None
     types = {name: arrow_name(df.schema[name].dataType) for name in columns}
     try:
-        return _split(files, tuple(outputs), num_workers, types)
+        return _split(files, tuple(outputs), num_workers, types, larger_first=True)
     except Exception as error:  # unreadable files, unknown URL schemes: Spark reads them instead
         logger.info("reading the table through Spark: its files cannot be read directly (%s: %s)",
                     type(error).__name__, error)
@@ -133,9 +133,12 @@ def _overlapping(paths: list[str]) -> bool:
 
 
 def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], int],
-           types: dict[str, object] | None = None) -> FileSource:
+           types: dict[str, object] | None = None, larger_first: bool = False) -> FileSource:
     """Rows ``[r * n / parts, (r + 1) * n / parts)`` of the files, in file order, for each
-    part ``r`` (the boundaries of ``spark.range(0, n, 1, parts)``'s partitions).
+    part ``r`` (the boundaries of ``spark.range(0, n, 1, parts)``'s partitions); with
+    ``larger_first`` the parts one row longer come first, as the run's logical shards
+    (:func:`~spark_torch_est.ingest.canonical.by_source_order`), so that on as many ranks as
+    shards each rank reads its shard's rows and none move.
 
     Args:
         files: The table's files.
@@ -178,7 +181,8 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
     total = sum(rows for _, _, rows in groups)
     if callable(parts):
         parts = parts(size, total)
-    bounds = [rank * total // parts for rank in range(parts + 1)]
+    bounds = ([rank * (total // parts) + min(rank, total % parts) for rank in range(parts + 1)] if larger_first
+              else [rank * total // parts for rank in range(parts + 1)])
     assigned: list[list[FilePart]] = [[] for _ in range(parts)]
     first = 0
     for url, group, rows in groups:

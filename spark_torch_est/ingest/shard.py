@@ -312,8 +312,9 @@ class EpochPlan:
     """Which rows every rank takes at each step of (the rest of) an epoch.
 
     All ranks take the same number of steps. Step ``k`` takes rows ``offset + k *
-    batch_size`` onwards of each rank's order; a rank with fewer rows than the longest
-    keeps going round its own order, so its last own batch may be partial.
+    batch_size`` onwards of each rank's order, as many as are left: the last step is short
+    (a rank may have no rows in it), never filled by repeating rows, so an epoch trains
+    every row once.
 
     Args:
         rows: Training rows of every rank.
@@ -322,7 +323,7 @@ class EpochPlan:
 
     >>> plan = EpochPlan([5, 4], batch_size=2, offset=2)
     >>> plan.steps, [plan.samples(k) for k in range(plan.steps)]
-    (2, [4, 3])
+    (2, [4, 1])
     """
 
     def __init__(self, rows: list[int], batch_size: int, offset: int = 0) -> None:
@@ -333,16 +334,13 @@ class EpochPlan:
 
     def positions(self, order: torch.Tensor, step: int) -> torch.Tensor:
         """The positions of this rank's rows for ``step`` (counted from the plan's start)."""
-        num_rows = len(order)
         start = self.offset + step * self.batch_size
-        if start < num_rows:
-            return order[start:start + self.batch_size]
-        return order[torch.arange(start, start + self.batch_size) % num_rows]
+        return order[start:start + self.batch_size]
 
     def samples(self, step: int) -> int:
         """Rows all ranks together train on at ``step``."""
         start = self.offset + step * self.batch_size
-        return sum(min(self.batch_size, n - start) if start < n else self.batch_size for n in self.rows)
+        return sum(min(self.batch_size, max(n - start, 0)) for n in self.rows)
 
 
 def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor:

@@ -107,6 +107,7 @@ class Trainer:
         self._losses = PendingLosses(device)
         self._plan: EpochRows  # the current epoch's rows of this rank (from its first step)
         self._compiling = False  # until the first step of a compiled model has run
+        self.phases: dict[str, float] = {}  # seconds of the launch's phases, logged after the first step
 
     @property
     def stage(self) -> str:
@@ -179,15 +180,20 @@ class Trainer:
         ``train_step`` of a hook."""
         self._batch_idx = self.state.progress.batch_in_epoch
         started = time.perf_counter()
+        share = len(batch.labels) * self.ranks.world_size / samples  # 1 where the ranks' parts are equal
         replaced = self._call("before_train_iter", batch)
         if replaced is not None:
             batch = batch.replaced(replaced)
         if self.hooks.train_step is not None:
             loss, outputs = self._hook_step(batch, samples)
         else:
-            loss, outputs = self._default_step(batch, samples)
+            loss, outputs = self._default_step(batch, samples, share)
         if self._compiling:
             self._report_compile(time.perf_counter() - started)
+        if "first step" not in self.phases:
+            self.phases["first step"] = time.perf_counter() - started
+            logger.debug("rank %d: the launch took %s", self.ranks.rank,
+                         ", ".join(f"{name} {seconds:.2f}s" for name, seconds in self.phases.items()))
         due = self._keep_loss(batch, loss, position)
         self._call("after_train_iter", batch, outputs=outputs, loss=loss)
         if due:
@@ -203,8 +209,11 @@ class Trainer:
         shard, self.shard = self.shard, None  # the agreed rows hold them from here on
         if shard is None:
             raise RuntimeError("a Trainer runs one fit: make another for the next")
+        started = time.perf_counter()
         with self._stage.at("collective"):
             self.rows = agree_on_rows(shard, spec, self.ranks, resume.shards if resume is not None else None)
+        laid = time.perf_counter()
+        self.phases["layout"] = laid - started
         self.feed = Feed(spec.schema, self.device, spec.batch_size, self.rows.train_rows)
         torch.manual_seed(spec.seed)
         model = self.model = creators.build_model().to(self.device)
@@ -226,6 +235,7 @@ class Trainer:
         if resume is not None:
             self.state.restore(resume)
         self._batch_idx = max(self.state.progress.batch_in_epoch - 1, 0)
+        self.phases["setup"] = time.perf_counter() - laid
         self._run_args.update(model=model, ddp_model=self.ddp_model, optimizer=self.optimizer,
                               scheduler=self.scheduler, loss_fn=self.loss_fn, scaler=self.precision.scaler)
 
@@ -261,14 +271,21 @@ class Trainer:
 
     # ------------------------------------------------------------------------ steps
 
-    def _default_step(self, batch: Batch, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, loss, backward and optimizer step, with the hooks between them."""
+    def _default_step(self, batch: Batch, samples: int, share: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss, backward and optimizer step, with the hooks between them.
+
+        ``share``: this rank's rows of the step times the ranks, over the step's rows. The
+        gradient is the ranks' mean, so a rank's loss counts ``share`` times: an uneven
+        step (the short last one, or rows the ranks cannot split evenly) gets the gradient
+        of the mean over all its rows, as one process would. A rank with no rows in the
+        step still runs the model (on no rows) and backward, with a zero loss."""
         with self.precision.autocast():
             with self._stage.at("forward"):
                 self.optimizer.zero_grad(set_to_none=True)
                 outputs = self.feed.forward(self.ddp_model, batch.inputs)
             with self._stage.at("loss"):
-                loss = scalar_loss(self.loss_fn(outputs, batch.labels, batch.weights), self.loss_fn)
+                loss = (scalar_loss(self.loss_fn(outputs, batch.labels, batch.weights), self.loss_fn)
+                        if len(batch.labels) else zero_through(self.ddp_model))
         replaced = self._call("before_backward", batch, outputs=outputs, loss=loss)
         if replaced is not None:
             # A constant loss still runs backward through the parameters (not the outputs,
@@ -276,7 +293,7 @@ class Trainer:
             # step simply has zero gradients.
             loss = replaced if replaced.requires_grad else replaced + zero_through(self.ddp_model)
         with self._stage.at("backward"):
-            self.precision.backward(loss)
+            self.precision.backward(loss if share == 1 else loss * share)
             self.precision.unscale(self.optimizer)  # hooks see (and clip) the true gradients
         self._call("after_backward", batch, outputs=outputs, loss=loss)
         self._call("before_optimizer_step", batch, outputs=outputs, loss=loss)

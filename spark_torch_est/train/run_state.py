@@ -113,12 +113,13 @@ class RunState:
         if done == 0:
             return 0
         rows, source = sum(train_rows), self.spec.data_source
-        if resume.epoch_rows == rows:
+        if resume.epoch_rows == rows and (_placed_by(resume.data_source) == "files") == (_placed_by(source) == "files"):
             return done // self.rows.shards
         fraction = done / max(resume.epoch_rows, 1)
         if self.ranks.rank == 0:
             def read(data_source: str) -> str:
-                return "read through Spark" if data_source == "spark" else "read from the table's files"
+                return {"spark": "read through Spark", "files": "read from the table's files",
+                        "hash": "read from the table's files and placed by hashing"}[_placed_by(data_source)]
 
             logger.warning(
                 "the epoch in progress began with %d training rows on %d workers (%s) and continues with %d rows on "
@@ -248,3 +249,11 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
     return a == b
+
+
+def _placed_by(data_source: str) -> str:
+    """How the rows of a fit that read ``data_source`` got their places in the run (see
+    :mod:`spark_torch_est.ingest.canonical`): ``"files"`` (the files' order), ``"spark"``
+    (hashing), or ``"hash"`` (a table's files placed by hashing, as releases before the
+    files' order did: the same places as ``"spark"``)."""
+    return "spark" if data_source == "spark" else "files" if data_source.startswith("files:") else "hash"

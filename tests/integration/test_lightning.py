@@ -432,3 +432,32 @@ def test_an_error_in_the_module_fails_the_fit_and_keeps_the_run(lit_df):
         est.fit(lit_df)
     assert "training_step" in str(failed.value)
     assert est.checkpoint is before and est.progress.epoch == 1
+
+
+class _PlainRegressor(torch.nn.Module):
+    """The Regressor's layer, initialised alike, for the package's own loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def test_a_short_last_step_trains_every_row_once_as_the_packages_own_loop_does(spark, lit_df):
+    """33 training rows at a global batch of 8: the last step has one row, so one rank has
+    none. Lightning's loop trains it as the package's own loop does (a rank's loss counts by
+    its rows of the step, a rank without rows adds nothing), not on a NaN of an empty batch."""
+    from tests.helpers import flat_weights
+
+    rows = lit_df.where("NOT is_val").orderBy("id").limit(33).drop("is_val")
+    settings = dict(batchSize=4, maxEpochs=2, numWorkers=2, showProgress=False)
+    lit = TorchEstimator(model=Regressor(scheduler="none"), **settings).fit(rows)
+    plain = TorchEstimator(model=lambda config: _PlainRegressor(),
+                           optimizer=lambda model, config: torch.optim.Adam(model.parameters(), lr=0.05),
+                           loss=torch.nn.MSELoss(), **settings).fit(rows)
+    assert np.isfinite(flat_weights(lit)).all()
+    np.testing.assert_allclose(flat_weights(lit), flat_weights(plain), rtol=1e-5, atol=1e-6)
+    assert lit.history[-1]["train_loss"] == pytest.approx(plain.history[-1]["train_loss"], rel=1e-4)

@@ -45,6 +45,7 @@ from spark_torch_est.core import rng
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
+from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
 from spark_torch_est.ingest.shard import Shard
 from spark_torch_est.train.creators import CreatorError, Creators
@@ -138,6 +139,15 @@ def _classes(namespace: str) -> tuple[type, type, type, type]:
             self.set_world_ranks()
             self._process_group_backend = dist.get_backend()
 
+        def loss_share(self) -> float:
+            """How many times this rank's loss counts in the step now training (see
+            :class:`_EpochBatches`); the trainer sets it."""
+            return 1.0
+
+        def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+            share = self.loss_share()
+            return super().backward(closure_loss if share == 1 else closure_loss * share, optimizer, *args, **kwargs)
+
     class Recorder(LoggerBase):  # type: ignore[misc, valid-type]
         """Keeps what is logged to the Trainer's logger (``LearningRateMonitor``'s rates, say)
         for the epoch's history entry."""
@@ -182,11 +192,23 @@ class _TeardownRefs:
 class _EpochBatches:
     """The training batches of the epoch in progress, in the run's order, as Lightning's
     ``train_dataloader``: one ``iter()`` per epoch, ``len()`` the epoch's steps. Each batch's
-    rows of all ranks wait in ``samples`` for the step that trains on them."""
+    rows of all ranks wait in ``samples``, and its loss's share in ``shares``, for the step
+    that trains on it (Lightning fetches a batch ahead).
+
+    The epoch's last step is short when its rows do not fill a global batch (every row once,
+    none repeated): a rank's loss then counts its rows times the ranks over the step's rows,
+    so the gradient is the mean over the step's rows as in the package's own loop, and a rank
+    left with no row trains one row of its previous batch with a share of 0 (DDP needs every
+    rank's backward), counted nowhere."""
 
     def __init__(self, owner: LightningTrainer) -> None:
         self.owner = owner
         self.samples: collections.deque[int] = collections.deque()
+        self.shares: collections.deque[float] = collections.deque()
+
+    def share(self) -> float:
+        """The loss share of the batch training now."""
+        return self.shares[0] if self.shares else 1.0
 
     def __len__(self) -> int:
         return self.owner.rows.steps_per_epoch
@@ -195,12 +217,25 @@ class _EpochBatches:
         owner = self.owner
         plan = owner.rows.epoch(owner.progress.epoch, owner.offset)
         self.samples.clear()
+        self.shares.clear()
         return self._batches(plan)
 
     def _batches(self, plan: Any) -> Iterator[tuple[torch.Tensor, ...]]:
+        previous: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None] | None = None
         for step in range(plan.steps):
             inputs, labels, weights = plan.take(step)
-            self.samples.append(plan.samples(step))
+            samples = plan.samples(step)
+            share = len(labels) * self.owner.ranks.world_size / samples
+            if not len(labels):
+                if previous is None:
+                    raise InvalidInputError(f"rank {self.owner.ranks.rank} has no training row in the epoch's first "
+                                         "step: the DataFrame has fewer rows than numWorkers; lower numWorkers")
+                inputs, labels, weights = ([t[:1] for t in previous[0]], previous[1][:1],
+                                           previous[2][:1] if previous[2] is not None else None)
+            else:
+                previous = inputs, labels, weights
+            self.samples.append(samples)
+            self.shares.append(share)
             yield self.owner.batch(inputs, labels, weights)
 
     def state_dict(self) -> dict[str, int]:
@@ -353,6 +388,7 @@ class LightningTrainer:
             use_distributed_sampler=False, precision=_PRECISION[self.spec.precision],
             callbacks=[*self.creators.callbacks, Bridge()], logger=self.recorder, **args)
         self.train_batches = _EpochBatches(self)
+        strategy.loss_share = self.train_batches.share  # type: ignore[method-assign]
         epoch_loop = trainer.fit_loop.epoch_loop
         if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
             epoch_loop._broadcast_sigterm_tensor = lambda: None  # see the module's docstring
@@ -383,11 +419,12 @@ class LightningTrainer:
         if self._carried is not None:
             self._add_carried(trainer)
         samples = self.train_batches.samples.popleft()
+        share = self.train_batches.shares.popleft()
         self.progress = self.progress.to_next_batch(samples)
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         weights = batch[-1] if self.spec.columns.weight is not None else None
         rows = weights.sum().double() if weights is not None else float(len(batch[-1]))
-        if isinstance(loss, torch.Tensor):
+        if isinstance(loss, torch.Tensor) and share:  # a rank's stand-in row (share 0) is no row of the epoch
             self._loss_sum += loss.detach().double() * rows
             self._loss_count += rows
         ends_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= self.rows.steps_per_epoch

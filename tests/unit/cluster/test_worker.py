@@ -103,3 +103,44 @@ def test_a_worker_reuses_the_table_part_it_read_until_the_files_change(tmp_path)
     changed = worker._ingest(spec, iter([]), 0)
     assert changed is not first and float(changed.train.inputs[0].tensor[1, 0]) == 4.0, "changed files: read again"
     held.forget()
+
+
+def test_a_rank_reads_its_part_of_the_files_beside_the_rendezvous_and_logs_where_the_launch_went(tmp_path, caplog):
+    import logging
+    import threading
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from spark_torch_est.cluster import worker
+    from spark_torch_est.cluster.barrier import LocalBarrier
+    from spark_torch_est.core.protocol import FEATURES, LABEL
+    from spark_torch_est.core.spec import FilePart, FileSource, How
+    from spark_torch_est.ingest import held
+    from tests.helpers import LOCAL_LAUNCH, features_schema, task_spec
+
+    path = str(tmp_path / "t.parquet")
+    x = np.arange(320, dtype=np.float32).reshape(40, 8) / 320
+    pq.write_table(pa.table({"f": pa.array(list(x), pa.list_(pa.float32())), "y": np.arange(40.0)}), path)
+    source = FileSource(outputs=((FEATURES, ("f",), How.AS_IS), (LABEL, ("y",), How.AS_IS)),
+                        parts=((FilePart(path, 0, 0, 40),),), digest="beside")
+    readers = []
+    read_part = worker.read_part
+
+    def recorded(*args):  # the real read, noting the thread it runs on
+        readers.append(threading.current_thread().name)
+        return read_part(*args)
+
+    held.forget()
+    worker.read_part = recorded
+    try:
+        with caplog.at_level(logging.DEBUG, logger="spark_torch_est.train.loop"):
+            worker.run_rank(task_spec(schema=features_schema(8), source=source), LOCAL_LAUNCH, iter([]),
+                            LocalBarrier())
+    finally:
+        worker.read_part = read_part
+        held.forget()
+    assert readers == ["spark_torch_est-ingest"], "the part is read on a thread of its own, beside the rendezvous"
+    (line,) = [r.getMessage() for r in caplog.records if "the launch took" in r.getMessage()]
+    assert all(f"{phase} " in line for phase in ("rendezvous", "ingest", "layout", "setup", "first step")), line

@@ -3,11 +3,14 @@ real loop, and a hook gathers every step's row ids across them."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 
+import cloudpickle
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -15,18 +18,21 @@ from spark_torch_est import Checkpoint
 from spark_torch_est.cluster.barrier import LocalBarrier
 from spark_torch_est.core.progress import Target
 from spark_torch_est.core.protocol import FEATURES, LABEL
-from spark_torch_est.core.spec import Launch
+from spark_torch_est.core.spec import How, Launch
+from spark_torch_est.ingest import parquet_plan
 from spark_torch_est.ingest.canonical import row_keys
 from spark_torch_est.ingest.rows import DenseRows
 from spark_torch_est.ingest.shard import Table
-from tests.helpers import StepRows, task_spec
+from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.hooks import normalize_hooks
+from tests.helpers import SeenRows, StepRows, mlp, sgd, task_spec
 
 ROWS = 240
 
 
-def _batches(rows: np.ndarray) -> list[pa.RecordBatch]:
+def _batches(rows: np.ndarray, total: int = ROWS) -> list[pa.RecordBatch]:
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, 8)).astype(np.float32)[rows]
+    x = rng.normal(size=(total, 8)).astype(np.float32)[rows]
     features = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 8)
     return [pa.RecordBatch.from_arrays([features, pa.array(rows.astype(np.int64))], [FEATURES, LABEL])]
 
@@ -45,25 +51,32 @@ class _FileBarrier(LocalBarrier):
         return [self._store.get(str(r)).decode() for r in range(self.world_size)]
 
 
-def _rank(rank, world, directory, spec, results):
+def _rank(rank, world, directory, spec, results, total=ROWS):
     from spark_torch_est.cluster.worker import run_rank
 
     torch.set_num_threads(1)
-    rows = np.random.default_rng(world).permutation(ROWS)[rank::world]  # each world size deals rows anew
+    rows = np.random.default_rng(world).permutation(total)[rank::world]  # each world size deals rows anew
     launch = Launch(job_id=f"job{world}", secret=b"s" * 32)
-    blob = run_rank(spec, launch, iter(_batches(np.sort(rows))), _FileBarrier(rank, world, directory + "/barrier"))
+    barrier = _FileBarrier(rank, world, directory + "/barrier")
+    blob = run_rank(spec, launch, iter(_batches(np.sort(rows), total)), barrier)
     if blob is not None:
         results.put(blob)
 
 
-def _run(tmp_path, world: int, target: Target, resume: bytes | None = None) -> Checkpoint:
-    """Trains on ``world`` ranks (a global batch of 12 rows) to ``target``; the checkpoint."""
+def _run(tmp_path, world: int, target: Target, resume: bytes | None = None, total: int = ROWS,
+         table: str | None = None, hooks: dict | None = None, **fields) -> Checkpoint:
+    """Trains on ``world`` ranks (a global batch of 12 rows) on ``total`` rows to ``target``
+    (the ranks reading their parts of the Parquet file ``table`` themselves, if given); the checkpoint."""
     directory = tmp_path / f"w{world}-{os.urandom(4).hex()}"
     directory.mkdir()
-    spec = task_spec(target, hooks={"rows": StepRows()}, world_size=world, batch_size=12 // world, resume=resume)
+    if table is not None:
+        fields["source"] = parquet_plan._split([table], _TABLE_OUTPUTS, world, larger_first=True)
+    spec = task_spec(target, hooks=hooks or {"rows": StepRows()}, world_size=world, batch_size=12 // world,
+                     resume=resume, **fields)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    processes = [context.Process(target=_rank, args=(r, world, str(directory), spec, results)) for r in range(world)]
+    processes = [context.Process(target=_rank, args=(r, world, str(directory), spec, results, total))
+                 for r in range(world)]
     for process in processes:
         process.start()
     blob = results.get(timeout=120)
@@ -97,6 +110,59 @@ def test_a_run_resumed_mid_epoch_on_as_many_ranks_is_bitwise_the_undisturbed_one
     resumed = _run(tmp_path, 2, Target(epoch=2), resume=part.to_bytes())
     assert torch.equal(_weights(resumed), _weights(whole))
     assert resumed.hook_states["rows"]["steps"] == whole.hook_states["rows"]["steps"]
+
+
+def test_rows_that_do_not_fill_the_last_step_train_once_each_epoch_on_any_number_of_ranks(tmp_path):
+    # 97 rows in 2 logical shards (49 and 48) at 12 rows a step: 9 steps, the last one of 1
+    # row, which the second rank has none of. The last step is short, not padded with repeats.
+    creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks=normalize_hooks({"rows": StepRows()}),
+                        config={"lr": 1e-5})
+    run = functools.partial(_run, tmp_path, total=97, payload=cloudpickle.dumps(creators))
+    whole = run(2, Target(epoch=2))
+    part = run(2, Target(epoch=2, global_step=4))
+    shrunk = run(1, Target(epoch=2, global_step=13), resume=part.to_bytes())
+    grown = run(3, Target(epoch=2), resume=shrunk.to_bytes())
+    steps = whole.hook_states["rows"]["steps"]
+    assert sorted(map(int, steps)) == list(range(1, 19))
+    for epoch in (0, 1):
+        seen = sorted(v for s in range(9 * epoch + 1, 9 * epoch + 10) for v in steps[str(s)])
+        assert seen == list(range(97)), "every row exactly once per epoch"
+    assert [len(steps[str(s)]) for s in (9, 18)] == [1, 1], "the last step is short"
+    assert grown.hook_states["rows"]["steps"] == steps, "each global step trains the rows it trains undisturbed"
+    assert grown.progress == whole.progress
+    # each step's gradient is the mean over its rows, however the ranks split them
+    torch.testing.assert_close(_weights(grown), _weights(whole), rtol=1e-5, atol=1e-6)
+
+
+_TABLE_OUTPUTS = ((FEATURES, ("x",), How.AS_IS), (LABEL, ("id",), How.AS_IS))
+
+
+def _table(tmp_path, total: int) -> str:
+    """A Parquet file of ``total`` rows (features ``x``, label ``id`` = the row's place), in row groups of 20."""
+    (batch,) = _batches(np.arange(total), total)
+    path = str(tmp_path / "table.parquet")
+    pq.write_table(pa.table({"x": batch.column(0), "id": batch.column(1)}), path, row_group_size=20)
+    return path
+
+
+def test_a_table_read_in_its_files_order_keeps_each_part_on_its_rank_and_continues_on_any_number(tmp_path):
+    # 101 rows read from the files on 2 ranks: parts of 51 and 50 rows, the run's two logical
+    # shards as read, so each rank trains the rows it read (none is hashed or moved).
+    table, seen = _table(tmp_path, 101), tmp_path / "seen"
+    seen.mkdir()
+    run = functools.partial(_run, tmp_path, total=101, table=table)
+    whole = run(2, Target(epoch=2), hooks={"rows": StepRows(), "seen": SeenRows(str(seen))})
+    for rank, part in ((0, range(51)), (1, range(51, 101))):
+        for epoch in (0, 1):
+            assert sorted(int(v) for path in seen.glob(f"epoch{epoch}-rank{rank}-*")
+                          for v in path.read_text().split()) == list(part)
+    part = run(2, Target(epoch=2, global_step=4))
+    grown = run(3, Target(epoch=2, global_step=13), resume=part.to_bytes())
+    shrunk = run(1, Target(epoch=2), resume=grown.to_bytes())
+    steps = whole.hook_states["rows"]["steps"]
+    assert shrunk.hook_states["rows"]["steps"] == steps, "each global step trains the rows it trains undisturbed"
+    for epoch in (0, 1):
+        assert sorted(v for s in range(9 * epoch + 1, 9 * epoch + 10) for v in steps[str(s)]) == list(range(101))
 
 
 def test_a_row_key_depends_on_the_values_only():

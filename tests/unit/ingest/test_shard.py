@@ -124,14 +124,14 @@ def test_epoch_order_depends_on_seed_epoch_and_part_only():
         assert not torch.equal(a, other)
 
 
-def test_an_epoch_plan_covers_the_rows_then_wraps():
-    plan = EpochPlan([10, 9], batch_size=4)
+def test_an_epoch_plan_covers_the_rows_once_with_a_short_last_step():
+    plan = EpochPlan([10, 9, 8], batch_size=4)
     order = torch.arange(10)
     assert plan.steps == 3
     assert plan.positions(order, 0).tolist() == [0, 1, 2, 3]
     assert plan.positions(order, 2).tolist() == [8, 9]                    # the rank's own last, partial batch
-    assert plan.positions(torch.arange(8), 2).tolist() == [0, 1, 2, 3]    # a shorter rank keeps stepping
-    assert [plan.samples(k) for k in range(3)] == [8, 8, 3]
+    assert plan.positions(torch.arange(8), 2).tolist() == []              # a shorter rank has none: no repeats
+    assert [plan.samples(k) for k in range(3)] == [12, 12, 3]
 
 
 def test_an_epoch_plan_from_an_offset_takes_what_is_left():
