@@ -70,7 +70,7 @@ def collect_arrow(df: DataFrame) -> pa.Table:
 def sql_settings(spark: SparkSession) -> dict[str, str]:
     """The session's ``spark.sql.*`` settings that differ from Spark's defaults:
     ``RuntimeConfig.getAll`` (Spark 4.0 on), else the session state's (3.5)."""
-    if hasattr(spark.conf, "getAll"):
+    if hasattr(type(spark.conf), "getAll"):  # asked of the class: hasattr(spark.conf, ...) fetches them all too
         settings = dict(spark.conf.getAll)
     else:
         confs = spark._jsparkSession.sessionState().conf().getAllConfs()
