@@ -32,7 +32,7 @@ from spark_torch_est.core.support import installed
 __all__ = [
     "CHECKED_ON", "collect_arrow", "sql_settings", "task_slots", "broadcast_threshold", "plan_size_bytes",
     "barrier_partitions", "parquet_scan", "describe_plan", "cache_alive", "local_dirs", "in_caller_properties",
-    "deny_log_records",
+    "deny_log_records", "context_setting",
 ]
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,12 @@ def collect_arrow(df: DataFrame) -> pa.Table:
     # pyspark 3.5's private method: newer pyspark lacks it, and its DataFrame.__getattr__ then
     # types the name as a Column
     return pa.Table.from_batches(df._collect_as_arrow(), schema=schema)  # type: ignore[operator]
+
+
+def context_setting(context: SparkContext, key: str) -> str | None:
+    """One setting of the SparkContext's configuration (None: unset), read in two JVM round
+    trips: ``context.getConf()`` copies every setting first, two or three round trips each."""
+    return context._conf.get(key)
 
 
 def sql_settings(spark: SparkSession) -> dict[str, str]:
