@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -116,14 +117,30 @@ def barrier_partitions(df: DataFrame) -> int | None:
     (``coalesce``, ``union``, partition pruning). None under Spark Connect.
     """
     try:
+        return _PARTITIONS[df]
+    except (KeyError, TypeError):  # not asked yet, or a DataFrame that cannot be a weak key
+        pass
+    try:
         execution = df._jdf.queryExecution()
         plan = execution.executedPlan()
         if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec" or _RUNS_JOBS.search(plan.toString()):
-            return None
-        rdd = execution.toRdd()
-        return rdd.getNumPartitions() if _barrier_safe(rdd) else None
+            partitions = None
+        else:
+            rdd = execution.toRdd()
+            partitions = rdd.getNumPartitions() if _barrier_safe(rdd) else None
     except Exception:  # Spark Connect: no JVM handles
         return None
+    try:
+        _PARTITIONS[df] = partitions
+    except TypeError:
+        pass
+    return partitions
+
+
+#: :func:`barrier_partitions` of each DataFrame asked (a fit after fit of one DataFrame, the
+#: maps of a tuner's split): the answer is fixed for the DataFrame, whose query execution,
+#: physical plan and RDD the JVM made once, and finding it takes ~10 py4j round trips an RDD.
+_PARTITIONS: weakref.WeakKeyDictionary[DataFrame, int | None] = weakref.WeakKeyDictionary()
 
 
 def _barrier_safe(rdd: Any, limit: int = 500) -> bool:
