@@ -40,7 +40,7 @@ from spark_torch_est.cluster.messages import RankMessage
 from spark_torch_est.cluster.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.cluster.store_gate import StoreGate
 from spark_torch_est.cluster.worker import train_task
-from spark_torch_est.core.jvm import collect_arrow, task_slots
+from spark_torch_est.core.jvm import collect_arrow, context_setting, task_slots
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.protocol import DELIVERED, RESULT_SCHEMA
 from spark_torch_est.core.running import fit_logger
@@ -55,7 +55,7 @@ logger = fit_logger()
 
 def _driver_host(spark: SparkSession) -> str | None:
     try:
-        return spark.sparkContext.getConf().get("spark.driver.host")
+        return context_setting(spark.sparkContext, "spark.driver.host")
     except Exception:  # Spark Connect: the client is not the driver
         return None
 

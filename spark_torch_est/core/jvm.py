@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ from spark_torch_est.core.support import installed
 __all__ = [
     "CHECKED_ON", "collect_arrow", "sql_settings", "task_slots", "broadcast_threshold", "plan_size_bytes",
     "barrier_partitions", "parquet_scan", "describe_plan", "cache_alive", "local_dirs", "in_caller_properties",
-    "deny_log_records",
+    "deny_log_records", "context_setting",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,10 +68,16 @@ def collect_arrow(df: DataFrame) -> pa.Table:
     return pa.Table.from_batches(df._collect_as_arrow(), schema=schema)  # type: ignore[operator]
 
 
+def context_setting(context: SparkContext, key: str) -> str | None:
+    """One setting of the SparkContext's configuration (None: unset), read in two JVM round
+    trips: ``context.getConf()`` copies every setting first, two or three round trips each."""
+    return context._conf.get(key)
+
+
 def sql_settings(spark: SparkSession) -> dict[str, str]:
     """The session's ``spark.sql.*`` settings that differ from Spark's defaults:
     ``RuntimeConfig.getAll`` (Spark 4.0 on), else the session state's (3.5)."""
-    if hasattr(spark.conf, "getAll"):
+    if hasattr(type(spark.conf), "getAll"):  # asked of the class: hasattr(spark.conf, ...) fetches them all too
         settings = dict(spark.conf.getAll)
     else:
         confs = spark._jsparkSession.sessionState().conf().getAllConfs()
@@ -110,14 +117,30 @@ def barrier_partitions(df: DataFrame) -> int | None:
     (``coalesce``, ``union``, partition pruning). None under Spark Connect.
     """
     try:
+        return _PARTITIONS[df]
+    except (KeyError, TypeError):  # not asked yet, or a DataFrame that cannot be a weak key
+        pass
+    try:
         execution = df._jdf.queryExecution()
         plan = execution.executedPlan()
         if plan.getClass().getSimpleName() == "AdaptiveSparkPlanExec" or _RUNS_JOBS.search(plan.toString()):
-            return None
-        rdd = execution.toRdd()
-        return rdd.getNumPartitions() if _barrier_safe(rdd) else None
+            partitions = None
+        else:
+            rdd = execution.toRdd()
+            partitions = rdd.getNumPartitions() if _barrier_safe(rdd) else None
     except Exception:  # Spark Connect: no JVM handles
         return None
+    try:
+        _PARTITIONS[df] = partitions
+    except TypeError:
+        pass
+    return partitions
+
+
+#: :func:`barrier_partitions` of each DataFrame asked (a fit after fit of one DataFrame, the
+#: maps of a tuner's split): the answer is fixed for the DataFrame, whose query execution,
+#: physical plan and RDD the JVM made once, and finding it takes ~10 py4j round trips an RDD.
+_PARTITIONS: weakref.WeakKeyDictionary[DataFrame, int | None] = weakref.WeakKeyDictionary()
 
 
 def _barrier_safe(rdd: Any, limit: int = 500) -> bool:
