@@ -260,8 +260,11 @@ def test_a_loss_module_that_sums_is_refused_with_weights_before_any_job(spark, t
 def test_a_callable_loss_without_per_row_values_is_refused_with_the_fix(spark, typed_df):
     est = linear_estimator(SETTINGS, weightCol="w", loss=lambda outputs, labels: ((outputs - labels) ** 2).mean(),
                            maxEpochs=1)
-    with pytest.raises(TrainingFailedError, match="with weightCol the loss must give one value per row"):
+    with pytest.raises(TrainingFailedError, match=r"the loss \(function .*<lambda>\) returned a Tensor of shape "
+                       r"\[\]; expected one value per row with weightCol.*a loss module or a function with a "
+                       r"reduction keyword") as raised:
         est.fit(typed_df)
+    assert "a bug in spark_torch_est" not in str(raised.value) and not raised.value.retryable
     assert est.checkpoint is None
 
 
