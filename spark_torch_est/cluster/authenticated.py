@@ -52,7 +52,9 @@ class AuthenticatingServer:
         self._closed = threading.Event()
         self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind((host, 0))
-        self._socket.listen(64)
+        # The kernel's whole backlog: under a flood of connections a rank's connect completes
+        # while the accept loop catches up, instead of waiting out SYN retransmits (1 s, 2 s, ...).
+        self._socket.listen(socket.SOMAXCONN)
         self.address: tuple[str, int] = self._socket.getsockname()[:2]
         self._connections: list[Connection] = []
         self._pending: dict[socket.socket, float] = {}  # authenticating connections, by when they came
