@@ -403,3 +403,13 @@ def recorded_rows(directory: str) -> dict[int, dict[int, dict[str, np.ndarray]]]
             entry["batches"].append(saved["batches"])
     return {epoch: {world: {"labels": np.sort(np.concatenate(e["labels"])), "batches": np.concatenate(e["batches"])}
                     for world, e in worlds.items()} for epoch, worlds in found.items()}
+
+
+def rank_processes():
+    """A multiprocessing context for tests that start ranks as processes: forked from a server
+    that has imported torch and the package once (a spawned rank imports them anew, ~2 s)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", "pyarrow", "spark_torch_est", "tests.helpers"])
+    return context

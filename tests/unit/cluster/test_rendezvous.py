@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 
 from spark_torch_est.cluster.rendezvous import parse_address
+from tests.helpers import rank_processes
 
 
 def _rank(rank: int, secret: bytes, store_path: str, results) -> None:
@@ -29,7 +28,7 @@ def _rank(rank: int, secret: bytes, store_path: str, results) -> None:
 
 
 def _meet(tmp_path, secrets: tuple[bytes, bytes]) -> dict[int, str]:
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     processes = [context.Process(target=_rank, args=(r, secrets[r], str(tmp_path / "store"), results))
                  for r in range(2)]

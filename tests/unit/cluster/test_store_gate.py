@@ -3,7 +3,6 @@ and an outsider cannot make the driver hold memory or descriptors."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import torch.distributed as dist
 
 from spark_torch_est.cluster.store_gate import StoreGate, open_relay
 from spark_torch_est.core.spec import Launch
-from tests.helpers import STORE_FLOOD, rss_mb
+from tests.helpers import STORE_FLOOD, rank_processes, rss_mb
 
 SECRET = b"g" * 32
 
@@ -117,7 +116,7 @@ def _rank(rank: int, address: tuple[str, int], results) -> None:
 
 
 def test_two_ranks_form_a_gloo_group_through_the_gate(gate):
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     processes = [context.Process(target=_rank, args=(r, gate.address, results)) for r in range(2)]
     for process in processes:

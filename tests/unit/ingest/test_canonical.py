@@ -4,7 +4,6 @@ real loop, and a hook gathers every step's row ids across them."""
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import os
 
 import cloudpickle
@@ -25,7 +24,7 @@ from spark_torch_est.ingest.rows import DenseRows
 from spark_torch_est.ingest.shard import Table
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import normalize_hooks
-from tests.helpers import SeenRows, StepRows, mlp, sgd, task_spec
+from tests.helpers import SeenRows, StepRows, mlp, rank_processes, sgd, task_spec
 
 ROWS = 240
 
@@ -73,7 +72,7 @@ def _run(tmp_path, world: int, target: Target, resume: bytes | None = None, tota
         fields["source"] = parquet_plan._split([table], _TABLE_OUTPUTS, world, larger_first=True)
     spec = task_spec(target, hooks=hooks or {"rows": StepRows()}, world_size=world, batch_size=12 // world,
                      resume=resume, **fields)
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     processes = [context.Process(target=_rank, args=(r, world, str(directory), spec, results, total))
                  for r in range(world)]
@@ -262,7 +261,7 @@ def test_three_ranks_place_and_move_rows_as_one_sort_of_all_rows_would(tmp_path)
     rank order; rows reach their places whole from every kind of column, spilled ones stay
     on disk (those in RAM stay there within the budget)."""
     world = 3
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     processes = [context.Process(target=_layout_rank, args=(r, world, str(tmp_path / "store"), results))
                  for r in range(world)]
@@ -331,7 +330,7 @@ def test_a_held_shard_keeps_its_rows_laid_out_once_and_a_later_fit_trains_alike(
     whether every rank held its rows (nothing laid out again) or one worker let them go
     (the other reads its part again)."""
     world = 2
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     processes = [context.Process(target=_held_rank, args=(r, world, str(tmp_path), forget, results))
                  for r in range(world)]

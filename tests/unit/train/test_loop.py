@@ -24,6 +24,7 @@ from tests.helpers import (
     arrow_batches,
     flat_weights,
     mlp,
+    rank_processes,
     sgd,
     step_lr,
     task_spec,
@@ -578,9 +579,7 @@ def _two_rank_fits(rank: int, store_path: str, results) -> None:
 
 
 def test_only_a_hook_that_names_control_in_a_step_stage_costs_a_collective_per_step(tmp_path):
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
+    context = rank_processes()
     results = context.Queue()
     processes = [context.Process(target=_two_rank_fits, args=(r, str(tmp_path / "store"), results)) for r in range(2)]
     for process in processes:
