@@ -259,7 +259,7 @@ class StopAtEpoch(Logger):
 
 
 class SlowTracker(Logger):
-    """A tracker whose on_epoch_end takes 10 s: longer than an epoch and than rank 0's wait."""
+    """A tracker whose on_epoch_end takes 5 s: longer than an epoch and than rank 0's wait (1 s)."""
 
     event_timeout_s = 30.0
 
@@ -270,7 +270,7 @@ class SlowTracker(Logger):
 
     def on_epoch_end(self, metrics):
         self.epochs.append(metrics["epoch"])
-        self.never.wait(10)  # a slow tracking server (never set)
+        self.never.wait(5)  # a slow tracking server (never set)
 
 
 def test_a_stop_request_beside_a_slow_tracker_stops_the_fit_at_its_epoch(spark, split_df):
