@@ -15,15 +15,12 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 
-from benchmarks.common import Workload, machine, markdown, run_child, show, write_data
+from benchmarks.common import Workload, markdown, run_child, run_header, show, write_data, write_docs
 
 WORKLOADS = {
     "reference": Workload(),
@@ -126,16 +123,6 @@ def every_figure(rounds: list[dict]) -> str:
     return markdown(["Contender", "Figure", "Value"], rows)
 
 
-def write_docs(text: str, block: str, path: Path = Path(__file__).resolve().parent.parent / "docs/benchmarks.md"):
-    """Replaces the text between ``<!-- block:start -->`` and ``<!-- block:end -->`` in ``path``."""
-    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
-    page = path.read_text()
-    if start not in page:
-        page += f"\n{start}\n{end}\n"
-    before, rest = page.split(start, 1)
-    path.write_text(f"{before}{start}\n\n{text.strip()}\n\n{end}{rest.split(end, 1)[1]}")
-
-
 def run_rounds(contenders: list[str], workloads: dict[str, Workload], repeat: int, baseline: str | None = None) -> list:
     """``repeat`` rounds of every contender, each a fresh process; ``{key: figures}`` per round
     (``{"error": ...}`` for a contender that failed: the others still run). With ``baseline``,
@@ -181,9 +168,10 @@ def main(argv: list[str] | None = None) -> None:
     needed = {CONTENDERS[key][1] for key in contenders}
     workloads = {name: dataclasses.replace(w, **QUICK[name]) if args.quick else w
                  for name, w in WORKLOADS.items() if name in needed}
-    header = (f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `python -m benchmarks {shlex.join(sys.argv[1:])}`"
-              f"\n\n- {machine()}\n" + "".join(f"- {name}: {w.describe()}\n" for name, w in workloads.items())
-              + (f"- baseline: `spark_torch_est` from {baseline}\n" if baseline else "")
+    facts = [f"{name}: {w.describe()}" for name, w in workloads.items()]
+    if baseline:
+        facts.append(f"baseline: `spark_torch_est` from {baseline}")
+    header = (run_header("benchmarks", *facts)
               + f"\n{repeat} interleaved round(s): median [min-max]; ratios taken within each round.")
     print(header + "\n", flush=True)
     started = time.perf_counter()

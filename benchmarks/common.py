@@ -1,11 +1,9 @@
 """What every benchmark shares: the workloads and their data, the models, the plain loop the
-peers run, the probe hook that times ``TorchEstimator`` fits, the SparkSession, and the
-child process each contender runs in.
+peers run, the probe hook that times ``TorchEstimator`` fits, the SparkSession, the child
+process each contender runs in, and the report's header and tables.
 
-``spark_torch_est`` is used only through its public API (``TorchEstimator``, ``Hook``,
-``Logger``), so the same benchmark measures any checkout of the package (see
-:mod:`benchmarks`). This module travels to executors and torchrun workers by value
-(:func:`register_by_value`): they need not have ``benchmarks`` on their path.
+This module travels to executors and torchrun workers by value (:func:`register_by_value`):
+they need not have ``benchmarks`` on their path.
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -382,6 +383,23 @@ def show(values: list[float], unit: str = "") -> str:
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     lines = [header, ["---"] * len(header), *rows]
     return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines)
+
+
+def run_header(module: str, *facts: str) -> str:
+    """A report's first lines: when, the command line, then the machine and ``facts`` as a list."""
+    command = shlex.join(["python", "-m", module, *sys.argv[1:]])
+    return f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `{command}`\n\n" + "".join(
+        f"- {fact}\n" for fact in (machine(), *facts))
+
+
+def write_docs(text: str, block: str, path: Path = Path(__file__).resolve().parent.parent / "docs/benchmarks.md"):
+    """Replaces the text between ``<!-- block:start -->`` and ``<!-- block:end -->`` in ``path``."""
+    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+    page = path.read_text()
+    if start not in page:
+        page += f"\n{start}\n{end}\n"
+    before, rest = page.split(start, 1)
+    path.write_text(f"{before}{start}\n\n{text.strip()}\n\n{end}{rest.split(end, 1)[1]}")
 
 
 def machine() -> str:

@@ -16,10 +16,9 @@ import json
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 
-from benchmarks.__main__ import WORKLOADS, write_docs
-from benchmarks.common import machine, markdown, run_child, show, write_data
+from benchmarks.__main__ import WORKLOADS
+from benchmarks.common import markdown, run_child, run_header, show, write_data, write_docs
 
 SIZES = (500_000, 2_000_000, 4_000_000, 8_000_000)
 QUICK_SIZES = (50_000, 200_000)
@@ -36,9 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     base = dataclasses.replace(WORKLOADS["ingest"], row_group=50_000 if args.quick else 1_000_000)
     sizes = args.rows or (QUICK_SIZES if args.quick else SIZES)
-    header = (f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `python -m benchmarks.scale "
-              f"{' '.join(sys.argv[1:])}`\n\n- {machine()}\n- {' / '.join(f'{n:,}' for n in sizes)} rows"
-              f"{base.describe().split(' rows', 1)[1]}\n\n{args.repeat} round(s) per size.")
+    rows_and_workload = f"{' / '.join(f'{n:,}' for n in sizes)} rows{base.describe().split(' rows', 1)[1]}"
+    header = run_header("benchmarks.scale", rows_and_workload) + f"\n{args.repeat} round(s) per size."
     print(header + "\n", flush=True)
     started, rows = time.perf_counter(), []
     for size in sizes:
