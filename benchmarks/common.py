@@ -66,6 +66,11 @@ class Workload:
         return {"kind": self.kind, "features": self.features, "hidden": self.hidden, "lr": self.lr}
 
     @property
+    def table_mb(self) -> float:
+        """The rows as float32 in memory: ``features`` and the label."""
+        return self.rows * (self.features + 1) * 4 / 2 ** 20
+
+    @property
     def input_cols(self) -> list[str]:
         return ["user", "item", "dense"] if self.kind == "rec" else ["features"]
 
@@ -216,11 +221,11 @@ def reset_peak_rss() -> None:
         pass
 
 
-def prefault(megabytes: float) -> None:
-    """Touches and frees ``megabytes``: this VM hands freed pages back to its host after a few
-    seconds and a fresh page then costs ~2 s per GB, so the timed allocations of the ingest
-    figures (pyarrow's and the ranks') find backed pages alike."""
-    block = np.empty(int(megabytes * 2 ** 20), dtype=np.uint8)
+def prefault(workload: Workload) -> None:
+    """Touches and frees three times the workload's rows and 512 MB: this VM hands freed pages
+    back to its host after a few seconds and a fresh page then costs ~2 s per GB, so the timed
+    allocations of the ingest figures (pyarrow's and the ranks') find backed pages alike."""
+    block = np.empty(int((3 * workload.table_mb + 512) * 2 ** 20), dtype=np.uint8)
     block[::4096] = 1
 
 

@@ -183,7 +183,7 @@ def te(workload: Workload, scratch: str) -> dict:
 def pyarrow(workload: Workload, scratch: str) -> dict:
     import pyarrow.dataset  # noqa: F401  (read_table imports it on its first call: an import, not the read)
 
-    prefault(3 * workload.rows * (workload.features + 1) * 4 / 2 ** 20 + 512)
+    prefault(workload)
     reset_peak_rss()
     started = time.perf_counter()
     features, labels = read_columns(workload.path, ["features", "label"])
@@ -209,7 +209,7 @@ def ingest(workload: Workload, scratch: str, fits: str = "") -> dict:
         for name, cached, direct, expect, touch_first in chosen:
             if touch_first:
                 touch(workload.path)
-            prefault(3 * workload.rows * (workload.features + 1) * 4 / 2 ** 20 + 512)
+            prefault(workload)
             frame = df.cache() if cached else df
             figures, fitted = timed_fit(workload, frame, Probe(scratch, name), f"{workload.steps}ba", directRead=direct)
             if figures.pop("read") not in (expect, ""):

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
             rounds = [(run_child("contenders", "pyarrow", spec), run_child("contenders", "ingest", spec, "cold,warm"))
                       for _ in range(args.repeat)]
         print(f"{size:,} rows done after {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-        share = size / workload.ranks * (workload.features + 1) * 4 / 2 ** 20
+        share = workload.table_mb / workload.ranks
         rss = [fits["cold_peak_rss_mb"] for _, fits in rounds]
         rows.append([f"{size:,}", show([read["parquet_mb"] for read, _ in rounds], " MB"),
                      show([fits["partitions"] for _, fits in rounds]),
