@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -207,9 +208,23 @@ def final_loss(model: nn.Module, workload: Workload, rows: int = 20_000) -> floa
 # --------------------------------------------------------------------------- measuring
 
 
-def peak_rss_mb() -> float:
+def _status_mb(field: str) -> float:
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith(f"{field}:"))
+
+
+def rss_mb() -> float:
+    return _status_mb("VmRSS")
+
+
+def peak_rss_mb() -> float:
+    """The process's peak RSS since it started or since :func:`reset_peak_rss`."""
+    return _status_mb("VmHWM")
+
+
+def lifetime_peak_rss_mb() -> float:
+    """The process's peak RSS since it started, which :func:`reset_peak_rss` leaves alone."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def reset_peak_rss() -> None:
@@ -274,14 +289,14 @@ def plain_train(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tupl
 
 
 class Probe(Hook):
-    """Times a fit from inside its ranks through the public hook API: each rank stamps its
-    optimizer steps and, at ``after_run``, writes them, its peak RSS and where it imported
-    ``spark_torch_est`` from to ``<directory>/<tag>-rank<r>.json``. ``last_epoch`` restarts
-    the stamps at each epoch (the last one is then timed alone)."""
+    """Times a fit from inside its ranks through the public hook API. At ``after_run`` each rank
+    writes to ``<directory>/<tag>-rank<r>.json`` its step stamps, its RSS and lifetime peak RSS at
+    its first step, the time since its last epoch ended (the final checkpoint's), its peak RSS and
+    where it imported ``spark_torch_est`` from. ``last_epoch`` times the last epoch's steps alone."""
 
     def __init__(self, directory: str, tag: str, last_epoch: bool = False) -> None:
         self.directory, self.tag, self.last_epoch = directory, tag, last_epoch
-        self.clock, self.first = Clock(), 0.0
+        self.clock, self.first, self.epoch_end, self.at_first_step = Clock(), 0.0, 0.0, {}
 
     def before_train_epoch(self) -> None:
         if self.last_epoch:
@@ -289,34 +304,39 @@ class Probe(Hook):
 
     def after_train_iter(self, state) -> None:
         self.clock.step(state.samples)
-        self.first = self.first or self.clock.first
+        if not self.first:
+            self.first = self.clock.first
+            self.at_first_step = {"first_step_rss_mb": rss_mb(), "first_step_lifetime_peak_mb": lifetime_peak_rss_mb()}
+
+    def after_train_epoch(self) -> None:
+        self.epoch_end = time.time()
 
     def after_run(self, rank: int) -> None:
         import spark_torch_est
 
-        report = {**vars(self.clock), "fit_first": self.first, "peak_rss_mb": peak_rss_mb(),
+        report = {**vars(self.clock), **self.at_first_step, "fit_first": self.first, "peak_rss_mb": peak_rss_mb(),
+                  "after_last_epoch_s": time.time() - self.epoch_end,
                   "package": os.path.dirname(spark_torch_est.__file__)}
-        with open(os.path.join(self.directory, f"{self.tag}-rank{rank}.json"), "w") as handle:
-            json.dump(report, handle)
+        Path(self.directory, f"{self.tag}-rank{rank}.json").write_text(json.dumps(report))
         reset_peak_rss()
 
-    def read(self, ranks: int, called: float) -> dict:
-        """Rank 0's figures after ``called`` and the largest rank's peak RSS; checks that the
-        ranks ran the driver's ``spark_torch_est``."""
+    def reports(self, ranks: int) -> list[dict]:
+        """Each rank's report; checks that the ranks ran the driver's ``spark_torch_est``."""
         import spark_torch_est
 
-        reports = []
-        for rank in range(ranks):
-            with open(os.path.join(self.directory, f"{self.tag}-rank{rank}.json")) as handle:
-                reports.append(json.load(handle))
+        reports = [json.loads(Path(self.directory, f"{self.tag}-rank{rank}.json").read_text()) for rank in range(ranks)]
         here = os.path.dirname(spark_torch_est.__file__)
         if any(r["package"] != here for r in reports):
             raise RuntimeError(f"the ranks imported spark_torch_est from {reports[0]['package']}, the driver from "
                                f"{here}: set BENCH_PACKAGE (see benchmarks/__init__.py)")
+        return reports
+
+    def read(self, ranks: int, called: float) -> dict:
+        """Rank 0's figures after ``called`` and the largest rank's peak RSS."""
+        reports = self.reports(ranks)
         clock = Clock()
-        first = reports[0].pop("fit_first")
         vars(clock).update({k: v for k, v in reports[0].items() if k in vars(clock)})
-        return {**clock.figures(called), "first_step_s": first - called,
+        return {**clock.figures(called), "first_step_s": reports[0]["fit_first"] - called,
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in reports)}
 
 
