@@ -15,12 +15,12 @@ import time
 import numpy as np
 from pyspark.ml.evaluation import RegressionEvaluator
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
-from torch import nn
 
-from benchmarks.common import Probe, machine, make_model, make_optimizer, register_by_value, spark_session
+from benchmarks.common import Probe, Workload, machine, register_by_value, spark_session
+from benchmarks.contenders import estimator
 from spark_torch_est import TorchEstimator
 
-ROWS, FEATURES, EPOCHS, BATCH = 500, 8, 20, 32
+SMALL = Workload(rows=500, features=8, hidden=32, epochs=20, batch_size=32, ranks=1)
 LRS, WIDTHS = (0.001, 0.01, 0.05), (8, 32, 128)
 
 
@@ -44,17 +44,16 @@ def main(argv: list[str] | None = None) -> None:
     register_by_value()
     print(machine())
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
-    y = np.sin(x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * rng.normal(size=ROWS)
+    x = rng.normal(size=(SMALL.rows, SMALL.features)).astype(np.float32)
+    y = np.sin(x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * rng.normal(size=SMALL.rows)
     with tempfile.TemporaryDirectory(prefix="bench-fixed-cost-") as scratch, \
             spark_session(2, "bench-fixed-cost") as spark:
         df = spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x, y)], ["features", "label"]).cache()
         df.count()
         probe = Probe(scratch, "fit")
-        est = TorchEstimator(model=make_model, optimizer=make_optimizer, loss=nn.MSELoss(), batchSize=BATCH,
-                             maxEpochs=EPOCHS, seed=0, showProgress=False, hooks=[probe],
-                             config={"features": FEATURES, "hidden": 32, "lr": 0.01})
-        print(f"\n{ROWS} rows, {EPOCHS} epochs, batch {BATCH}, warm session (median of {args.fits} fits):")
+        est = estimator(SMALL, [probe])
+        print(f"\n{SMALL.rows} rows, {SMALL.epochs} epochs, batch {SMALL.batch_size}, warm session (median of "
+              f"{args.fits} fits):")
         for workers in (1, 2):
             est.setNumWorkers(workers).copy().fit(df)  # warm-up: Python workers, imports
             before, after, whole = _fixed_cost(est, df, probe, args.fits)
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{whole - before - after:.2f} s + last step to return {after:.2f} s: fixed cost "
                   f"{before + after:.2f} s")
         grid = ParamGridBuilder().addGrid(est.getParam("config"), [
-            {"features": FEATURES, "hidden": w, "lr": lr} for w in WIDTHS for lr in LRS]).build()
+            {**SMALL.config, "hidden": w, "lr": lr} for w in WIDTHS for lr in LRS]).build()
         started = time.perf_counter()
         CrossValidator(estimator=est.setNumWorkers(1).setHooks(None), estimatorParamMaps=grid, numFolds=3,
                        evaluator=RegressionEvaluator(), seed=0).fit(df)
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     from sklearn.neural_network import MLPRegressor
 
     started = time.perf_counter()
-    GridSearchCV(MLPRegressor(solver="sgd", batch_size=BATCH, max_iter=EPOCHS, random_state=0),
+    GridSearchCV(MLPRegressor(solver="sgd", batch_size=SMALL.batch_size, max_iter=SMALL.epochs, random_state=0),
                  {"hidden_layer_sizes": [(w, w) for w in WIDTHS], "learning_rate_init": LRS}, cv=3).fit(x, y)
     sk_s = time.perf_counter() - started
     print(f"  CrossValidator, 9 maps x 3 folds + refit (1 rank): {cv_s:.1f} s; scikit-learn's GridSearchCV on "

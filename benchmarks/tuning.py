@@ -17,10 +17,10 @@ import time
 from pyspark.ml.evaluation import RegressionEvaluator
 from pyspark.ml.tuning import ParamGridBuilder, TrainValidationSplit
 from pyspark.sql import functions as F
-from torch import nn
 
-from benchmarks.common import machine, make_model, make_optimizer, register_by_value, spark_session
-from spark_torch_est import Logger, TorchEstimator
+from benchmarks.common import Workload, machine, register_by_value, spark_session
+from benchmarks.contenders import estimator
+from spark_torch_est import Logger
 from spark_torch_est.tuning import SuccessiveHalving
 
 FEATURES = 16
@@ -54,9 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         df = (spark.range(args.rows).select(F.array(*[F.randn(seed=i).cast("float") for i in range(FEATURES)])
                                             .alias("features"))
               .withColumn("label", F.sin(x[0]) + x[1] * x[2] + 0.5 * x[3] + 0.05 * F.randn(seed=99)).cache())
-        est = TorchEstimator(model=make_model, optimizer=make_optimizer, loss=nn.MSELoss(), batchSize=128,
-                             maxEpochs=args.max_epochs, numWorkers=2, seed=0, showProgress=False,
-                             loggers=[EpochCounter()])
+        est = estimator(Workload(features=FEATURES, batch_size=128, epochs=args.max_epochs), [],
+                        loggers=[EpochCounter()])
         configs = [{"features": FEATURES, "hidden": width, "lr": lr}
                    for width in (16, 128) for lr in (0.001, 0.01, 0.05)]
         grid = ParamGridBuilder().addGrid(est.getParam("config"), configs).build()
