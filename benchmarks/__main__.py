@@ -1,12 +1,9 @@
 """``python -m benchmarks [--quick] [--repeat N] [--only KEY ...] [--baseline CHECKOUT] [--write-docs]``
 
-Writes the three workloads' Parquet once, runs every contender of :data:`CONTENDERS` in
-interleaved rounds (each a fresh process, :mod:`benchmarks.contenders`), and prints the
-comparisons of :data:`COMPARISONS` (each ratio taken within a round, between two contenders
-run side by side) and every figure. ``--baseline`` adds, right after each ``TorchEstimator``
-contender of a round, the same contender importing ``spark_torch_est`` from another
-checkout, and compares the two (:data:`AGAINST_BASELINE`). Exits non-zero when a contender
-fails or when ``TorchEstimator`` did not do the same work as bare DDP (its final loss).
+Runs every contender of :data:`CONTENDERS` in interleaved rounds, each a fresh process
+(:mod:`benchmarks.contenders`), and prints :data:`COMPARISONS` (ratios taken within a round)
+and every figure; ``--baseline`` adds :data:`AGAINST_BASELINE`. Exits non-zero when a
+contender fails or when ``TorchEstimator`` did not do the same work as bare DDP (its final loss).
 """
 
 from __future__ import annotations
@@ -43,6 +40,7 @@ CONTENDERS = {
     "ingest": ("ingest", "ingest", "TorchEstimator, ingest table"),
 }
 
+PLAIN_FORWARD = ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process")
 #: (figure, ours (contender, field), reference (contender, field[, label]), target on the ratio).
 COMPARISONS = [
     *[(f"fit wall time, {when}", ("te", f"{when}_wall_s"), (peer, f"{when}_wall_s"), target)
@@ -61,10 +59,9 @@ COMPARISONS = [
     ("ingest: call to first step, directRead=False", ("ingest", "spark_first_step_s"), ("pyarrow", "read_s"), ""),
     ("ingest: first fit on df.cache()", ("ingest", "cache_first_first_step_s"), ("pyarrow", "read_s"), ""),
     ("ingest: second fit on df.cache()", ("ingest", "cache_second_first_step_s"), ("pyarrow", "read_s"), ""),
-    ("ingest: transform rows/s, tasks read the files", ("ingest", "transform_files_rows_per_s"),
-     ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process"), ">=0.5"),
-    ("ingest: transform rows/s, through Spark's scan", ("ingest", "transform_spark_rows_per_s"),
-     ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process"), ""),
+    ("ingest: transform rows/s, tasks read the files", ("ingest", "transform_files_rows_per_s"), PLAIN_FORWARD,
+     ">=0.5"),
+    ("ingest: transform rows/s, through Spark's scan", ("ingest", "transform_spark_rows_per_s"), PLAIN_FORWARD, ""),
 ]
 #: Figures of this checkout against ``--baseline``'s, per TorchEstimator contender: a cost of
 #: the loop within 1.05x of the baseline's is a samples/s ratio of at least 0.952.

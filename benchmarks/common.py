@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -140,8 +140,8 @@ def _table(workload: Workload, rng: np.random.Generator, rows: int, w: np.ndarra
     dense = rng.standard_normal((rows, workload.features), dtype=np.float32)
     noise = rng.standard_normal(rows, dtype=np.float32)
     if workload.kind != "rec":
-        return pa.table({"features": _list_array(dense), "label": pa.array((dense @ w + 0.1 * noise)
-                                                                           .astype(np.float32))})
+        label = (dense @ w + 0.1 * noise).astype(np.float32)
+        return pa.table({"features": _list_array(dense), "label": label})
     user, item = (1 << 40) + rng.integers(0, 1 << 30, rows), (1 << 40) + rng.integers(0, 1 << 20, rows)
     logit = dense @ w + 0.5 * np.cos(user % 101) - 0.5 * np.sin(item % 89)
     clicked = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.float32)
@@ -229,11 +229,8 @@ def lifetime_peak_rss_mb() -> float:
 
 def reset_peak_rss() -> None:
     """Sets the peak RSS back to the current RSS (Linux), so a reused worker reports its fit."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
 
 
 def prefault(workload: Workload) -> None:

@@ -1,19 +1,7 @@
-"""Fit many, ingest once (issue 26): the first, second and third fit of a run to its first
-optimizer step, with the rows kept between fits (``keepIngestedMB``, default) and without
-(``keepIngestedMB=0``), side by side in one session, against pyarrow reading the same rows.
-
-Three DataFrames over one Parquet file of ``rows x 32`` float32 (an ``array<float>``
-features column and a float label): cached through Spark, uncached and computed (a filter
-and a computed label), and the plain table (read by the ranks themselves). Then a
-``CrossValidator`` of 2 folds x 2 param maps on the cached one, both ways. For each fit:
-seconds from the call to rank 0's first step, each rank's RSS at its first step and its
-process's peak RSS so far, and what the executors keep on disk after it.
-
-Self-contained, public API only::
-
-    python -m benchmarks.ingest_once            # 4M rows (about 520 MB of Parquet)
-    python -m benchmarks.ingest_once --quick    # 200k rows
-    python -m benchmarks.ingest_once --only plain,cv
+"""``python -m benchmarks.ingest_once [--quick] [--rows N] [--only cached,computed,plain,cv]``:
+fit many, ingest once (issue 26). The first three fits of a run, with the rows kept between
+fits (``keepIngestedMB``) and without, against pyarrow's read, on three DataFrames over one
+Parquet file: cached, computed and plain; then a ``CrossValidator`` on the cached one.
 
 The cached DataFrame is a cache of the table's own plan, so ``spark.read.parquet`` of that
 path reads the cache while it lasts; the computed and plain scenarios read the same file

@@ -1,11 +1,8 @@
 """``python -m benchmarks.scale [--quick] [--rows N ...] [--repeat N] [--write-docs]``
 
-How the call to the first optimizer step grows with the table: for each size (default
-0.5M, 2M, 4M and 8M rows x 32 float32, one Parquet file of 1M-row row groups, as the
-suite's ingest table), written into a temporary directory and deleted after it,
-interleaved rounds of pyarrow reading it into numpy and of a ``TorchEstimator`` process
-whose cold and warm fits read the files (``benchmarks.contenders ingest ... cold,warm``).
-8M rows are ~1 GB on disk and ~2.5 GB in the pyarrow process.
+How the call to the first optimizer step grows with the table: for each size of the suite's
+ingest table, written one at a time, rounds of the ``pyarrow`` contender and of the ``ingest``
+one's cold and warm fits. 8M rows are ~1 GB on disk and ~2.5 GB in the pyarrow process.
 """
 
 from __future__ import annotations

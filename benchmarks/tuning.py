@@ -1,12 +1,7 @@
-"""``python -m benchmarks.tuning [--rows N] [--max-epochs N]``: the same grid tuned by
-``TrainValidationSplit`` (every map trained to maxEpochs, then the best refit on all rows,
-as pyspark does) and by ``SuccessiveHalving`` (eta 2 from one epoch), in one local[2]
-session: epochs trained (counted by a driver-side logger), wall time, and whether both
-pick the same map.
-
-The grid: an MLP (16-hidden-hidden-1, SGD, batch 128, 2 ranks) over 3 learning rates x 2
-widths on ``y = sin(x0) + x1 * x2 + 0.5 x3 + noise``, both tuners on the same seeded split.
-A warm-up fit runs first, so neither tuner pays the session's cold start.
+"""``python -m benchmarks.tuning [--rows N] [--max-epochs N]``: one grid (an MLP over 3
+learning rates x 2 widths) tuned by ``TrainValidationSplit`` and by ``SuccessiveHalving``
+(eta 2 from one epoch) on the same seeded split, in one local[2] session after a warm-up fit:
+epochs trained (counted by a driver-side logger), wall time, and whether both pick the same map.
 """
 
 from __future__ import annotations
