@@ -61,7 +61,7 @@ def cross_validation(df, keep_mb: float, scratch: str) -> dict:
     configs = [WORKLOAD.config, {**WORKLOAD.config, "lr": 0.001}]
     grid = ParamGridBuilder().addGrid(est.getParam("config"), configs).build()
     reused = _Count("kept this DataFrame's rows")  # the driver's log line of a fit on kept rows
-    log = logging.getLogger("spark_torch_est.ingest.kept_registry")
+    log = logging.getLogger("spark_torch_est.fit")  # the fit's own log (docs/reliability.md, its loggers)
     level = log.level
     log.setLevel(logging.INFO)
     log.addHandler(reused)
