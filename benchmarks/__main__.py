@@ -1,12 +1,9 @@
 """``python -m benchmarks [--quick] [--repeat N] [--only KEY ...] [--baseline CHECKOUT] [--write-docs]``
 
-Writes the three workloads' Parquet once, runs every contender of :data:`CONTENDERS` in
-interleaved rounds (each a fresh process, :mod:`benchmarks.contenders`), and prints the
-comparisons of :data:`COMPARISONS` (each ratio taken within a round, between two contenders
-run side by side) and every figure. ``--baseline`` adds, right after each ``TorchEstimator``
-contender of a round, the same contender importing ``spark_torch_est`` from another
-checkout, and compares the two (:data:`AGAINST_BASELINE`). Exits non-zero when a contender
-fails or when ``TorchEstimator`` did not do the same work as bare DDP (its final loss).
+Runs every contender of :data:`CONTENDERS` in interleaved rounds, each a fresh process
+(:mod:`benchmarks.contenders`), and prints :data:`COMPARISONS` (ratios taken within a round)
+and every figure; ``--baseline`` adds :data:`AGAINST_BASELINE`. Exits non-zero when a
+contender fails or when ``TorchEstimator`` did not do the same work as bare DDP (its final loss).
 """
 
 from __future__ import annotations
@@ -15,15 +12,12 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 
-from benchmarks.common import Workload, machine, markdown, run_child, show, write_data
+from benchmarks.common import Workload, markdown, run_child, run_header, show, write_data, write_docs
 
 WORKLOADS = {
     "reference": Workload(),
@@ -46,6 +40,7 @@ CONTENDERS = {
     "ingest": ("ingest", "ingest", "TorchEstimator, ingest table"),
 }
 
+PLAIN_FORWARD = ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process")
 #: (figure, ours (contender, field), reference (contender, field[, label]), target on the ratio).
 COMPARISONS = [
     *[(f"fit wall time, {when}", ("te", f"{when}_wall_s"), (peer, f"{when}_wall_s"), target)
@@ -64,10 +59,9 @@ COMPARISONS = [
     ("ingest: call to first step, directRead=False", ("ingest", "spark_first_step_s"), ("pyarrow", "read_s"), ""),
     ("ingest: first fit on df.cache()", ("ingest", "cache_first_first_step_s"), ("pyarrow", "read_s"), ""),
     ("ingest: second fit on df.cache()", ("ingest", "cache_second_first_step_s"), ("pyarrow", "read_s"), ""),
-    ("ingest: transform rows/s, tasks read the files", ("ingest", "transform_files_rows_per_s"),
-     ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process"), ">=0.5"),
-    ("ingest: transform rows/s, through Spark's scan", ("ingest", "transform_spark_rows_per_s"),
-     ("ingest", "transform_plain_rows_per_s", "plain batched forward, 1 process"), ""),
+    ("ingest: transform rows/s, tasks read the files", ("ingest", "transform_files_rows_per_s"), PLAIN_FORWARD,
+     ">=0.5"),
+    ("ingest: transform rows/s, through Spark's scan", ("ingest", "transform_spark_rows_per_s"), PLAIN_FORWARD, ""),
 ]
 #: Figures of this checkout against ``--baseline``'s, per TorchEstimator contender: a cost of
 #: the loop within 1.05x of the baseline's is a samples/s ratio of at least 0.952.
@@ -126,16 +120,6 @@ def every_figure(rounds: list[dict]) -> str:
     return markdown(["Contender", "Figure", "Value"], rows)
 
 
-def write_docs(text: str, block: str, path: Path = Path(__file__).resolve().parent.parent / "docs/benchmarks.md"):
-    """Replaces the text between ``<!-- block:start -->`` and ``<!-- block:end -->`` in ``path``."""
-    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
-    page = path.read_text()
-    if start not in page:
-        page += f"\n{start}\n{end}\n"
-    before, rest = page.split(start, 1)
-    path.write_text(f"{before}{start}\n\n{text.strip()}\n\n{end}{rest.split(end, 1)[1]}")
-
-
 def run_rounds(contenders: list[str], workloads: dict[str, Workload], repeat: int, baseline: str | None = None) -> list:
     """``repeat`` rounds of every contender, each a fresh process; ``{key: figures}`` per round
     (``{"error": ...}`` for a contender that failed: the others still run). With ``baseline``,
@@ -181,9 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     needed = {CONTENDERS[key][1] for key in contenders}
     workloads = {name: dataclasses.replace(w, **QUICK[name]) if args.quick else w
                  for name, w in WORKLOADS.items() if name in needed}
-    header = (f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `python -m benchmarks {shlex.join(sys.argv[1:])}`"
-              f"\n\n- {machine()}\n" + "".join(f"- {name}: {w.describe()}\n" for name, w in workloads.items())
-              + (f"- baseline: `spark_torch_est` from {baseline}\n" if baseline else "")
+    facts = [f"{name}: {w.describe()}" for name, w in workloads.items()]
+    if baseline:
+        facts.append(f"baseline: `spark_torch_est` from {baseline}")
+    header = (run_header("benchmarks", *facts)
               + f"\n{repeat} interleaved round(s): median [min-max]; ratios taken within each round.")
     print(header + "\n", flush=True)
     started = time.perf_counter()

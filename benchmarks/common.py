@@ -1,11 +1,9 @@
 """What every benchmark shares: the workloads and their data, the models, the plain loop the
-peers run, the probe hook that times ``TorchEstimator`` fits, the SparkSession, and the
-child process each contender runs in.
+peers run, the probe hook that times ``TorchEstimator`` fits, the SparkSession, the child
+process each contender runs in, and the report's header and tables.
 
-``spark_torch_est`` is used only through its public API (``TorchEstimator``, ``Hook``,
-``Logger``), so the same benchmark measures any checkout of the package (see
-:mod:`benchmarks`). This module travels to executors and torchrun workers by value
-(:func:`register_by_value`): they need not have ``benchmarks`` on their path.
+This module travels to executors and torchrun workers by value (:func:`register_by_value`):
+they need not have ``benchmarks`` on their path.
 """
 
 from __future__ import annotations
@@ -13,13 +11,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -63,6 +65,11 @@ class Workload:
     @property
     def config(self) -> dict:
         return {"kind": self.kind, "features": self.features, "hidden": self.hidden, "lr": self.lr}
+
+    @property
+    def table_mb(self) -> float:
+        """The rows as float32 in memory: ``features`` and the label."""
+        return self.rows * (self.features + 1) * 4 / 2 ** 20
 
     @property
     def input_cols(self) -> list[str]:
@@ -133,8 +140,8 @@ def _table(workload: Workload, rng: np.random.Generator, rows: int, w: np.ndarra
     dense = rng.standard_normal((rows, workload.features), dtype=np.float32)
     noise = rng.standard_normal(rows, dtype=np.float32)
     if workload.kind != "rec":
-        return pa.table({"features": _list_array(dense), "label": pa.array((dense @ w + 0.1 * noise)
-                                                                           .astype(np.float32))})
+        label = (dense @ w + 0.1 * noise).astype(np.float32)
+        return pa.table({"features": _list_array(dense), "label": label})
     user, item = (1 << 40) + rng.integers(0, 1 << 30, rows), (1 << 40) + rng.integers(0, 1 << 20, rows)
     logit = dense @ w + 0.5 * np.cos(user % 101) - 0.5 * np.sin(item % 89)
     clicked = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.float32)
@@ -201,25 +208,36 @@ def final_loss(model: nn.Module, workload: Workload, rows: int = 20_000) -> floa
 # --------------------------------------------------------------------------- measuring
 
 
-def peak_rss_mb() -> float:
+def _status_mb(field: str) -> float:
     with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith(f"{field}:"))
+
+
+def rss_mb() -> float:
+    return _status_mb("VmRSS")
+
+
+def peak_rss_mb() -> float:
+    """The process's peak RSS since it started or since :func:`reset_peak_rss`."""
+    return _status_mb("VmHWM")
+
+
+def lifetime_peak_rss_mb() -> float:
+    """The process's peak RSS since it started, which :func:`reset_peak_rss` leaves alone."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def reset_peak_rss() -> None:
     """Sets the peak RSS back to the current RSS (Linux), so a reused worker reports its fit."""
-    try:
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")
 
 
-def prefault(megabytes: float) -> None:
-    """Touches and frees ``megabytes``: this VM hands freed pages back to its host after a few
-    seconds and a fresh page then costs ~2 s per GB, so the timed allocations of the ingest
-    figures (pyarrow's and the ranks') find backed pages alike."""
-    block = np.empty(int(megabytes * 2 ** 20), dtype=np.uint8)
+def prefault(workload: Workload) -> None:
+    """Touches and frees three times the workload's rows and 512 MB: this VM hands freed pages
+    back to its host after a few seconds and a fresh page then costs ~2 s per GB, so the timed
+    allocations of the ingest figures (pyarrow's and the ranks') find backed pages alike."""
+    block = np.empty(int((3 * workload.table_mb + 512) * 2 ** 20), dtype=np.uint8)
     block[::4096] = 1
 
 
@@ -268,14 +286,14 @@ def plain_train(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tupl
 
 
 class Probe(Hook):
-    """Times a fit from inside its ranks through the public hook API: each rank stamps its
-    optimizer steps and, at ``after_run``, writes them, its peak RSS and where it imported
-    ``spark_torch_est`` from to ``<directory>/<tag>-rank<r>.json``. ``last_epoch`` restarts
-    the stamps at each epoch (the last one is then timed alone)."""
+    """Times a fit from inside its ranks through the public hook API. At ``after_run`` each rank
+    writes to ``<directory>/<tag>-rank<r>.json`` its step stamps, its RSS and lifetime peak RSS at
+    its first step, the time since its last epoch ended (the final checkpoint's), its peak RSS and
+    where it imported ``spark_torch_est`` from. ``last_epoch`` times the last epoch's steps alone."""
 
     def __init__(self, directory: str, tag: str, last_epoch: bool = False) -> None:
         self.directory, self.tag, self.last_epoch = directory, tag, last_epoch
-        self.clock, self.first = Clock(), 0.0
+        self.clock, self.first, self.epoch_end, self.at_first_step = Clock(), 0.0, 0.0, {}
 
     def before_train_epoch(self) -> None:
         if self.last_epoch:
@@ -283,34 +301,39 @@ class Probe(Hook):
 
     def after_train_iter(self, state) -> None:
         self.clock.step(state.samples)
-        self.first = self.first or self.clock.first
+        if not self.first:
+            self.first = self.clock.first
+            self.at_first_step = {"first_step_rss_mb": rss_mb(), "first_step_lifetime_peak_mb": lifetime_peak_rss_mb()}
+
+    def after_train_epoch(self) -> None:
+        self.epoch_end = time.time()
 
     def after_run(self, rank: int) -> None:
         import spark_torch_est
 
-        report = {**vars(self.clock), "fit_first": self.first, "peak_rss_mb": peak_rss_mb(),
+        report = {**vars(self.clock), **self.at_first_step, "fit_first": self.first, "peak_rss_mb": peak_rss_mb(),
+                  "after_last_epoch_s": time.time() - self.epoch_end,
                   "package": os.path.dirname(spark_torch_est.__file__)}
-        with open(os.path.join(self.directory, f"{self.tag}-rank{rank}.json"), "w") as handle:
-            json.dump(report, handle)
+        Path(self.directory, f"{self.tag}-rank{rank}.json").write_text(json.dumps(report))
         reset_peak_rss()
 
-    def read(self, ranks: int, called: float) -> dict:
-        """Rank 0's figures after ``called`` and the largest rank's peak RSS; checks that the
-        ranks ran the driver's ``spark_torch_est``."""
+    def reports(self, ranks: int) -> list[dict]:
+        """Each rank's report; checks that the ranks ran the driver's ``spark_torch_est``."""
         import spark_torch_est
 
-        reports = []
-        for rank in range(ranks):
-            with open(os.path.join(self.directory, f"{self.tag}-rank{rank}.json")) as handle:
-                reports.append(json.load(handle))
+        reports = [json.loads(Path(self.directory, f"{self.tag}-rank{rank}.json").read_text()) for rank in range(ranks)]
         here = os.path.dirname(spark_torch_est.__file__)
         if any(r["package"] != here for r in reports):
             raise RuntimeError(f"the ranks imported spark_torch_est from {reports[0]['package']}, the driver from "
                                f"{here}: set BENCH_PACKAGE (see benchmarks/__init__.py)")
+        return reports
+
+    def read(self, ranks: int, called: float) -> dict:
+        """Rank 0's figures after ``called`` and the largest rank's peak RSS."""
+        reports = self.reports(ranks)
         clock = Clock()
-        first = reports[0].pop("fit_first")
         vars(clock).update({k: v for k, v in reports[0].items() if k in vars(clock)})
-        return {**clock.figures(called), "first_step_s": first - called,
+        return {**clock.figures(called), "first_step_s": reports[0]["fit_first"] - called,
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in reports)}
 
 
@@ -382,6 +405,23 @@ def show(values: list[float], unit: str = "") -> str:
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     lines = [header, ["---"] * len(header), *rows]
     return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in lines)
+
+
+def run_header(module: str, *facts: str) -> str:
+    """A report's first lines: when, the command line, then the machine and ``facts`` as a list."""
+    command = shlex.join(["python", "-m", module, *sys.argv[1:]])
+    return f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `{command}`\n\n" + "".join(
+        f"- {fact}\n" for fact in (machine(), *facts))
+
+
+def write_docs(text: str, block: str, path: Path = Path(__file__).resolve().parent.parent / "docs/benchmarks.md"):
+    """Replaces the text between ``<!-- block:start -->`` and ``<!-- block:end -->`` in ``path``."""
+    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+    page = path.read_text()
+    if start not in page:
+        page += f"\n{start}\n{end}\n"
+    before, rest = page.split(start, 1)
+    path.write_text(f"{before}{start}\n\n{text.strip()}\n\n{end}{rest.split(end, 1)[1]}")
 
 
 def machine() -> str:

@@ -1,16 +1,6 @@
-"""``python -m benchmarks.contenders NAME WORKLOAD_JSON [FITS]``: one contender, in a fresh
-process, printing its figures as one ``BENCH_RESULT {json}`` line.
-
-- ``plain``: plain torch, one process with every core, the global batch of the DDP ones;
-- ``ddp``: bare DDP, ``torch.multiprocessing.spawn`` of the ranks, gloo, 1 thread each;
-- ``td_local`` / ``td_barrier``: ``TorchDistributor(local_mode=True/False)`` running the same
-  DDP rank as a ``train_fn``, a cold and a warm ``run()`` in one session;
-- ``te``: ``TorchEstimator(...).fit(spark.read.parquet(path))``, a cold and a warm fit;
-- ``pyarrow``: ``pq.read_table`` of the ingest table into numpy, the first read of a process;
-- ``ingest``: ``TorchEstimator`` fits of a few steps on the ingest table (:data:`INGEST_FITS`,
-  or the comma-separated ``FITS``), then ``transform`` reading the files and through Spark.
-
-Every ``TorchEstimator`` fit carries a :class:`~benchmarks.common.Probe` (public hook API).
+"""``python -m benchmarks.contenders NAME WORKLOAD_JSON [FITS]``: the contender ``NAME`` (the
+function of that name) in a fresh process, printing its figures as one ``BENCH_RESULT {json}``
+line. Every ``TorchEstimator`` fit carries a :class:`~benchmarks.common.Probe` (public hook API).
 """
 
 from __future__ import annotations
@@ -30,23 +20,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import (
-    RESULT,
-    Clock,
-    Probe,
-    Workload,
-    final_loss,
-    make_model,
-    make_optimizer,
-    peak_rss_mb,
-    plain_train,
-    prefault,
-    read_columns,
-    read_rank,
-    register_by_value,
-    reset_peak_rss,
-    spark_session,
-)
+from benchmarks import common
+from benchmarks.common import RESULT, Probe, Workload
 
 #: The ingest fits, in order: (name, on ``df.cache()``?, directRead, how the ranks must have
 #: read the rows, touch the files first so that the ranks read them again). Cached fits
@@ -61,23 +36,24 @@ INGEST_FITS = (
 
 
 def plain(workload: Workload, scratch: str) -> dict:
+    """Plain torch: one process with every core, the global batch of the DDP ranks."""
     torch.set_num_threads(os.cpu_count() or 1)
     called = time.time()
-    inputs, labels = read_rank(workload, 0, 1)
+    inputs, labels = common.read_rank(workload, 0, 1)
     model, optimizer = workload.build()
-    clock = plain_train(model, optimizer, inputs, labels, workload.loss_fn(), epochs=workload.epochs,
-                        batch_size=workload.batch_size * workload.ranks, seed=workload.seed)
-    return {"wall_s": time.time() - called, **clock.figures(called), "loss": final_loss(model, workload)}
+    clock = common.plain_train(model, optimizer, inputs, labels, workload.loss_fn(), epochs=workload.epochs,
+                               batch_size=workload.batch_size * workload.ranks, seed=workload.seed)
+    return {"wall_s": time.time() - called, **clock.figures(called), "loss": common.final_loss(model, workload)}
 
 
 def ddp_rank(workload: Workload, rank: int, world_size: int, report: str) -> None:
     """One DDP rank of the peers between ``init_process_group`` and the teardown; rank 0
     writes its step stamps and final loss to ``report``."""
     model, optimizer = workload.build()
-    inputs, labels = read_rank(workload, rank, world_size)
+    inputs, labels = common.read_rank(workload, rank, world_size)
     wrapped = torch.nn.parallel.DistributedDataParallel(model)
-    clock = plain_train(wrapped, optimizer, inputs, labels, workload.loss_fn(), epochs=workload.epochs,
-                        batch_size=workload.batch_size, seed=workload.seed, rank=rank, world_size=world_size)
+    clock = common.plain_train(wrapped, optimizer, inputs, labels, workload.loss_fn(), epochs=workload.epochs,
+                               batch_size=workload.batch_size, seed=workload.seed, rank=rank, world_size=world_size)
     del wrapped
     if rank == 0:
         Path(report).write_text(json.dumps(vars(clock)))
@@ -89,10 +65,10 @@ def ddp_rank(workload: Workload, rank: int, world_size: int, report: str) -> Non
 
 def _read_report(workload: Workload, report: str, called: float) -> dict:
     """The wall time since ``called``, rank 0's step figures and its model's final loss."""
-    wall, clock, (model, _) = time.time() - called, Clock(), workload.build()
+    wall, clock, (model, _) = time.time() - called, common.Clock(), workload.build()
     vars(clock).update(json.loads(Path(report).read_text()))
     model.load_state_dict(torch.load(report + ".pt"))
-    return {"wall_s": wall, **clock.figures(called), "loss": final_loss(model, workload)}
+    return {"wall_s": wall, **clock.figures(called), "loss": common.final_loss(model, workload)}
 
 
 def _spawned(rank: int, workload: Workload, port: int, report: str) -> None:
@@ -103,6 +79,7 @@ def _spawned(rank: int, workload: Workload, port: int, report: str) -> None:
 
 
 def ddp(workload: Workload, scratch: str) -> dict:
+    """Bare DDP: ``torch.multiprocessing.spawn`` of the ranks, gloo, 1 thread each."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -119,11 +96,12 @@ def train_fn(workload_json: str, report: str) -> None:
 
 
 def _distributor(workload: Workload, scratch: str, local_mode: bool) -> dict:
+    """``TorchDistributor`` running bare DDP's rank as its ``train_fn``: a cold and a warm ``run()``."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    register_by_value()  # this module runs as __main__: pickled by value already
+    common.register_by_value()  # this module runs as __main__: pickled by value already
     result = {}
-    with spark_session(workload.ranks, "bench-torchdistributor"):
+    with common.spark_session(workload.ranks, "bench-torchdistributor"):
         for when in ("cold", "warm"):
             report, called = os.path.join(scratch, f"td-{when}.json"), time.time()
             distributor = TorchDistributor(num_processes=workload.ranks, local_mode=local_mode, use_gpu=False)
@@ -142,9 +120,9 @@ def estimator(workload: Workload, hooks: list | dict, **params):
 
     columns = {"inputCols": workload.input_cols} if workload.kind == "rec" else {"featuresCol": "features"}
     params = {"maxEpochs": workload.epochs, "numWorkers": workload.ranks, "seed": workload.seed, **params}
-    return TorchEstimator(model=make_model, optimizer=make_optimizer, loss=workload.loss_fn(), config=workload.config,
-                          hooks=hooks, labelCol=workload.label_col, batchSize=workload.batch_size, showProgress=False,
-                          **columns, **params)
+    return TorchEstimator(model=common.make_model, optimizer=common.make_optimizer, loss=workload.loss_fn(),
+                          config=workload.config, hooks=hooks, labelCol=workload.label_col,
+                          batchSize=workload.batch_size, showProgress=False, **columns, **params)
 
 
 def timed_fit(workload: Workload, df, probe: Probe, duration: str | None = None, hooks: tuple = (),
@@ -168,27 +146,29 @@ def touch(path: str) -> None:
 
 
 def te(workload: Workload, scratch: str) -> dict:
-    """A cold fit (the recommender's: 50 steps, a warm-up), then a warm one of a new estimator."""
-    register_by_value()
-    with spark_session(workload.ranks, "bench-torchestimator") as spark:
+    """``TorchEstimator(...).fit(spark.read.parquet(path))``: a cold fit (the recommender's: 50
+    steps, a warm-up), then a warm one of a new estimator."""
+    common.register_by_value()
+    with common.spark_session(workload.ranks, "bench-torchestimator") as spark:
         df = spark.read.parquet(workload.path)
         cold, _ = timed_fit(workload, df, Probe(scratch, "cold"), duration="50ba" if workload.kind == "rec" else None)
         touch(workload.path)
         warm, model = timed_fit(workload, df, Probe(scratch, "warm"))
     return {**{f"cold_{k}": v for k, v in cold.items() if k != "read"},
             **{f"warm_{k}": v for k, v in warm.items() if k != "read"},
-            "loss": final_loss(model.torch_model(), workload)}
+            "loss": common.final_loss(model.torch_model(), workload)}
 
 
 def pyarrow(workload: Workload, scratch: str) -> dict:
+    """``pq.read_table`` of the ingest table into numpy: the first read of a process."""
     import pyarrow.dataset  # noqa: F401  (read_table imports it on its first call: an import, not the read)
 
-    prefault(3 * workload.rows * (workload.features + 1) * 4 / 2 ** 20 + 512)
-    reset_peak_rss()
+    common.prefault(workload)
+    common.reset_peak_rss()
     started = time.perf_counter()
-    features, labels = read_columns(workload.path, ["features", "label"])
+    features, labels = common.read_columns(workload.path, ["features", "label"])
     read_s = time.perf_counter() - started
-    return {"read_s": read_s, "peak_rss_mb": peak_rss_mb(),
+    return {"read_s": read_s, "peak_rss_mb": common.peak_rss_mb(),
             "parquet_mb": sum(f.stat().st_size for f in Path(workload.path).iterdir()) / 2 ** 20}
 
 
@@ -200,16 +180,16 @@ def _rows_per_s(frame, rows: int) -> float:
 
 def ingest(workload: Workload, scratch: str, fits: str = "") -> dict:
     """The fits of :data:`INGEST_FITS` (those named in ``fits``), then ``transform``."""
-    register_by_value()
+    common.register_by_value()
     chosen = [fit for fit in INGEST_FITS if not fits or fit[0] in fits.split(",")]
     result, model = {}, None
-    with spark_session(workload.ranks, "bench-torchestimator-ingest") as spark:
+    with common.spark_session(workload.ranks, "bench-torchestimator-ingest") as spark:
         df = spark.read.parquet(workload.path)
         result["partitions"] = df.rdd.getNumPartitions()
         for name, cached, direct, expect, touch_first in chosen:
             if touch_first:
                 touch(workload.path)
-            prefault(3 * workload.rows * (workload.features + 1) * 4 / 2 ** 20 + 512)
+            common.prefault(workload)
             frame = df.cache() if cached else df
             figures, fitted = timed_fit(workload, frame, Probe(scratch, name), f"{workload.steps}ba", directRead=direct)
             if figures.pop("read") not in (expect, ""):
@@ -228,7 +208,7 @@ def ingest(workload: Workload, scratch: str, fits: str = "") -> dict:
 
 def _plain_forward(model: torch.nn.Module, workload: Workload) -> float:
     torch.set_num_threads(os.cpu_count() or 1)
-    (features,) = read_columns(workload.path, ["features"])
+    (features,) = common.read_columns(workload.path, ["features"])
     rows, batch = torch.from_numpy(features), 4096
     with torch.inference_mode():
         started = time.perf_counter()

@@ -9,51 +9,32 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 
 import numpy as np
 from pyspark.ml.evaluation import RegressionEvaluator
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
-from torch import nn
 
-from benchmarks.common import machine, make_model, make_optimizer, register_by_value, spark_session
-from spark_torch_est import Hook, TorchEstimator
+from benchmarks.common import Probe, Workload, machine, register_by_value, spark_session
+from benchmarks.contenders import estimator
+from spark_torch_est import TorchEstimator
 
-ROWS, FEATURES, EPOCHS, BATCH = 500, 8, 20, 32
+SMALL = Workload(rows=500, features=8, hidden=32, epochs=20, batch_size=32, ranks=1)
 LRS, WIDTHS = (0.001, 0.01, 0.05), (8, 32, 128)
 
 
-class StepSpan(Hook):
-    """Rank 0's first and last optimizer step (wall clock), back on the driver as hook state."""
-
-    def __init__(self) -> None:
-        self.first = self.last = 0.0
-
-    def after_train_iter(self, rank: int) -> None:
-        if rank == 0:
-            self.last = time.time()
-            self.first = self.first or self.last
-
-    def state_dict(self) -> dict:
-        return {"first": self.first, "last": self.last}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.first, self.last = state["first"], state["last"]
-
-
-def _fixed_cost(est: TorchEstimator, df, fits: int) -> tuple[float, float, float]:
+def _fixed_cost(est: TorchEstimator, df, probe: Probe, fits: int) -> tuple[float, float, float]:
     """Medians of (call to first step, last step to return, whole fit) over ``fits`` fits."""
-    before, after, whole = [], [], []
+    spans = []
     for _ in range(fits):
         fresh = est.copy()
         called = time.time()
         fresh.fit(df)
         done = time.time()
-        span = fresh.hooks["span"]
-        before.append(span.first - called)
-        after.append(done - span.last)
-        whole.append(done - called)
-    return statistics.median(before), statistics.median(after), statistics.median(whole)
+        rank0 = probe.reports(est.getNumWorkers())[0]  # its first and last optimizer step
+        spans.append((rank0["fit_first"] - called, done - rank0["last"], done - called))
+    return tuple(statistics.median(column) for column in zip(*spans))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,23 +44,24 @@ def main(argv: list[str] | None = None) -> None:
     register_by_value()
     print(machine())
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS, FEATURES)).astype(np.float32)
-    y = np.sin(x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * rng.normal(size=ROWS)
-    with spark_session(2, "bench-fixed-cost") as spark:
+    x = rng.normal(size=(SMALL.rows, SMALL.features)).astype(np.float32)
+    y = np.sin(x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * rng.normal(size=SMALL.rows)
+    with tempfile.TemporaryDirectory(prefix="bench-fixed-cost-") as scratch, \
+            spark_session(2, "bench-fixed-cost") as spark:
         df = spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x, y)], ["features", "label"]).cache()
         df.count()
-        est = TorchEstimator(model=make_model, optimizer=make_optimizer, loss=nn.MSELoss(), batchSize=BATCH,
-                             maxEpochs=EPOCHS, seed=0, showProgress=False, hooks={"span": StepSpan()},
-                             config={"features": FEATURES, "hidden": 32, "lr": 0.01})
-        print(f"\n{ROWS} rows, {EPOCHS} epochs, batch {BATCH}, warm session (median of {args.fits} fits):")
+        probe = Probe(scratch, "fit")
+        est = estimator(SMALL, [probe])
+        print(f"\n{SMALL.rows} rows, {SMALL.epochs} epochs, batch {SMALL.batch_size}, warm session (median of "
+              f"{args.fits} fits):")
         for workers in (1, 2):
             est.setNumWorkers(workers).copy().fit(df)  # warm-up: Python workers, imports
-            before, after, whole = _fixed_cost(est, df, args.fits)
+            before, after, whole = _fixed_cost(est, df, probe, args.fits)
             print(f"  numWorkers={workers}: fit {whole:.2f} s = call to first step {before:.2f} s + steps "
                   f"{whole - before - after:.2f} s + last step to return {after:.2f} s: fixed cost "
                   f"{before + after:.2f} s")
         grid = ParamGridBuilder().addGrid(est.getParam("config"), [
-            {"features": FEATURES, "hidden": w, "lr": lr} for w in WIDTHS for lr in LRS]).build()
+            {**SMALL.config, "hidden": w, "lr": lr} for w in WIDTHS for lr in LRS]).build()
         started = time.perf_counter()
         CrossValidator(estimator=est.setNumWorkers(1).setHooks(None), estimatorParamMaps=grid, numFolds=3,
                        evaluator=RegressionEvaluator(), seed=0).fit(df)
@@ -88,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     from sklearn.neural_network import MLPRegressor
 
     started = time.perf_counter()
-    GridSearchCV(MLPRegressor(solver="sgd", batch_size=BATCH, max_iter=EPOCHS, random_state=0),
+    GridSearchCV(MLPRegressor(solver="sgd", batch_size=SMALL.batch_size, max_iter=SMALL.epochs, random_state=0),
                  {"hidden_layer_sizes": [(w, w) for w in WIDTHS], "learning_rate_init": LRS}, cv=3).fit(x, y)
     sk_s = time.perf_counter() - started
     print(f"  CrossValidator, 9 maps x 3 folds + refit (1 rank): {cv_s:.1f} s; scikit-learn's GridSearchCV on "

@@ -1,18 +1,9 @@
 """``python -m benchmarks.precision [--rows N] [--epochs N] [--rounds N]``: the loop under
 ``precision`` "32" and "bf16-mixed", with and without ``compileModel``, against the plain
-torch loop doing the same, on the CPU.
-
-One rank of the reference workload (rows x 32 float32, MLP 32-256-256-1, MSE, SGD lr 0.01,
-batch 256, 1 thread): ``TorchEstimator(numWorkers=1, precision=..., compileModel=...)`` on
-``local[1]``, against :func:`benchmarks.common.plain_train` in this process with the same
-autocast and ``torch.compile(..., dynamic=False)``. Inductor's on-disk caches are off
-(here and in the executors), so every fit compiles. Rounds interleave the two, their order
-alternating; the table gives medians of:
-
-- first step: seconds from the call to the end of the first optimizer step (for
-  ``TorchEstimator`` that includes launching the barrier job; compiling, where compiled);
-- samples/s and CPU us/sample: the last epoch after its first step (process CPU time, 1
-  thread: other load barely moves it).
+torch loop doing the same, on the CPU: one rank of the reference workload, ``local[1]``
+against :func:`benchmarks.common.plain_train` in this process with the same autocast and
+``torch.compile(..., dynamic=False)``, in interleaved rounds. Inductor's on-disk caches are
+off (here and in the executors), so every fit compiles.
 """
 
 from __future__ import annotations
@@ -28,7 +19,7 @@ os.environ["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "0"
 
 import torch  # noqa: E402
 
-from benchmarks.common import Probe, Workload, plain_train, read_rank, spark_session, write_data  # noqa: E402
+from benchmarks.common import Probe, Workload, markdown, plain_train, read_rank, spark_session, write_data  # noqa: E402
 from benchmarks.contenders import timed_fit, touch  # noqa: E402
 
 CONFIGS = (("32", False), ("bf16-mixed", False), ("32", True), ("bf16-mixed", True))
@@ -74,17 +65,18 @@ def main(argv: list[str] | None = None) -> None:
                     results.setdefault((precision, compiled, who), []).append(figures)
     print(f"one rank on the CPU, {args.rows:,} rows x 32 float32, MLP 32-256-256-1, SGD, batch 256, {args.epochs} "
           f"epochs, 1 thread, median of {args.rounds} interleaved rounds\n")
-    print("| precision | compiled | contender | first step s | samples/s | CPU us/sample | vs plain |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    rows = []
     for precision, compiled in CONFIGS:
         medians = {who: {key: statistics.median(r[key] for r in results[(precision, compiled, who)])
                          for key in ("first_step_s", "samples_per_s", "cpu_us_per_sample")}
                    for who in ("plain", "ours")}
         for who, name in (("plain", "plain torch"), ("ours", "TorchEstimator")):
             m = medians[who]
-            print(f"| {precision} | {'yes' if compiled else 'no'} | {name} | {m['first_step_s']:.2f} | "
-                  f"{m['samples_per_s']:,.0f} | {m['cpu_us_per_sample']:.2f} | "
-                  f"{m['cpu_us_per_sample'] / medians['plain']['cpu_us_per_sample']:.2f}x |")
+            rows.append([precision, "yes" if compiled else "no", name, f"{m['first_step_s']:.2f}",
+                         f"{m['samples_per_s']:,.0f}", f"{m['cpu_us_per_sample']:.2f}",
+                         f"{m['cpu_us_per_sample'] / medians['plain']['cpu_us_per_sample']:.2f}x"])
+    print(markdown(["precision", "compiled", "contender", "first step s", "samples/s", "CPU us/sample", "vs plain"],
+                   rows))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,8 @@
 """``python -m benchmarks.scale [--quick] [--rows N ...] [--repeat N] [--write-docs]``
 
-How the call to the first optimizer step grows with the table: for each size (default
-0.5M, 2M, 4M and 8M rows x 32 float32, one Parquet file of 1M-row row groups, as the
-suite's ingest table), written into a temporary directory and deleted after it,
-interleaved rounds of pyarrow reading it into numpy and of a ``TorchEstimator`` process
-whose cold and warm fits read the files (``benchmarks.contenders ingest ... cold,warm``).
-8M rows are ~1 GB on disk and ~2.5 GB in the pyarrow process.
+How the call to the first optimizer step grows with the table: for each size of the suite's
+ingest table, written one at a time, rounds of the ``pyarrow`` contender and of the ``ingest``
+one's cold and warm fits. 8M rows are ~1 GB on disk and ~2.5 GB in the pyarrow process.
 """
 
 from __future__ import annotations
@@ -16,10 +13,9 @@ import json
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 
-from benchmarks.__main__ import WORKLOADS, write_docs
-from benchmarks.common import machine, markdown, run_child, show, write_data
+from benchmarks.__main__ import WORKLOADS
+from benchmarks.common import markdown, run_child, run_header, show, write_data, write_docs
 
 SIZES = (500_000, 2_000_000, 4_000_000, 8_000_000)
 QUICK_SIZES = (50_000, 200_000)
@@ -36,9 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     base = dataclasses.replace(WORKLOADS["ingest"], row_group=50_000 if args.quick else 1_000_000)
     sizes = args.rows or (QUICK_SIZES if args.quick else SIZES)
-    header = (f"Run {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: `python -m benchmarks.scale "
-              f"{' '.join(sys.argv[1:])}`\n\n- {machine()}\n- {' / '.join(f'{n:,}' for n in sizes)} rows"
-              f"{base.describe().split(' rows', 1)[1]}\n\n{args.repeat} round(s) per size.")
+    rows_and_workload = f"{' / '.join(f'{n:,}' for n in sizes)} rows{base.describe().split(' rows', 1)[1]}"
+    header = run_header("benchmarks.scale", rows_and_workload) + f"\n{args.repeat} round(s) per size."
     print(header + "\n", flush=True)
     started, rows = time.perf_counter(), []
     for size in sizes:
@@ -48,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
             rounds = [(run_child("contenders", "pyarrow", spec), run_child("contenders", "ingest", spec, "cold,warm"))
                       for _ in range(args.repeat)]
         print(f"{size:,} rows done after {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
-        share = size / workload.ranks * (workload.features + 1) * 4 / 2 ** 20
+        share = workload.table_mb / workload.ranks
         rss = [fits["cold_peak_rss_mb"] for _, fits in rounds]
         rows.append([f"{size:,}", show([read["parquet_mb"] for read, _ in rounds], " MB"),
                      show([fits["partitions"] for _, fits in rounds]),

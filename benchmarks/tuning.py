@@ -1,12 +1,7 @@
-"""``python -m benchmarks.tuning [--rows N] [--max-epochs N]``: the same grid tuned by
-``TrainValidationSplit`` (every map trained to maxEpochs, then the best refit on all rows,
-as pyspark does) and by ``SuccessiveHalving`` (eta 2 from one epoch), in one local[2]
-session: epochs trained (counted by a driver-side logger), wall time, and whether both
-pick the same map.
-
-The grid: an MLP (16-hidden-hidden-1, SGD, batch 128, 2 ranks) over 3 learning rates x 2
-widths on ``y = sin(x0) + x1 * x2 + 0.5 x3 + noise``, both tuners on the same seeded split.
-A warm-up fit runs first, so neither tuner pays the session's cold start.
+"""``python -m benchmarks.tuning [--rows N] [--max-epochs N]``: one grid (an MLP over 3
+learning rates x 2 widths) tuned by ``TrainValidationSplit`` and by ``SuccessiveHalving``
+(eta 2 from one epoch) on the same seeded split, in one local[2] session after a warm-up fit:
+epochs trained (counted by a driver-side logger), wall time, and whether both pick the same map.
 """
 
 from __future__ import annotations
@@ -17,10 +12,10 @@ import time
 from pyspark.ml.evaluation import RegressionEvaluator
 from pyspark.ml.tuning import ParamGridBuilder, TrainValidationSplit
 from pyspark.sql import functions as F
-from torch import nn
 
-from benchmarks.common import machine, make_model, make_optimizer, register_by_value, spark_session
-from spark_torch_est import Logger, TorchEstimator
+from benchmarks.common import Workload, machine, register_by_value, spark_session
+from benchmarks.contenders import estimator
+from spark_torch_est import Logger
 from spark_torch_est.tuning import SuccessiveHalving
 
 FEATURES = 16
@@ -54,9 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         df = (spark.range(args.rows).select(F.array(*[F.randn(seed=i).cast("float") for i in range(FEATURES)])
                                             .alias("features"))
               .withColumn("label", F.sin(x[0]) + x[1] * x[2] + 0.5 * x[3] + 0.05 * F.randn(seed=99)).cache())
-        est = TorchEstimator(model=make_model, optimizer=make_optimizer, loss=nn.MSELoss(), batchSize=128,
-                             maxEpochs=args.max_epochs, numWorkers=2, seed=0, showProgress=False,
-                             loggers=[EpochCounter()])
+        est = estimator(Workload(features=FEATURES, batch_size=128, epochs=args.max_epochs), [],
+                        loggers=[EpochCounter()])
         configs = [{"features": FEATURES, "hidden": width, "lr": lr}
                    for width in (16, 128) for lr in (0.001, 0.01, 0.05)]
         grid = ParamGridBuilder().addGrid(est.getParam("config"), configs).build()
