@@ -25,7 +25,7 @@ from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest import held
 from spark_torch_est.ingest.canonical import CanonicalRows, EpochRows, by_source_order, to_canonical
-from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows
+from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn
 from spark_torch_est.ingest.shard import TORCH_DTYPES, EpochPlan, Shard, Table
 
 __all__ = ["AgreedRows", "agree_on_rows", "layout", "agree", "conform", "Agreed", "shape_labels", "LAYOUT_SIZE"]
@@ -79,9 +79,9 @@ class AgreedRows:
         worker's held rows keep their labels as read, for a later fit's model)."""
         shaped = []
         for table in (self.train, self.validation):
-            if not isinstance(table.labels, DenseRows):  # labels never spill and are never ragged
-                raise TypeError(f"labels must be held as DenseRows, got {type(table.labels).__name__}")
-            labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
+            if not isinstance(table.labels, DenseColumn):  # labels never spill and are never ragged
+                raise TypeError(f"labels must be held as DenseColumn, got {type(table.labels).__name__}")
+            labels = DenseColumn(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
             shaped.append(Table(table.inputs, labels, table.weights))
         self.canonical.table, self.validation = shaped
 
@@ -203,7 +203,7 @@ LAYOUT_SIZE = 8
 _MAX_DIMS = LAYOUT_SIZE - 4
 
 
-def layout(rows: Rows | None) -> list[int]:
+def layout(rows: Column | None) -> list[int]:
     """``[has rows, ragged, integer dtype, row dims, dim 1, ...]`` of a rank's column, to
     share with the other ranks."""
     if rows is None or len(rows) == 0:
@@ -258,13 +258,13 @@ def _size(shape: tuple[int, ...]) -> str:
     return str(shape[0]) if len(shape) == 1 else str(list(shape)) if shape else "1"
 
 
-def conform(rows: Rows | None, agreed: Agreed, dtype: torch.dtype, padding: float) -> Rows:
+def conform(rows: Column | None, agreed: Agreed, dtype: torch.dtype, padding: float) -> Column:
     """``rows`` in the agreed layout (no rows: an empty column of it)."""
     if rows is None or len(rows) == 0:
         if agreed.row_shape is None:
-            return RaggedRows(DenseRows(torch.empty(0, dtype=dtype)), torch.zeros(1, dtype=torch.int64), padding)
-        return DenseRows(torch.empty(0, *agreed.row_shape, dtype=dtype))
-    if agreed.row_shape is None and not isinstance(rows, RaggedRows):
+            return RaggedColumn(DenseColumn(torch.empty(0, dtype=dtype)), torch.zeros(1, dtype=torch.int64), padding)
+        return DenseColumn(torch.empty(0, *agreed.row_shape, dtype=dtype))
+    if agreed.row_shape is None and not isinstance(rows, RaggedColumn):
         return rows.to_ragged(padding)
     return rows
 

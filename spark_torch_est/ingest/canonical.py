@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from spark_torch_est.core.ranks import Ranks
-from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows, SpilledRows, spill_file
+from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn, SpilledColumn, spill_file
 from spark_torch_est.ingest.shard import EpochPlan, Table, epoch_order
 
 __all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical", "by_source_order", "source_ids"]
@@ -90,7 +90,7 @@ def _hash_rows(elements: np.ndarray) -> np.ndarray:
     return _mix(mixed.sum(axis=1, dtype=np.uint64) + np.uint64(width * int(_M2) % (1 << 64)))
 
 
-def _column_keys(rows: Rows, by_value: bool = False) -> np.ndarray:
+def _column_keys(rows: Column, by_value: bool = False) -> np.ndarray:
     """A key per row of one column, read in chunks (spilled rows stay on disk); ``by_value``:
     of the values as float64, so that 3 and 3.0 hash alike."""
     count, keys = len(rows), []
@@ -98,7 +98,7 @@ def _column_keys(rows: Rows, by_value: bool = False) -> np.ndarray:
     def bits(values: torch.Tensor) -> np.ndarray:
         return _bits(values.to(torch.float64) if by_value else values)
 
-    if isinstance(rows, RaggedRows):
+    if isinstance(rows, RaggedColumn):
         lengths = rows.lengths().numpy()
         step = max(1, _CHUNK_VALUES // max(1, int(lengths.mean()) if count else 1))
         for start in range(0, count, step):
@@ -318,14 +318,14 @@ def move_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, si
     places = route.arrive(to_position)
     if len(places) != size or not bool((torch.bincount(places, minlength=size) == 1).all()):
         raise ValueError(f"rank {ranks.rank}: the ranks' rows do not fill its {size} rows once each")
-    in_ram, columns = 0, list[Rows]()
+    in_ram, columns = 0, list[Column]()
     for c, column in enumerate(table.columns()):
         spillable = budget is not None and c < len(table.inputs)
-        if isinstance(column, RaggedRows):
+        if isinstance(column, RaggedColumn):
             held_lengths, lengths = column.lengths(), torch.empty(size, dtype=torch.int64)
             lengths[places] = route.arrive(held_lengths)
             offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
-            target = _Target(int(offsets[-1]), (), column.dtype, isinstance(column.values, SpilledRows)
+            target = _Target(int(offsets[-1]), (), column.dtype, isinstance(column.values, SpilledColumn)
                              or spillable and in_ram + _nbytes(int(offsets[-1]), (), column.dtype) > (budget or 0))
             width = route.mean(len(column.values))
             for rows, numbers in route.rounds(_CHUNK_VALUES // width):
@@ -333,9 +333,9 @@ def move_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, si
                 got = ranks.exchange(_flat(column, rows, held_lengths[rows]), route.sending(held_lengths[rows]),
                                      route.arriving(lengths[at]))
                 target.write(_spans(offsets[at], lengths[at]), got)
-            columns.append(RaggedRows(target.rows(), offsets, column.padding))
+            columns.append(RaggedColumn(target.rows(), offsets, column.padding))
         else:
-            target = _Target(size, column.row_shape, column.dtype, isinstance(column, SpilledRows)
+            target = _Target(size, column.row_shape, column.dtype, isinstance(column, SpilledColumn)
                              or spillable and in_ram + _nbytes(size, column.row_shape, column.dtype) > (budget or 0))
             for rows, numbers in route.rounds(_CHUNK_VALUES // max(1, math.prod(column.row_shape))):
                 target.write(places[numbers], ranks.exchange(column.take(rows), route.sending(), route.arriving()))
@@ -431,10 +431,10 @@ class _Target:
         for first, last in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(at)]])):
             os.pwrite(self.file.fileno(), view[first:last].tobytes(), int(at[first]) * row_bytes)
 
-    def rows(self) -> DenseRows | SpilledRows:
+    def rows(self) -> DenseColumn | SpilledColumn:
         if self.tensor is not None:
-            return DenseRows(self.tensor)
-        return SpilledRows(self.file, self.count, self.row_shape, self.dtype)
+            return DenseColumn(self.tensor)
+        return SpilledColumn(self.file, self.count, self.row_shape, self.dtype)
 
 
 def _nbytes(count: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -447,10 +447,10 @@ def _spans(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(starts - (ends - lengths), lengths) + torch.arange(int(ends[-1]) if len(ends) else 0)
 
 
-def _flat(column: RaggedRows, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _flat(column: RaggedColumn, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The values of ``rows`` (of ``lengths``) of a ragged column, unpadded, one after the other."""
     starts = column.offsets[rows]
-    if isinstance(column.values, DenseRows):
+    if isinstance(column.values, DenseColumn):
         return column.values.tensor[_spans(starts, lengths)]
     parts = [column.values.slice(s, s + n) for s, n in zip(starts.tolist(), lengths.tolist())]
     return torch.cat(parts) if parts else torch.empty(0, dtype=column.dtype)

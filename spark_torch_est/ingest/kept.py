@@ -33,7 +33,7 @@ import pyarrow as pa
 from spark_torch_est.core.spec import KeptPlan, TaskSpec
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest import held
-from spark_torch_est.ingest.rows import spark_local_dir
+from spark_torch_est.ingest.columns import spark_local_dir
 from spark_torch_est.ingest.shard import Shard, read_shard
 
 __all__ = ["KEPT_FOLDER", "MISSING", "KeptPartMissing", "kept_root", "part_path", "assign", "keep_while_reading",

@@ -19,7 +19,7 @@ from spark_torch_est.core.protocol import IS_VALIDATION, LABEL, WEIGHT, input_co
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
 from spark_torch_est.core.spec import Columns
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.ingest.rows import Budget, RaggedRows, Rows, RowsBuilder
+from spark_torch_est.ingest.columns import Budget, Column, ColumnBuilder, RaggedColumn
 
 __all__ = ["Table", "Shard", "EpochPlan", "arrow_values", "vectors_to_matrix", "list_column_to_matrix",
            "stack_columns", "read_shard", "epoch_order", "TORCH_DTYPES"]
@@ -171,18 +171,18 @@ class Table:
         weights: The sample weights, or None without ``weightCol``.
     """
 
-    inputs: list[Rows]
-    labels: Rows
-    weights: Rows | None = None
+    inputs: list[Column]
+    labels: Column
+    weights: Column | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def columns(self) -> list[Rows]:
+    def columns(self) -> list[Column]:
         """Every column, in a fixed order (inputs, labels, weights)."""
         return [*self.inputs, self.labels, *([self.weights] if self.weights is not None else [])]
 
-    def with_columns(self, columns: list[Rows]) -> Table:
+    def with_columns(self, columns: list[Column]) -> Table:
         """A table of ``columns`` in :meth:`columns` order."""
         count = len(self.inputs)
         return Table(list(columns[:count]), columns[count], columns[count + 1] if self.weights is not None else None)
@@ -229,7 +229,7 @@ def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: 
     """Collects a partition's record batches (training-frame columns) into a
     :class:`Shard`; input rows past ``memory_budget`` bytes go to local files. When the
     partition's ``rows`` are known, each column fills one buffer as the batches come (see
-    :class:`columns.RowsBuilder`).
+    :class:`columns.ColumnBuilder`).
 
     Raises:
         InputDataError: Nulls, arrays that cannot be stacked, labels of mixed lengths,
@@ -282,9 +282,9 @@ class _Builders:
     """The builders of one role's columns."""
 
     def __init__(self, schema: InputSchema, budget: Budget, capacity: int | None) -> None:
-        self.inputs = [RowsBuilder(TORCH_DTYPES[column.dtype], budget, capacity) for column in schema.columns]
-        self.labels: RowsBuilder | None = None
-        self.weights = RowsBuilder(torch.float32, capacity=capacity)
+        self.inputs = [ColumnBuilder(TORCH_DTYPES[column.dtype], budget, capacity) for column in schema.columns]
+        self.labels: ColumnBuilder | None = None
+        self.weights = ColumnBuilder(torch.float32, capacity=capacity)
         self.capacity = capacity
 
     def append(self, inputs: list[_Values], labels: _Values, weights: _Values | None) -> None:
@@ -292,7 +292,7 @@ class _Builders:
             builder.append(values, lengths, inner)
         values, lengths, inner = labels
         if self.labels is None:
-            self.labels = RowsBuilder(torch.int64 if values.dtype.kind in "iu" else torch.float32,
+            self.labels = ColumnBuilder(torch.int64 if values.dtype.kind in "iu" else torch.float32,
                                       capacity=self.capacity)
         self.labels.append(values, lengths, inner)
         if weights is not None:
@@ -301,11 +301,11 @@ class _Builders:
     def finish(self, padding: float, label_name: str) -> Table | None:
         if self.labels is None or self.labels.rows == 0:
             return None
-        labels = self.labels.finish_rows()
-        if isinstance(labels, RaggedRows):
+        labels = self.labels.finish_column()
+        if isinstance(labels, RaggedColumn):
             raise InputDataError(f"labelCol {label_name!r} holds arrays of different lengths; every label needs "
                                  "the same length")
-        return Table([builder.finish_rows(padding) for builder in self.inputs], labels, self.weights.finish())
+        return Table([builder.finish_column(padding) for builder in self.inputs], labels, self.weights.finish())
 
 
 class EpochPlan:

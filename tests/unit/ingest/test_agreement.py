@@ -6,7 +6,7 @@ import torch
 
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import LAYOUT_SIZE, agree, conform, layout, shape_labels
-from spark_torch_est.ingest.rows import DenseRows, RaggedRows
+from spark_torch_est.ingest.columns import DenseColumn, RaggedColumn
 
 
 def _layouts(*columns):
@@ -14,17 +14,17 @@ def _layouts(*columns):
 
 
 def test_arrays_of_different_lengths_on_two_ranks_are_padded_per_batch_where_inputs_allow():
-    short, long = DenseRows(torch.ones(3, 2, dtype=torch.int64)), DenseRows(torch.ones(2, 5, dtype=torch.int64))
+    short, long = DenseColumn(torch.ones(3, 2, dtype=torch.int64)), DenseColumn(torch.ones(2, 5, dtype=torch.int64))
     agreed = agree(_layouts(short, long, None), "inputCols column 'tokens'", may_be_ragged=True)
     assert agreed.row_shape is None and agreed.integer
     padded = conform(short, agreed, torch.int64, padding=0)
-    assert isinstance(padded, RaggedRows) and padded.take(torch.tensor([0])).tolist() == [[1, 1]]
+    assert isinstance(padded, RaggedColumn) and padded.take(torch.tensor([0])).tolist() == [[1, 1]]
     empty = conform(None, agreed, torch.int64, padding=0)
-    assert isinstance(empty, RaggedRows) and len(empty) == 0
+    assert isinstance(empty, RaggedColumn) and len(empty) == 0
 
 
 def test_features_of_different_widths_on_two_ranks_are_refused_naming_the_column():
-    layouts = _layouts(DenseRows(torch.ones(3, 2)), DenseRows(torch.ones(3, 4)))
+    layouts = _layouts(DenseColumn(torch.ones(3, 2)), DenseColumn(torch.ones(3, 4)))
     with pytest.raises(InputDataError, match="featuresCol 'f' holds rows of 2 values in some partitions and of 4"):
         agree(layouts, "featuresCol 'f'", may_be_ragged=False)
 

@@ -11,7 +11,7 @@ from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT
 from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
 from spark_torch_est.core.spec import Columns
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.ingest.rows import DenseRows, RaggedRows
+from spark_torch_est.ingest.columns import DenseColumn, RaggedColumn
 from spark_torch_est.ingest.shard import (
     EpochPlan,
     arrow_values,
@@ -76,7 +76,7 @@ def test_read_shard_concatenates_batches_and_splits_validation():
                _batch([[3, 3]], [3.0], [False])]
     shard = read_shard(iter(batches), features_schema(2))
     features = shard.train.inputs[0]
-    assert isinstance(features, DenseRows) and features.dtype == torch.float32
+    assert isinstance(features, DenseColumn) and features.dtype == torch.float32
     np.testing.assert_array_equal(features.tensor.numpy(), [[1, 1], [3, 3]])
     np.testing.assert_array_equal(shard.train.labels.tensor.numpy(), [1.0, 3.0])
     np.testing.assert_array_equal(shard.validation.inputs[0].tensor.numpy(), [[2, 2]])
@@ -95,7 +95,7 @@ def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
     train = read_shard(iter([batch]), schema, Columns(weight="w")).train
     user, tokens, image = train.inputs
     assert user.tensor.tolist() == ids, "ids above 2**24 stay exact"
-    assert isinstance(tokens, RaggedRows) and tokens.take(torch.tensor([1, 0])).tolist() == [[8, -1, -1], [5, 6, 7]]
+    assert isinstance(tokens, RaggedColumn) and tokens.take(torch.tensor([1, 0])).tolist() == [[8, -1, -1], [5, 6, 7]]
     assert image.dtype == torch.uint8 and image.tensor.tolist() == [[1, 2], [255, 0]]
     assert train.weights.tensor.tolist() == [0.5, 2.0]
 
