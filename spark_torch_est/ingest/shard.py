@@ -17,7 +17,7 @@ import torch
 
 from spark_torch_est.core.protocol import IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
-from spark_torch_est.core.spec import Columns
+from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.columns import Budget, Column, ColumnBuilder, RaggedColumn
 
@@ -224,7 +224,7 @@ class Shard:
     reread: Callable[[], Shard] | None = None
 
 
-def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: Columns = Columns(),
+def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: ColumnNames = ColumnNames(),
                memory_budget: int | None = None, rows: int | None = None) -> Shard:
     """Collects a partition's record batches (training-frame columns) into a
     :class:`Shard`; input rows past ``memory_budget`` bytes go to local files. When the

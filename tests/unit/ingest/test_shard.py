@@ -9,7 +9,7 @@ import torch
 
 from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
-from spark_torch_est.core.spec import Columns
+from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.columns import DenseColumn, RaggedColumn
 from spark_torch_est.ingest.shard import (
@@ -92,7 +92,7 @@ def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
         [pa.array(ids), pa.array([[5, 6, 7], [8]], pa.list_(pa.int64())), pa.array([b"\x01\x02", b"\xff\x00"]),
          pa.array([1.0, 0.0]), pa.array([0.5, 2.0], pa.float32())],
         [input_column(0), input_column(1), input_column(2), LABEL, WEIGHT])
-    train = read_shard(iter([batch]), schema, Columns(weight="w")).train
+    train = read_shard(iter([batch]), schema, ColumnNames(weight="w")).train
     user, tokens, image = train.inputs
     assert user.tensor.tolist() == ids, "ids above 2**24 stay exact"
     assert isinstance(tokens, RaggedColumn) and tokens.take(torch.tensor([1, 0])).tolist() == [[8, -1, -1], [5, 6, 7]]
@@ -107,13 +107,13 @@ def test_integer_labels_stay_integers_until_the_model_says_what_they_are():
 
 def test_null_labels_are_rejected_naming_the_column():
     with pytest.raises(InputDataError, match="'target'"):
-        read_shard(iter([_batch([[1.0], [2.0]], [1.0, None])]), features_schema(1), Columns(label="target"))
+        read_shard(iter([_batch([[1.0], [2.0]], [1.0, None])]), features_schema(1), ColumnNames(label="target"))
 
 
 def test_negative_weights_are_refused_naming_the_column():
     batch = _batch([[1.0], [2.0]], [1.0, 2.0]).append_column(WEIGHT, pa.array([1.0, -1.0]))
     with pytest.raises(InputDataError, match="weightCol 'w' holds negative"):
-        read_shard(iter([batch]), features_schema(1), Columns(weight="w"))
+        read_shard(iter([batch]), features_schema(1), ColumnNames(weight="w"))
 
 
 def test_epoch_order_depends_on_seed_epoch_and_part_only():
