@@ -24,9 +24,9 @@ from spark_torch_est.core.schema import FEATURES_LAYOUT
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest import held
-from spark_torch_est.ingest.canonical import CanonicalRows, EpochRows, by_source_order, to_canonical
+from spark_torch_est.ingest.canonical import CanonicalRows, EpochPlan, EpochRows, by_source_order, to_canonical
 from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn
-from spark_torch_est.ingest.shard import TORCH_DTYPES, EpochPlan, Shard, Table
+from spark_torch_est.ingest.shard import TORCH_DTYPES, Shard, Table
 
 __all__ = ["AgreedRows", "agree_on_rows", "layout", "agree", "conform", "Agreed", "shape_labels", "LAYOUT_SIZE"]
 

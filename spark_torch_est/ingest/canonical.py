@@ -13,9 +13,9 @@ column, :func:`row_keys`) once per launch and sort the hashes across the ranks
 (:func:`run_ids`): the row with the ``g``-th smallest hash is row ``g``; identical rows hash
 alike and are interchangeable (:func:`to_canonical`, said in the log with what it took).
 An epoch's order is then a function of ``(seed, epoch)`` and the rows' places: shard ``j``
-visits its rows in ``epoch_order(rows of j, seed, epoch, j)``, and global step ``s``
-trains positions ``s * b`` onwards of every shard's order
-(``b``: rows per shard per step, the global batch over L).
+visits its rows in :func:`epoch_order` ``(rows of j, seed, epoch, j)``, and global step
+``s`` trains positions ``s * b`` onwards of every shard's order (``b``: rows per shard per
+step, the global batch over L; :class:`EpochPlan`).
 
 On L ranks (the usual case) rank ``r`` holds shard ``r`` and trains its part of each
 step, exactly the loop of a fixed world size: no exchange after the one at the launch.
@@ -39,9 +39,10 @@ import torch
 
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn, SpilledColumn, spill_file
-from spark_torch_est.ingest.shard import EpochPlan, Table, epoch_order
+from spark_torch_est.ingest.shard import Table
 
-__all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical", "by_source_order", "source_ids"]
+__all__ = ["EpochPlan", "epoch_order", "row_keys", "CanonicalRows", "EpochRows", "to_canonical", "by_source_order",
+           "source_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,48 @@ def row_keys(table: Table) -> torch.Tensor:
     for rows in table.columns():
         keys = _mix(keys * _GOLDEN + _column_keys(rows, by_value=rows is table.labels))
     return torch.from_numpy(keys.view(np.int64))
+
+
+class EpochPlan:
+    """Which rows every rank takes at each step of (the rest of) an epoch.
+
+    All ranks take the same number of steps. Step ``k`` takes rows ``offset + k *
+    batch_size`` onwards of each rank's order, as many as are left: the last step is short
+    (a rank may have no rows in it), never filled by repeating rows, so an epoch trains
+    every row once.
+
+    Args:
+        rows: Training rows of every rank.
+        batch_size: Rows per rank per step.
+        offset: Rows of its order each rank already trained on in this epoch.
+
+    >>> plan = EpochPlan([5, 4], batch_size=2, offset=2)
+    >>> plan.steps, [plan.samples(k) for k in range(plan.steps)]
+    (2, [4, 1])
+    """
+
+    def __init__(self, rows: list[int], batch_size: int, offset: int = 0) -> None:
+        self.rows = list(rows)
+        self.batch_size = batch_size
+        self.offset = offset
+        self.steps = max(math.ceil((max(self.rows) - offset) / batch_size), 0)
+
+    def positions(self, order: torch.Tensor, step: int) -> torch.Tensor:
+        """The positions of this rank's rows for ``step`` (counted from the plan's start)."""
+        start = self.offset + step * self.batch_size
+        return order[start:start + self.batch_size]
+
+    def samples(self, step: int) -> int:
+        """Rows all ranks together train on at ``step``."""
+        start = self.offset + step * self.batch_size
+        return sum(min(self.batch_size, max(n - start, 0)) for n in self.rows)
+
+
+def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor:
+    """The shuffled row order of one rank's part in one epoch, a pure function of its arguments."""
+    state = np.random.SeedSequence([seed, epoch, part]).generate_state(2, dtype=np.uint32)
+    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.randperm(num_rows, generator=generator)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""[executor] Arrow record batches to typed columns, and which rows each step takes.
+"""[executor] Arrow record batches to typed columns.
 
 Every column keeps its type (see :mod:`spark_torch_est.core.schema`): each Arrow batch becomes
 numpy views with no per-row Python, and one copy per column puts the rows into a tensor
@@ -7,7 +7,6 @@ numpy views with no per-row Python, and one copy per column puts the rows into a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -21,8 +20,8 @@ from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.columns import Budget, Column, ColumnBuilder, RaggedColumn
 
-__all__ = ["Table", "Shard", "EpochPlan", "arrow_values", "vectors_to_matrix", "list_column_to_matrix",
-           "stack_columns", "read_shard", "epoch_order", "TORCH_DTYPES"]
+__all__ = ["Table", "Shard", "arrow_values", "vectors_to_matrix", "list_column_to_matrix", "stack_columns",
+           "read_shard", "TORCH_DTYPES"]
 
 #: The schema's dtype names as torch dtypes.
 TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "bool": torch.bool, "uint8": torch.uint8}
@@ -306,45 +305,3 @@ class _Builders:
             raise InputDataError(f"labelCol {label_name!r} holds arrays of different lengths; every label needs "
                                  "the same length")
         return Table([builder.finish_column(padding) for builder in self.inputs], labels, self.weights.finish())
-
-
-class EpochPlan:
-    """Which rows every rank takes at each step of (the rest of) an epoch.
-
-    All ranks take the same number of steps. Step ``k`` takes rows ``offset + k *
-    batch_size`` onwards of each rank's order, as many as are left: the last step is short
-    (a rank may have no rows in it), never filled by repeating rows, so an epoch trains
-    every row once.
-
-    Args:
-        rows: Training rows of every rank.
-        batch_size: Rows per rank per step.
-        offset: Rows of its order each rank already trained on in this epoch.
-
-    >>> plan = EpochPlan([5, 4], batch_size=2, offset=2)
-    >>> plan.steps, [plan.samples(k) for k in range(plan.steps)]
-    (2, [4, 1])
-    """
-
-    def __init__(self, rows: list[int], batch_size: int, offset: int = 0) -> None:
-        self.rows = list(rows)
-        self.batch_size = batch_size
-        self.offset = offset
-        self.steps = max(math.ceil((max(self.rows) - offset) / batch_size), 0)
-
-    def positions(self, order: torch.Tensor, step: int) -> torch.Tensor:
-        """The positions of this rank's rows for ``step`` (counted from the plan's start)."""
-        start = self.offset + step * self.batch_size
-        return order[start:start + self.batch_size]
-
-    def samples(self, step: int) -> int:
-        """Rows all ranks together train on at ``step``."""
-        start = self.offset + step * self.batch_size
-        return sum(min(self.batch_size, max(n - start, 0)) for n in self.rows)
-
-
-def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor:
-    """The shuffled row order of one rank's part in one epoch, a pure function of its arguments."""
-    state = np.random.SeedSequence([seed, epoch, part]).generate_state(2, dtype=np.uint32)
-    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    return torch.randperm(num_rows, generator=generator)

@@ -1,5 +1,5 @@
 """One epoch order on any number of ranks: real ranks (gloo, one process each) train the
-real loop, and a hook gathers every step's row ids across them."""
+real loop, and a hook gathers every step's row ids across them; the epoch plan's steps."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from spark_torch_est.core.progress import Target
 from spark_torch_est.core.protocol import FEATURES, LABEL
 from spark_torch_est.core.spec import How, Launch
 from spark_torch_est.ingest import parquet_plan
-from spark_torch_est.ingest.canonical import row_keys
+from spark_torch_est.ingest.canonical import EpochPlan, epoch_order, row_keys
 from spark_torch_est.ingest.columns import DenseColumn
 from spark_torch_est.ingest.shard import Table
 from spark_torch_est.train.creators import Creators
@@ -348,3 +348,27 @@ def test_a_held_shard_keeps_its_rows_laid_out_once_and_a_later_fit_trains_alike(
     assert second.hook_states["rows"]["steps"] == first.hook_states["rows"]["steps"]
     assert sorted(v for s in range(1, 5) for v in first.hook_states["rows"]["steps"][str(s)]) == list(range(24))
     assert torch.equal(_weights(second), _weights(first))
+
+
+def test_epoch_order_depends_on_seed_epoch_and_part_only():
+    a = epoch_order(100, seed=1, epoch=2, part=0)
+    assert torch.equal(a, epoch_order(100, seed=1, epoch=2, part=0))
+    assert sorted(a.tolist()) == list(range(100))
+    for other in (epoch_order(100, 2, 2, 0), epoch_order(100, 1, 3, 0), epoch_order(100, 1, 2, 1)):
+        assert not torch.equal(a, other)
+
+
+def test_an_epoch_plan_covers_the_rows_once_with_a_short_last_step():
+    plan = EpochPlan([10, 9, 8], batch_size=4)
+    order = torch.arange(10)
+    assert plan.steps == 3
+    assert plan.positions(order, 0).tolist() == [0, 1, 2, 3]
+    assert plan.positions(order, 2).tolist() == [8, 9]                    # the rank's own last, partial batch
+    assert plan.positions(torch.arange(8), 2).tolist() == []              # a shorter rank has none: no repeats
+    assert [plan.samples(k) for k in range(3)] == [12, 12, 3]
+
+
+def test_an_epoch_plan_from_an_offset_takes_what_is_left():
+    plan = EpochPlan([10, 10], batch_size=3, offset=4)
+    assert plan.steps == 2 and plan.positions(torch.arange(10), 0).tolist() == [4, 5, 6]
+    assert [plan.samples(k) for k in range(2)] == [6, 6]

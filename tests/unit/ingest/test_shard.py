@@ -1,4 +1,4 @@
-"""Arrow batches to typed columns, label shapes, and which rows each step takes."""
+"""Arrow batches to typed columns and label shapes."""
 
 import decimal
 
@@ -13,9 +13,7 @@ from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.columns import DenseColumn, RaggedColumn
 from spark_torch_est.ingest.shard import (
-    EpochPlan,
     arrow_values,
-    epoch_order,
     list_column_to_matrix,
     read_shard,
     stack_columns,
@@ -114,30 +112,6 @@ def test_negative_weights_are_refused_naming_the_column():
     batch = _batch([[1.0], [2.0]], [1.0, 2.0]).append_column(WEIGHT, pa.array([1.0, -1.0]))
     with pytest.raises(InputDataError, match="weightCol 'w' holds negative"):
         read_shard(iter([batch]), features_schema(1), ColumnNames(weight="w"))
-
-
-def test_epoch_order_depends_on_seed_epoch_and_part_only():
-    a = epoch_order(100, seed=1, epoch=2, part=0)
-    assert torch.equal(a, epoch_order(100, seed=1, epoch=2, part=0))
-    assert sorted(a.tolist()) == list(range(100))
-    for other in (epoch_order(100, 2, 2, 0), epoch_order(100, 1, 3, 0), epoch_order(100, 1, 2, 1)):
-        assert not torch.equal(a, other)
-
-
-def test_an_epoch_plan_covers_the_rows_once_with_a_short_last_step():
-    plan = EpochPlan([10, 9, 8], batch_size=4)
-    order = torch.arange(10)
-    assert plan.steps == 3
-    assert plan.positions(order, 0).tolist() == [0, 1, 2, 3]
-    assert plan.positions(order, 2).tolist() == [8, 9]                    # the rank's own last, partial batch
-    assert plan.positions(torch.arange(8), 2).tolist() == []              # a shorter rank has none: no repeats
-    assert [plan.samples(k) for k in range(3)] == [12, 12, 3]
-
-
-def test_an_epoch_plan_from_an_offset_takes_what_is_left():
-    plan = EpochPlan([10, 10], batch_size=3, offset=4)
-    assert plan.steps == 2 and plan.positions(torch.arange(10), 0).tolist() == [4, 5, 6]
-    assert [plan.samples(k) for k in range(2)] == [6, 6]
 
 
 def _vectors(rows) -> pa.StructArray:
