@@ -26,7 +26,7 @@ from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest import held
 from spark_torch_est.ingest.canonical import CanonicalRows, EpochPlan, EpochRows, by_source_order, to_canonical
 from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn
-from spark_torch_est.ingest.shard import TORCH_DTYPES, Shard, Table
+from spark_torch_est.ingest.tables import TORCH_DTYPES, IngestedRows, Table
 
 __all__ = ["AgreedRows", "agree_on_rows", "layout", "agree", "conform", "Agreed", "shape_labels", "LAYOUT_SIZE"]
 
@@ -70,7 +70,7 @@ class AgreedRows:
 
     def epoch(self, epoch: int, offset: int) -> EpochRows:
         """Collective (on another world size than the run's shards): the rows this rank
-        trains in ``epoch`` from ``offset`` rows of each shard's order on."""
+        trains in ``epoch`` from ``offset`` rows of each logical shard's order on."""
         return self.canonical.epoch(epoch, offset)
 
     def shape_labels(self, output_shape: list[int], label_name: str, as_held: bool = False) -> None:
@@ -86,16 +86,16 @@ class AgreedRows:
         self.canonical.table, self.validation = shaped
 
 
-def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None = None) -> AgreedRows:
+def agree_on_rows(ingested: IngestedRows, spec: TaskSpec, ranks: Ranks, shards: int | None = None) -> AgreedRows:
     """Collective: shares every rank's row counts and column layouts, gives each column one
     layout on all ranks and lays the training rows out in the run's ``shards`` logical
     shards (None: a new run, one per rank), each taking ``ceil(global batch / shards)``
     rows per step.
 
-    A shard the worker holds for later fits keeps its training rows laid out (``shard.train``
-    is replaced, so the rows are held once): when every rank of a later fit holds its part of
-    the same layout (the same sources, ranks and shards), nothing is hashed or moved; when
-    only some do, those read their rows again first.
+    Training rows the worker holds for later fits (:mod:`~spark_torch_est.ingest.held`) stay
+    laid out (``ingested.train`` is replaced, so the rows are held once): when every rank of a
+    later fit holds its part of the same layout (the same sources, ranks and logical shards),
+    nothing is hashed or moved; when only some do, those read their rows again first.
 
     Raises:
         InputDataError: Ranks hold rows that cannot take one layout, rows do not fit
@@ -103,20 +103,21 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
     """
     shards = shards or ranks.world_size
     holdable = spec.source is not None or spec.kept is not None  # the same on every rank: rows a worker may hold
-    layout, laid = _held_layout(shard, ranks, shards) if holdable else ("", False)
-    if shard.layout and not laid:
-        if shard.reread is None:
-            raise ValueError("a shard laid out by an earlier fit needs a way to read its rows again")
+    layout, laid = _held_layout(ingested, ranks, shards) if holdable else ("", False)
+    if ingested.layout and not laid:
+        if ingested.reread is None:
+            raise ValueError("rows laid out by an earlier fit need a way to be read again")
         logger.info("rank %d: reading its rows again: not every rank holds its part of their layout", ranks.rank)
-        reread, shard.train, shard.validation, shard.layout = shard.reread, None, None, ""  # the laid-out rows go first
+        reread = ingested.reread
+        ingested.train, ingested.validation, ingested.layout = None, None, ""  # the laid-out rows go first
         try:
             fresh = reread()
         except BaseException:
-            held.forget()  # the worker holds nothing rather than a shard without its rows
+            held.forget()  # the worker holds nothing rather than rows whose tables are gone
             raise
-        shard.train, shard.validation = fresh.train, fresh.validation
+        ingested.train, ingested.validation = fresh.train, fresh.validation
     schema, columns = spec.schema, spec.columns
-    tables = (shard.train, shard.validation)
+    tables = (ingested.train, ingested.validation)
     names = [f"featuresCol {c.name!r}" if schema.layout == FEATURES_LAYOUT else f"inputCols column {c.name!r}"
              for c in schema.columns] + [f"labelCol {columns.label!r}", f"weightCol {columns.weight!r}"]
     width = len(schema.columns) + 1 + (columns.weight is not None)
@@ -151,16 +152,16 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
         place = by_source_order if spec.source is not None else to_canonical
         canonical = place(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
         logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
-    shard.train, shard.layout = canonical.table, layout if shard.source else ""
-    canonical.moved = lambda table: setattr(shard, "train", table)  # rows moved for an epoch on W != L ranks
+    ingested.train, ingested.layout = canonical.table, layout if ingested.source else ""
+    canonical.moved = lambda table: setattr(ingested, "train", table)  # rows moved for an epoch on W != L ranks
     return AgreedRows(canonical, validation, int(info[:, 1, 0].sum()))
 
 
-def _held_layout(shard: Shard, ranks: Ranks, shards: int) -> tuple[str, bool]:
+def _held_layout(ingested: IngestedRows, ranks: Ranks, shards: int) -> tuple[str, bool]:
     """Collective: the layout of this fit's rows (from every rank's source, the ranks and
     the shards; ``"moved"`` on another number of ranks than shards, which a later fit never
     reuses), and whether every rank holds its part of it already."""
-    digests = ranks.counts(torch.tensor([_digest(shard.source), _digest(shard.layout)], dtype=torch.int64))
+    digests = ranks.counts(torch.tensor([_digest(ingested.source), _digest(ingested.layout)], dtype=torch.int64))
     if ranks.world_size != shards or not bool((digests[:, 0] != 0).all()):
         return "moved", False
     layout = f"layout/{ranks.world_size}/{shards}/" + ",".join(str(int(d)) for d in digests[:, 0])

@@ -1,12 +1,12 @@
 """[executor] One epoch order on any number of ranks: logical shards fixed by the run.
 
-A run fixes ``shards`` (L) when it starts: its first world size, kept in its checkpoints.
+A run fixes ``shards`` (L) when it starts: its first world size, recorded in its checkpoints.
 Every row has a place ``g`` in the run, in logical shard ``g % L`` at position ``g // L``,
 that does not depend on how many ranks read the rows. Where the source has an order of its
 own that every launch reproduces (a Parquet table's files read directly: the file listing
 and row offsets), the place comes from it (:func:`by_source_order`): the ``k``-th training
 row of the table is in the ``k``-th of L near-equal runs of rows (the longer first), the
-one logical shard, at its position in the run; on L ranks each rank read its shard's rows
+one logical shard, at its position in the run; on L ranks each rank read its logical shard's rows
 and nothing is hashed or moved. Elsewhere (rows through Spark, whose partitioning and
 shuffle order differ between launches) the ranks hash each training row's bytes (every
 column, :func:`row_keys`) once per launch and sort the hashes across the ranks
@@ -17,7 +17,7 @@ visits its rows in :func:`epoch_order` ``(rows of j, seed, epoch, j)``, and glob
 ``s`` trains positions ``s * b`` onwards of every shard's order (``b``: rows per shard per
 step, the global batch over L; :class:`EpochPlan`).
 
-On L ranks (the usual case) rank ``r`` holds shard ``r`` and trains its part of each
+On L ranks (the usual case) rank ``r`` holds logical shard ``r`` and trains its part of each
 step, exactly the loop of a fixed world size: no exchange after the one at the launch.
 On W != L ranks (a shrink, a grow, a later fit with another ``numWorkers``) the rows of
 each step are cut into W runs of near-equal length, rank ``w`` training the ``w``-th; at
@@ -39,7 +39,7 @@ import torch
 
 from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn, SpilledColumn, spill_file
-from spark_torch_est.ingest.shard import Table
+from spark_torch_est.ingest.tables import Table
 
 __all__ = ["EpochPlan", "epoch_order", "row_keys", "CanonicalRows", "EpochRows", "to_canonical", "by_source_order",
            "source_ids"]
@@ -272,7 +272,7 @@ def to_canonical(table: Table, counts: list[int], shards: int, shard_batch: int,
     placed = time.perf_counter()
     table = move_rows(table, ids % world, ids // world, len(range(ranks.rank, total, world)), ranks, budget)
     logger.info("rank %d: the rows' order cannot be reproduced (read through Spark): placed its %d training rows by "
-                "hashing them (%.2fs) and moved them to their shards (%.2fs)", ranks.rank, counts[ranks.rank],
+                "hashing them (%.2fs) and moved them to their logical shards (%.2fs)", ranks.rank, counts[ranks.rank],
                 placed - started, time.perf_counter() - placed)
     return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
 
@@ -298,8 +298,8 @@ def source_ids(counts: list[int], rank: int, shards: int) -> torch.Tensor:
 def by_source_order(table: Table, counts: list[int], shards: int, shard_batch: int, seed: int, ranks: Ranks,
                     budget: int | None = None) -> CanonicalRows:
     """:func:`to_canonical` for rows that the ranks hold in the source's own order (see
-    :func:`source_ids`): nothing is hashed; on as many ranks as shards, each holding its
-    shard's rows (parts split as the shards are), nothing moves and there is no collective.
+    :func:`source_ids`): nothing is hashed; on as many ranks as logical shards, each holding
+    its logical shard's rows (parts split as the logical shards are), nothing moves and there is no collective.
 
     Args:
         table: This rank's training rows, in the agreed layouts and the source's order.

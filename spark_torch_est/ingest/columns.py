@@ -1,4 +1,4 @@
-"""[executor] One column of a rank's table (see :class:`~spark_torch_est.ingest.shard.Table`),
+"""[executor] One column of a rank's table (see :class:`~spark_torch_est.ingest.tables.Table`),
 whatever its type and shape: the :data:`Column` types.
 
 A :class:`DenseColumn` keeps rows of one shape in a tensor. Past the memory budget, rows go to

@@ -21,7 +21,7 @@ from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema, call_model
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import shape_labels
 from spark_torch_est.ingest.columns import Column, ColumnBuilder, DenseColumn
-from spark_torch_est.ingest.shard import TORCH_DTYPES, arrow_values, stack_columns
+from spark_torch_est.ingest.tables import TORCH_DTYPES, arrow_values, stack_columns
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.devices import cpu_despite_gpus, task_device, task_gpus
 from spark_torch_est.train.losses import Loss

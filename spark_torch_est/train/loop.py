@@ -35,7 +35,7 @@ from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
 from spark_torch_est.ingest.canonical import EpochRows
-from spark_torch_est.ingest.shard import Shard
+from spark_torch_est.ingest.tables import IngestedRows
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import Control, HookSet
 from spark_torch_est.train.losses import Loss, scalar_loss, zero_through
@@ -73,7 +73,7 @@ class Trainer:
     Args:
         creators: The user's creators and hooks, unpickled on this rank.
         spec: The fit's description.
-        shard: This rank's rows.
+        ingested: This rank's rows.
         rank: This rank.
         world_size: Number of ranks.
         device: Where the model lives.
@@ -87,10 +87,10 @@ class Trainer:
             compiled with ``compileModel``).
     """
 
-    def __init__(self, creators: Creators, spec: TaskSpec, shard: Shard, rank: int,
+    def __init__(self, creators: Creators, spec: TaskSpec, ingested: IngestedRows, rank: int,
                  world_size: int, device: torch.device, reporter: Reporter = SILENT) -> None:
         self.creators, self.spec, self.device = creators, spec, device
-        self.shard: Shard | None = shard
+        self.ingested: IngestedRows | None = ingested
         self.ranks = Ranks(rank, world_size, device)
         self.reporter = reporter
         self.hooks = HookSet(creators.hooks)
@@ -206,12 +206,12 @@ class Trainer:
         """Agrees on the rows; builds the model (with the run's weights), the module a step
         calls, the optimizer, scheduler, loss and metrics; then the run's state."""
         spec, creators = self.spec, self.creators
-        shard, self.shard = self.shard, None  # the agreed rows hold them from here on
-        if shard is None:
+        ingested, self.ingested = self.ingested, None  # the agreed rows hold them from here on
+        if ingested is None:
             raise RuntimeError("a Trainer runs one fit: make another for the next")
         started = time.perf_counter()
         with self._stage.at("collective"):
-            self.rows = agree_on_rows(shard, spec, self.ranks, resume.shards if resume is not None else None)
+            self.rows = agree_on_rows(ingested, spec, self.ranks, resume.shards if resume is not None else None)
         laid = time.perf_counter()
         self.phases["layout"] = laid - started
         self.feed = Feed(spec.schema, self.device, spec.batch_size, self.rows.train_rows)

@@ -53,28 +53,28 @@ def test_a_fractional_label_for_a_k_output_model_names_labelcol_and_the_fix():
         shape_labels(torch.tensor([0.0, 1.5]), [3], "y")
 
 
-def test_a_held_shard_laid_out_for_another_fit_that_cannot_be_read_again_is_let_go():
+def test_held_rows_laid_out_for_another_fit_that_cannot_be_read_again_are_let_go():
     """A worker's held rows, laid out by an earlier fit this one cannot use, are read again;
-    when that read fails the worker holds nothing (the next fit reads), never a shard
-    without its rows."""
+    when that read fails the worker holds nothing (the next fit reads), never held rows
+    whose tables are gone."""
     from spark_torch_est.core.protocol import FEATURES, LABEL
     from spark_torch_est.core.ranks import Ranks
     from spark_torch_est.core.spec import FilePart, FileSource, How
     from spark_torch_est.ingest import held
     from spark_torch_est.ingest.agreement import agree_on_rows
-    from spark_torch_est.ingest.shard import read_shard
+    from spark_torch_est.ingest.tables import read_rows
     from tests.helpers import arrow_batches, task_spec
 
     source = FileSource(outputs=((FEATURES, ("f",), How.AS_IS), (LABEL, ("y",), How.AS_IS)),
                         parts=((FilePart("t.parquet", 0, 0, 20),),), digest="d")
     spec = task_spec(source=source)
-    shard = read_shard(iter(arrow_batches(20)), spec.schema, spec.columns)
+    ingested = read_rows(iter(arrow_batches(20)), spec.schema, spec.columns)
 
     def gone():
         raise OSError("t.parquet: no such file")
 
-    shard.source, shard.layout, shard.reread = "files/t", "layout/1/1/of-another-fit", gone
-    held.hold("files/t", shard)
+    ingested.source, ingested.layout, ingested.reread = "files/t", "layout/1/1/of-another-fit", gone
+    held.hold("files/t", ingested)
     with pytest.raises(OSError, match="no such file"):
-        agree_on_rows(shard, spec, Ranks(0, 1, torch.device("cpu")))
+        agree_on_rows(ingested, spec, Ranks(0, 1, torch.device("cpu")))
     assert held.held("files/t") is None

@@ -22,7 +22,7 @@ from spark_torch_est.core.spec import How, Launch
 from spark_torch_est.ingest import parquet_plan
 from spark_torch_est.ingest.canonical import EpochPlan, epoch_order, row_keys
 from spark_torch_est.ingest.columns import DenseColumn
-from spark_torch_est.ingest.shard import Table
+from spark_torch_est.ingest.tables import Table
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import normalize_hooks
 from tests.helpers import SeenRows, StepRows, mlp, sgd, task_spec
@@ -317,14 +317,14 @@ def _held_rank(rank: int, world: int, directory: str, forget: bool, results) -> 
             held.forget()
         launch = Launch(job_id=f"fit{fit}", secret=b"s" * 32)
         blob = worker.run_rank(spec, launch, iter([]), _FileBarrier(rank, world, f"{directory}/barrier{fit}"))
-        shard = held.held(worker._part_key(spec, rank))
-        rows = shard.train.inputs[0]
-        results.put((fit, rank, shard.layout.split("/")[0], len(shard.train), rows is before, blob))
+        ingested = held.held(worker._part_key(spec, rank))
+        rows = ingested.train.inputs[0]
+        results.put((fit, rank, ingested.layout.split("/")[0], len(ingested.train), rows is before, blob))
         before = rows
 
 
 @pytest.mark.parametrize("forget", [False, True])
-def test_a_held_shard_keeps_its_rows_laid_out_once_and_a_later_fit_trains_alike(forget, tmp_path):
+def test_held_rows_stay_laid_out_once_and_a_later_fit_trains_alike(forget, tmp_path):
     """A worker holds a part of a table for later fits: after the first fit it holds the
     rows of its logical shard (12 of the 24, not its part's 9 or 15 as well), and a second
     fit from the start trains every step on the rows of the first and to the same weights,

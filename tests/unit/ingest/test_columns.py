@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from spark_torch_est.ingest.columns import Budget, ColumnBuilder, DenseColumn, RaggedColumn, SpilledColumn
-from spark_torch_est.ingest.shard import read_shard
+from spark_torch_est.ingest.tables import read_rows
 from tests.helpers import features_batches, features_schema
 
 
-def test_a_spilled_shard_holds_the_same_rows_as_an_in_memory_one():
-    in_memory = read_shard(features_batches(5000, validation_every=5), features_schema(16), memory_budget=None)
-    spilled = read_shard(features_batches(5000, validation_every=5), features_schema(16), memory_budget=64 * 1024)
+def test_spilled_rows_are_the_same_rows_as_those_in_memory():
+    in_memory = read_rows(features_batches(5000, validation_every=5), features_schema(16), memory_budget=None)
+    spilled = read_rows(features_batches(5000, validation_every=5), features_schema(16), memory_budget=64 * 1024)
     features, kept = spilled.train.inputs[0], in_memory.train.inputs[0]
     assert isinstance(features, SpilledColumn) and isinstance(spilled.validation.inputs[0], SpilledColumn)
     assert isinstance(kept, DenseColumn) and len(features) == len(kept) == 4000 and len(spilled.validation) == 1000
@@ -79,14 +79,14 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
         import json, sys, torch
         sys.path.insert(0, ".")
         from tests.helpers import features_batches, features_schema
-        from spark_torch_est.ingest.shard import read_shard
+        from spark_torch_est.ingest.tables import read_rows
         budget = None if sys.argv[1] == "none" else int(sys.argv[1])
         def hwm():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
         base = hwm()
-        shard = read_shard(features_batches(500_000, width=128, per_batch=5000), features_schema(128),
+        ingested = read_rows(features_batches(500_000, width=128, per_batch=5000), features_schema(128),
                            memory_budget=budget)
-        features = shard.train.inputs[0]
+        features = ingested.train.inputs[0]
         order = torch.randperm(len(features))
         for start in range(0, len(order), 4096):
             features.take(order[start:start + 4096]).sum()
@@ -105,7 +105,7 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
 
 
 def test_spilled_rows_can_be_cut_and_extended_in_place():
-    spilled = read_shard(features_batches(2000), features_schema(16), memory_budget=16 * 1024).train.inputs[0]
+    spilled = read_rows(features_batches(2000), features_schema(16), memory_budget=16 * 1024).train.inputs[0]
     head = spilled.head(100)
     extra = torch.arange(32, dtype=torch.float32).reshape(2, 16)
     grown = head.extend(extra)
@@ -122,7 +122,7 @@ def test_an_image_column_takes_a_quarter_of_the_memory_of_the_same_pixels_as_flo
         import json, sys
         import numpy as np, pyarrow as pa
         sys.path.insert(0, ".")
-        from spark_torch_est.ingest.shard import read_shard
+        from spark_torch_est.ingest.tables import read_rows
         from spark_torch_est.core.protocol import LABEL, input_column
         from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
         def hwm():
@@ -138,8 +138,8 @@ def test_an_image_column_takes_a_quarter_of_the_memory_of_the_same_pixels_as_flo
                      pa.FixedSizeListArray.from_arrays(pa.array(pixels.reshape(-1).astype(np.float32)), 3072))
             batches.append(pa.RecordBatch.from_arrays([image, pa.array(np.zeros(1000))], [input_column(0), LABEL]))
         base = hwm()
-        shard = read_shard(iter(batches), InputSchema(INPUTS_LAYOUT, (column,)))
-        print(json.dumps({"growth_mb": hwm() - base, "dtype": str(shard.train.inputs[0].dtype)}))
+        ingested = read_rows(iter(batches), InputSchema(INPUTS_LAYOUT, (column,)))
+        print(json.dumps({"growth_mb": hwm() - base, "dtype": str(ingested.train.inputs[0].dtype)}))
     """)
     results = {}
     for kind in ("bytes", "floats"):

@@ -12,10 +12,10 @@ from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
 from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.columns import DenseColumn, RaggedColumn
-from spark_torch_est.ingest.shard import (
+from spark_torch_est.ingest.tables import (
     arrow_values,
     list_column_to_matrix,
-    read_shard,
+    read_rows,
     stack_columns,
     vectors_to_matrix,
 )
@@ -69,16 +69,16 @@ def test_arrays_of_arrays_need_one_inner_size():
         arrow_values(pa.array([[[1, 2], [3]]]), "c")
 
 
-def test_read_shard_concatenates_batches_and_splits_validation():
+def test_read_rows_concatenates_batches_and_splits_validation():
     batches = [_batch([[1, 1], [2, 2]], [1.0, 2.0], [False, True]),
                _batch([[3, 3]], [3.0], [False])]
-    shard = read_shard(iter(batches), features_schema(2))
-    features = shard.train.inputs[0]
+    ingested = read_rows(iter(batches), features_schema(2))
+    features = ingested.train.inputs[0]
     assert isinstance(features, DenseColumn) and features.dtype == torch.float32
     np.testing.assert_array_equal(features.tensor.numpy(), [[1, 1], [3, 3]])
-    np.testing.assert_array_equal(shard.train.labels.tensor.numpy(), [1.0, 3.0])
-    np.testing.assert_array_equal(shard.validation.inputs[0].tensor.numpy(), [[2, 2]])
-    assert shard.train.labels.dtype == torch.float32
+    np.testing.assert_array_equal(ingested.train.labels.tensor.numpy(), [1.0, 3.0])
+    np.testing.assert_array_equal(ingested.validation.inputs[0].tensor.numpy(), [[2, 2]])
+    assert ingested.train.labels.dtype == torch.float32
 
 
 def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
@@ -90,7 +90,7 @@ def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
         [pa.array(ids), pa.array([[5, 6, 7], [8]], pa.list_(pa.int64())), pa.array([b"\x01\x02", b"\xff\x00"]),
          pa.array([1.0, 0.0]), pa.array([0.5, 2.0], pa.float32())],
         [input_column(0), input_column(1), input_column(2), LABEL, WEIGHT])
-    train = read_shard(iter([batch]), schema, ColumnNames(weight="w")).train
+    train = read_rows(iter([batch]), schema, ColumnNames(weight="w")).train
     user, tokens, image = train.inputs
     assert user.tensor.tolist() == ids, "ids above 2**24 stay exact"
     assert isinstance(tokens, RaggedColumn) and tokens.take(torch.tensor([1, 0])).tolist() == [[8, -1, -1], [5, 6, 7]]
@@ -99,19 +99,19 @@ def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
 
 
 def test_integer_labels_stay_integers_until_the_model_says_what_they_are():
-    shard = read_shard(iter([_batch([[1.0]], pa.array([3], pa.int64()))]), features_schema(1))
-    assert shard.train.labels.dtype == torch.int64
+    ingested = read_rows(iter([_batch([[1.0]], pa.array([3], pa.int64()))]), features_schema(1))
+    assert ingested.train.labels.dtype == torch.int64
 
 
 def test_null_labels_are_rejected_naming_the_column():
     with pytest.raises(InputDataError, match="'target'"):
-        read_shard(iter([_batch([[1.0], [2.0]], [1.0, None])]), features_schema(1), ColumnNames(label="target"))
+        read_rows(iter([_batch([[1.0], [2.0]], [1.0, None])]), features_schema(1), ColumnNames(label="target"))
 
 
 def test_negative_weights_are_refused_naming_the_column():
     batch = _batch([[1.0], [2.0]], [1.0, 2.0]).append_column(WEIGHT, pa.array([1.0, -1.0]))
     with pytest.raises(InputDataError, match="weightCol 'w' holds negative"):
-        read_shard(iter([batch]), features_schema(1), ColumnNames(weight="w"))
+        read_rows(iter([batch]), features_schema(1), ColumnNames(weight="w"))
 
 
 def _vectors(rows) -> pa.StructArray:

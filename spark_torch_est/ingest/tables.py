@@ -1,4 +1,4 @@
-"""[executor] Arrow record batches to typed columns.
+"""[executor] Arrow record batches to typed columns: a rank's :class:`IngestedRows`.
 
 Every column keeps its type (see :mod:`spark_torch_est.core.schema`): each Arrow batch becomes
 numpy views with no per-row Python, and one copy per column puts the rows into a tensor
@@ -20,8 +20,8 @@ from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.columns import Budget, Column, ColumnBuilder, RaggedColumn
 
-__all__ = ["Table", "Shard", "arrow_values", "vectors_to_matrix", "list_column_to_matrix", "stack_columns",
-           "read_shard", "TORCH_DTYPES"]
+__all__ = ["Table", "IngestedRows", "arrow_values", "vectors_to_matrix", "list_column_to_matrix", "stack_columns",
+           "read_rows", "TORCH_DTYPES"]
 
 #: The schema's dtype names as torch dtypes.
 TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "bool": torch.bool, "uint8": torch.uint8}
@@ -162,7 +162,8 @@ def stack_columns(arrays: Sequence[pa.Array], names: Sequence[str]) -> np.ndarra
 
 @dataclass
 class Table:
-    """Rows of one rank: the model's inputs, the labels and the sample weights.
+    """One role's rows of one rank (training or validation), as columns: the model's
+    inputs, the labels and the sample weights.
 
     Attributes:
         inputs: One column per model input, in call order.
@@ -198,21 +199,21 @@ class Table:
 
 
 @dataclass
-class Shard:
-    """What one rank holds: its training rows and its validation rows (either may be
-    None when the partition has none).
+class IngestedRows:
+    """The rows one rank ingested: its training table and its validation table (either
+    may be None when the partition has none).
 
-    A worker may hold a shard for a later fit (:mod:`~spark_torch_est.ingest.held`); once a
-    fit laid its training rows out in the run's order, the held shard keeps them that way
-    (one copy of the rows, not two), so a later fit on the same rows and ranks trains on
-    them without laying them out again.
+    A worker may hold them for a later fit (:mod:`~spark_torch_est.ingest.held`); once a fit
+    laid the training rows out in the run's order, the held rows stay that way (one copy of
+    the rows, not two), so a later fit on the same rows and ranks trains on them without
+    laying them out again.
 
     Attributes:
-        source: What the rows were read from, for a shard a later fit may find held; ""
-            for rows that came from the job's input.
+        source: What the rows were read from, for rows a later fit may find held; "" for
+            rows that came from the job's input.
         layout: ``""`` while the training rows are as read; else the layout they are in
             (see :func:`~spark_torch_est.ingest.agreement.agree_on_rows`).
-        reread: Reads the rows as they were read, again (for a held shard laid out by an
+        reread: Reads the rows as they were read, again (for held rows laid out by an
             earlier fit that this fit cannot use).
     """
 
@@ -220,13 +221,13 @@ class Shard:
     validation: Table | None
     source: str = ""
     layout: str = ""
-    reread: Callable[[], Shard] | None = None
+    reread: Callable[[], IngestedRows] | None = None
 
 
-def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: ColumnNames = ColumnNames(),
-               memory_budget: int | None = None, rows: int | None = None) -> Shard:
-    """Collects a partition's record batches (training-frame columns) into a
-    :class:`Shard`; input rows past ``memory_budget`` bytes go to local files. When the
+def read_rows(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: ColumnNames = ColumnNames(),
+              memory_budget: int | None = None, rows: int | None = None) -> IngestedRows:
+    """Collects a partition's record batches (training-frame columns) into
+    :class:`IngestedRows`; input rows past ``memory_budget`` bytes go to local files. When the
     partition's ``rows`` are known, each column fills one buffer as the batches come (see
     :class:`columns.ColumnBuilder`).
 
@@ -249,8 +250,8 @@ def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: 
             parts["validation"].append(*_rows_where(row, flags))
             row = _rows_where(row, ~flags)
         parts["train"].append(*row)
-    return Shard(parts["train"].finish(schema.padding_value, columns.label),
-                 parts["validation"].finish(schema.padding_value, columns.label))
+    return IngestedRows(parts["train"].finish(schema.padding_value, columns.label),
+                        parts["validation"].finish(schema.padding_value, columns.label))
 
 
 _Values = tuple[np.ndarray, "np.ndarray | None", tuple[int, ...]]
