@@ -73,15 +73,15 @@ class AgreedRows:
         trains in ``epoch`` from ``offset`` rows of each logical shard's order on."""
         return self.canonical.epoch(epoch, offset)
 
-    def shape_labels(self, output_shape: list[int], label_name: str, as_held: bool = False) -> None:
+    def shape_labels(self, output_shape: list[int], label_name: str, as_read: bool = False) -> None:
         """Gives both tables' labels the shape the loss expects beside a model output of
         ``output_shape`` per row (see :func:`shape_labels`), in tables of their own (a
         worker's held rows keep their labels as read, for a later fit's model)."""
         shaped = []
         for table in (self.train, self.validation):
             if not isinstance(table.labels, DenseColumn):  # labels never spill and are never ragged
-                raise TypeError(f"labels must be held as DenseColumn, got {type(table.labels).__name__}")
-            labels = DenseColumn(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
+                raise TypeError(f"labels must be a DenseColumn, got {type(table.labels).__name__}")
+            labels = DenseColumn(shape_labels(table.labels.tensor, output_shape, label_name, as_read))
             shaped.append(Table(table.inputs, labels, table.weights))
         self.canonical.table, self.validation = shaped
 
@@ -271,7 +271,7 @@ def conform(rows: Column | None, agreed: Agreed, dtype: torch.dtype, padding: fl
 
 
 def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
-                 as_held: bool = False) -> torch.Tensor:
+                 as_read: bool = False) -> torch.Tensor:
     """Gives labels the shape the loss expects beside the model's output, never by
     broadcasting: integer labels of a one-output model become float32 regression targets
     shaped like the output, integer labels of a k-output model stay int64 class indices,
@@ -282,7 +282,7 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
         labels: One batch's or one table's labels, as read from the column.
         output_shape: The model's output shape per row.
         label_name: ``labelCol``, for messages.
-        as_held: A callable loss: labels of another width than the output are the loss's
+        as_read: A callable loss: labels of another width than the output are the loss's
             business and come as the column holds them (a weight beside a target, say).
 
     Raises:
@@ -290,7 +290,7 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
             number per row for a k-output model is not a whole number.
     """
     per_row, width = list(labels.shape[1:]), math.prod(output_shape)
-    if as_held and per_row and math.prod(per_row) != width:
+    if as_read and per_row and math.prod(per_row) != width:
         return labels
     if labels.is_floating_point() and width > 1 and labels.dim() == 1:
         return _class_indices(labels, output_shape, label_name)
@@ -302,9 +302,9 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
         return labels
     if math.prod(per_row) == width:
         return labels.reshape(len(labels), *output_shape)
-    held = f"{math.prod(per_row)} values" if per_row else "one number"
+    per_row_text = f"{math.prod(per_row)} values" if per_row else "one number"
     raise InputDataError(
-        f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {held} per row; "
+        f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {per_row_text} per row; "
         "make the model's output match the label, or the label the output"
     )
 

@@ -214,7 +214,7 @@ class CanonicalRows:
                  budget: int | None = None) -> None:
         self.table, self.total, self.shards, self.shard_batch = table, total, shards, shard_batch
         self.seed, self.ranks, self.budget = seed, ranks, budget
-        self.held = torch.arange(ranks.rank, total, ranks.world_size)
+        self.ids = torch.arange(ranks.rank, total, ranks.world_size)  # the run ids of the rows this rank holds
         self.moved: Callable[[Table], None] = lambda table: None  # told the table after each move
 
     @property
@@ -237,9 +237,9 @@ class CanonicalRows:
             to_rank[wanted], to_position[wanted] = w, torch.arange(len(wanted))
             if w == rank:
                 mine = wanted
-        self.table = move_rows(self.table, to_rank[self.held], to_position[self.held], len(mine), self.ranks,
+        self.table = move_rows(self.table, to_rank[self.ids], to_position[self.ids], len(mine), self.ranks,
                                self.budget)
-        self.held = mine
+        self.ids = mine
         self.moved(self.table)
         lengths = torch.tensor([len(step[self.ranks.rank]) for step in pieces], dtype=torch.int64)
         bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
@@ -365,15 +365,15 @@ def move_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, si
     for c, column in enumerate(table.columns()):
         spillable = budget is not None and c < len(table.inputs)
         if isinstance(column, RaggedColumn):
-            held_lengths, lengths = column.lengths(), torch.empty(size, dtype=torch.int64)
-            lengths[places] = route.arrive(held_lengths)
+            own_lengths, lengths = column.lengths(), torch.empty(size, dtype=torch.int64)
+            lengths[places] = route.arrive(own_lengths)
             offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
             target = _Target(int(offsets[-1]), (), column.dtype, isinstance(column.values, SpilledColumn)
                              or spillable and in_ram + _nbytes(int(offsets[-1]), (), column.dtype) > (budget or 0))
             width = route.mean(len(column.values))
             for rows, numbers in route.rounds(_CHUNK_VALUES // width):
                 at = places[numbers]
-                got = ranks.exchange(_flat(column, rows, held_lengths[rows]), route.sending(held_lengths[rows]),
+                got = ranks.exchange(_flat(column, rows, own_lengths[rows]), route.sending(own_lengths[rows]),
                                      route.arriving(lengths[at]))
                 target.write(_spans(offsets[at], lengths[at]), got)
             columns.append(RaggedColumn(target.rows(), offsets, column.padding))

@@ -1,8 +1,9 @@
-"""[executor] Rows kept between fits: each rank's part of a DataFrame, as the rank received
-it from Spark, on its executor's local disk, and the last part a Python worker trained on
-in its memory. A later fit on the same unchanged DataFrame (the driver says so with the
-same key, see :mod:`spark_torch_est.ingest.kept_registry`) runs no scan and no shuffle: its ranks
-tell each other which parts they hold and take the rank numbers that match.
+"""[executor] The kept rows: each rank's part of a DataFrame, as the rank received it from
+Spark, on its executor's local disk between fits; the part a Python worker trained on last
+is also held in its memory (the held rows, :mod:`spark_torch_est.ingest.held`). A later fit
+on the same unchanged DataFrame (the driver says so with the same key, see
+:mod:`spark_torch_est.ingest.kept_registry`) runs no scan and no shuffle: its ranks tell each
+other which parts they hold and take the rank numbers that match.
 
 On disk, under the executor's first Spark local directory (``SPARK_LOCAL_DIRS``: Spark's
 block manager directory, removed when the executor or the session stops)::
@@ -233,10 +234,10 @@ def assign(offers: list[dict[str, list[int]]], parts: int) -> list[int] | None:
     if len(offers) != parts:
         return None
     memory = [[p for p in offer.get("memory", ()) if 0 <= p < parts] for offer in offers]
-    held = [[p for tier in ("memory", "disk") for p in offer.get(tier, ()) if 0 <= p < parts] for offer in offers]
-    owner = _match(held, _match(memory, {}))  # memory holders keep their parts, the rest match around them
+    either = [[p for tier in ("memory", "disk") for p in offer.get(tier, ()) if 0 <= p < parts] for offer in offers]
+    owner = _match(either, _match(memory, {}))  # memory holders keep their parts, the rest match around them
     if len(owner) < parts:
-        owner = _match(held, {})
+        owner = _match(either, {})
     if len(owner) < parts:
         return None
     ranks = [0] * parts

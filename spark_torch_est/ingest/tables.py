@@ -93,8 +93,8 @@ def _null_elements(name: str, flat: pa.Array, lengths: np.ndarray, parts: tuple[
     nulls = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
     positions = nulls - np.repeat(np.cumsum(lengths) - lengths, lengths)[nulls]
     counts = np.bincount(positions, minlength=len(parts))
-    held = ", ".join(f"{parts[i]!r} has {int(count)}" for i, count in enumerate(counts) if count)
-    return (f"featureCols: column {held} null values in this partition; drop or fill them first, e.g. "
+    per_column = ", ".join(f"{parts[i]!r} has {int(count)}" for i, count in enumerate(counts) if count)
+    return (f"featureCols: column {per_column} null values in this partition; drop or fill them first, e.g. "
             f"df.na.drop(subset={[parts[i] for i in np.flatnonzero(counts)]!r})")
 
 

@@ -194,7 +194,7 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
             for start, outputs in _forward(model, inputs, spec):
                 stop = start + len(outputs)
                 target = shape_labels(labels[start:stop], list(outputs.shape[1:]), spec.label_col,
-                                      creators.loss_reads_labels_as_held).to(outputs.device)
+                                      creators.loss_reads_labels_as_read).to(outputs.device)
                 with autocast(spec.precision, outputs.device):  # the loss as validation computes it
                     accumulator.update(outputs, target, weights[start:stop].to(outputs.device) if weights is not None
                                        else None)

@@ -105,7 +105,7 @@ class Trainer:
         self._sync_flags = world_size > 1 and (bool(self.hooks) or spec.stop_wait_s is not None)
         self._vote_each_step = self.hooks.votes_per_step  # a hook named control in a per-step stage
         self._losses = PendingLosses(device)
-        self._plan: EpochRows  # the current epoch's rows of this rank (from its first step)
+        self._epoch_rows: EpochRows  # the current epoch's rows of this rank (from its first step)
         self._compiling = False  # until the first step of a compiled model has run
         self.phases: dict[str, float] = {}  # seconds of the launch's phases, logged after the first step
 
@@ -158,17 +158,17 @@ class Trainer:
         """The epoch's remaining steps; returns whether the epoch ends with them (False: the
         fit stops in the middle of it)."""
         with self._stage.at("collective"):  # the same rows per step on any number of ranks
-            plan = self._plan = self.rows.epoch(self.state.progress.epoch, self.state.offset)
-        batches = prefetch((plan.take(step) for step in range(plan.steps)), self.feed.transfer)
-        for step in range(plan.steps):
+            epoch_rows = self._epoch_rows = self.rows.epoch(self.state.progress.epoch, self.state.offset)
+        batches = prefetch((epoch_rows.take(step) for step in range(epoch_rows.steps)), self.feed.transfer)
+        for step in range(epoch_rows.steps):
             if self.spec.target.reached(self.state.progress):
                 return False
-            self.run_step(self.feed.batch(*next(batches)), plan.samples(step), step)
+            self.run_step(self.feed.batch(*next(batches)), epoch_rows.samples(step), step)
             self._checkpoint_if_due("ba")
             if not self._vote_each_step:  # requests made during steps wait for the epoch's end
                 continue
             self._agree_on_flags()
-            if self.control.stop_training and step < plan.steps - 1:  # the epoch stays open
+            if self.control.stop_training and step < epoch_rows.steps - 1:  # the epoch stays open
                 return False
             if self.control.stop_training or self.control.stop_epoch:
                 break
@@ -253,7 +253,7 @@ class Trainer:
                 error.__notes__ = [*getattr(error, "__notes__", ()), note]
                 raise
         model.train(was_training)
-        self.rows.shape_labels(output_shape, self.spec.columns.label, self.creators.loss_reads_labels_as_held)
+        self.rows.shape_labels(output_shape, self.spec.columns.label, self.creators.loss_reads_labels_as_read)
         return output_shape
 
     def _compile(self, model: nn.Module) -> nn.Module:
@@ -348,7 +348,7 @@ class Trainer:
     def _non_finite(self, step: StepLoss) -> Exception:
         """The error of the non-finite loss of ``step``, naming the columns of its rows (as the
         table holds them) that hold NaN or infinite values."""
-        inputs, labels, weights = self._plan.take(step.position)
+        inputs, labels, weights = self._epoch_rows.take(step.position)
         batch = Batch(self.spec.schema.model_inputs(inputs), labels, weights)
         progress = step.progress
         return non_finite_loss(step.value, batch, self.spec.schema, self.spec.columns.label,
