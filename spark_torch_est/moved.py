@@ -35,7 +35,7 @@ MOVED = {
     "param_table": "params.table", "param_codegen": "params.codegen", "params_columns": "params.columns",
     "params_runtime": "params.runtime", "params_training": "params.training",
     "frames": "ingest.frames", "sources": "ingest.parquet_plan", "files": "ingest.parquet_read",
-    "data": "ingest.shard", "columns": "ingest.rows", "kept": "ingest.kept", "ingest_cache": "ingest.kept_registry",
+    "data": "ingest.tables", "columns": "ingest.columns", "kept": "ingest.kept", "ingest_cache": "ingest.kept_registry",
     "agreement": "ingest.agreement",
     "loop": "train.loop", "step": "train.step", "run_state": "train.run_state", "hooks": "train.hooks",
     "builtin_hooks": "train.builtin_hooks", "creators": "train.creators", "losses": "train.losses",

@@ -29,7 +29,7 @@ from spark_torch_est.core.duration import Duration
 from spark_torch_est.core.progress import Interval, Parent, Progress, Target
 from spark_torch_est.core.running import fit_logger
 from spark_torch_est.core.schema import InputSchema
-from spark_torch_est.core.spec import Columns, FileSource, TaskSpec
+from spark_torch_est.core.spec import ColumnNames, FileSource, TaskSpec
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
 from spark_torch_est.ingest.frames import check_inputs, frame_outputs, input_schema, training_frame
 from spark_torch_est.ingest.parquet_plan import parquet_source
@@ -427,7 +427,7 @@ def task_spec(params: EstimatorParams, creators: Creators, target: Target, schem
         world_size=params.getNumWorkers(), batch_size=params.getBatchSize(), seed=params.getSeed(),
         timeout_s=params.getTimeout(), use_gpu=params.getUseGpu(), checkpoint_dir=params.getCheckpointDir(),
         checkpoint_every=Interval.parse(params.getCheckpointInterval()),
-        columns=Columns(label=params.getLabelCol(), weight=params.getWeightCol(),
+        columns=ColumnNames(label=params.getLabelCol(), weight=params.getWeightCol(),
                         features=tuple(params.getFeatureCols() or ()) or None),
         memory_budget=int(budget * (1 << 20)) if budget else None,
         allow_non_finite=params.getAllowNonFinite(), fresh_hooks=tuple(sorted(fresh_hooks)), source=source,

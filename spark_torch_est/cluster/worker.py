@@ -39,7 +39,7 @@ from spark_torch_est.core.spec import Launch, TaskSpec
 from spark_torch_est.ingest import held
 from spark_torch_est.ingest.kept import keep_while_reading, take_kept
 from spark_torch_est.ingest.parquet_read import read_part
-from spark_torch_est.ingest.shard import Shard, read_shard
+from spark_torch_est.ingest.tables import IngestedRows, read_rows
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.devices import cpu_despite_gpus, task_device
 
@@ -98,14 +98,14 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     try:
         if spec.kept is not None and spec.kept.mode == "read":  # the ranks tell which parts they kept
             store = connect_store(launch, barrier, spec.timeout_s)
-            rank, shard = take_kept(spec, batches, store, rank)
+            rank, ingested = take_kept(spec, batches, store, rank)
         elif spec.source is not None:  # the files are read beside the rendezvous, which needs no rows
             for _ in batches:  # the job's input: one row per rank, nothing to train on
                 pass
             reading = _Beside(lambda: _ingest(spec, iter(()), rank))
         else:
-            shard = _ingest(spec, batches, rank)
-        ingested = time.perf_counter()  # the rows are in, or being read beside
+            ingested = _ingest(spec, batches, rank)
+        ingest_done = time.perf_counter()  # the rows are in, or being read beside
         stage = "rendezvous"
         device = _device(spec, barrier)
         if store is None:
@@ -115,11 +115,11 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
             world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout_s),
         )
         authenticate_peers(launch.secret, rank, spec.world_size, device)
-        phases = {"rendezvous": time.perf_counter() - ingested}
+        phases = {"rendezvous": time.perf_counter() - ingest_done}
         if reading is not None:
             stage = "ingest"
-            shard = reading.result(spec.timeout_s)
-        phases["ingest"] = reading.seconds if reading is not None else ingested - started
+            ingested = reading.result(spec.timeout_s)
+        phases["ingest"] = reading.seconds if reading is not None else ingest_done - started
     except BaseException as error:  # noqa: B036 - reported, then re-raised as RankFailure
         if reading is not None:
             reading.wait(spec.timeout_s)  # the part read beside is the worker's, held or not
@@ -139,7 +139,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         logger.warning("rank %d: %s", rank, note)  # now the driver sees it
     try:
         gc.freeze()  # everything older than the trainer: the teardown's collection skips it
-        failure, blob, ddp = _train(spec, shard, rank, device, ProgressReporter(channel, rank), phases)
+        failure, blob, ddp = _train(spec, ingested, rank, device, ProgressReporter(channel, rank), phases)
         _teardown(clean=failure is None, ddp=ddp, store=store)
         if failure is not None:
             _report(launch, failure, channel)
@@ -157,39 +157,39 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     return blob
 
 
-def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> Shard:
+def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> IngestedRows:
     """This rank's rows: from the job's input, or read from the table's files (see
     :mod:`spark_torch_est.ingest.parquet_plan`). A worker keeps the last part of a table it read: the
     next fit that gives this worker the same part of the same unchanged files (same size,
     modification time and footer), columns and budget trains on it again without reading."""
-    shard: Shard | None
+    ingested: IngestedRows | None
     if spec.source is None:
         if spec.kept is not None:
             return keep_while_reading(spec, batches, rank)
         held.forget()  # a worker holds one fit's rows at a time
-        shard = read_shard(batches, spec.schema, spec.columns, spec.memory_budget)
+        ingested = read_rows(batches, spec.schema, spec.columns, spec.memory_budget)
         pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system
-        return shard
+        return ingested
     for _ in batches:  # the job's input: one row per rank, nothing to train on
         pass
     key = _part_key(spec, rank)
-    shard = held.held(key)
-    if shard is not None:
+    ingested = held.held(key)
+    if ingested is not None:
         logger.info("rank %d: training on the rows this worker read in an earlier fit (the files are unchanged)", rank)
-        return shard
+        return ingested
     held.forget()
     source = spec.source
     rows = sum(part.stop - part.start for part in source.parts[rank])
 
-    def read() -> Shard:
-        shard = read_shard(read_part(source, rank), spec.schema, spec.columns, spec.memory_budget, rows)
+    def read() -> IngestedRows:
+        ingested = read_rows(read_part(source, rank), spec.schema, spec.columns, spec.memory_budget, rows)
         pa.default_memory_pool().release_unused()
-        return shard
+        return ingested
 
-    shard = read()
-    shard.source, shard.reread = key, read
-    held.hold(key, shard)
-    return shard
+    ingested = read()
+    ingested.source, ingested.reread = key, read
+    held.hold(key, ingested)
+    return ingested
 
 
 def _part_key(spec: TaskSpec, rank: int) -> str:
@@ -216,14 +216,14 @@ class _Beside:
         work: What the thread runs; its value or exception comes out of :meth:`result`.
     """
 
-    def __init__(self, work: Callable[[], Shard]) -> None:
+    def __init__(self, work: Callable[[], IngestedRows]) -> None:
         self.seconds = 0.0
-        self._value: Shard | None = None
+        self._value: IngestedRows | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(work,), name="spark_torch_est-ingest", daemon=True)
         self._thread.start()
 
-    def _run(self, work: Callable[[], Shard]) -> None:
+    def _run(self, work: Callable[[], IngestedRows]) -> None:
         started = time.perf_counter()
         try:
             self._value = work()
@@ -236,7 +236,7 @@ class _Beside:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    def result(self, timeout_s: float) -> Shard:
+    def result(self, timeout_s: float) -> IngestedRows:
         """The work's value (its exception raised here), within ``timeout_s`` (the ranks'
         collective timeout: the other ranks wait no longer for these rows either).
 
@@ -288,7 +288,7 @@ def _open_channel(launch: Launch, rank: int) -> ChannelClient | None:
         return None
 
 
-def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device, reporter: ProgressReporter,
+def _train(spec: TaskSpec, ingested: IngestedRows, rank: int, device: torch.device, reporter: ProgressReporter,
            phases: dict[str, float] | None = None) -> tuple[Failure | None, bytes | None, list[weakref.ref]]:
     """Runs the loop; returns plain data only, so no exception or frame keeps the DDP
     model alive into the teardown, and weak references to the DDP model and its Reducer
@@ -301,9 +301,9 @@ def _train(spec: TaskSpec, shard: Shard, rank: int, device: torch.device, report
         creators: Creators = cloudpickle.loads(spec.payload)  # from the driver, inside the Spark task
         if spec.lightning is not None:  # a LightningModule: Lightning's own loop
             from spark_torch_est.train.lightning.trainer import LightningTrainer
-            trainer = LightningTrainer(creators, spec, shard, rank, spec.world_size, device, reporter)
+            trainer = LightningTrainer(creators, spec, ingested, rank, spec.world_size, device, reporter)
         else:
-            trainer = Trainer(creators, spec, shard, rank, spec.world_size, device, reporter)
+            trainer = Trainer(creators, spec, ingested, rank, spec.world_size, device, reporter)
             trainer.phases.update(phases or {})
         blob = trainer.run()
         return None, blob, _ddp_refs(trainer)

@@ -11,7 +11,7 @@ def input_column(index: int) -> str:
     return f"__ste_input_{index}"
 
 
-#: The training frame's columns (see :mod:`spark_torch_est.ingest.frames` and :mod:`spark_torch_est.ingest.shard`):
+#: The training frame's columns (see :mod:`spark_torch_est.ingest.frames` and :mod:`spark_torch_est.ingest.tables`):
 #: the inputs, then these. ``featuresCol`` / ``featureCols`` make the one input FEATURES.
 FEATURES = input_column(0)
 LABEL = "__ste_label"

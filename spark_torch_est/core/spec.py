@@ -10,11 +10,11 @@ from enum import Enum
 from spark_torch_est.core.progress import Interval, Parent, Target
 from spark_torch_est.core.schema import InputSchema
 
-__all__ = ["TaskSpec", "Launch", "Columns", "FilePart", "FileSource", "How", "KeptPlan"]
+__all__ = ["TaskSpec", "Launch", "ColumnNames", "FilePart", "FileSource", "How", "KeptPlan"]
 
 
 @dataclass(frozen=True)
-class Columns:
+class ColumnNames:
     """The user's names for the label and weight columns behind the training frame.
 
     Attributes:
@@ -159,7 +159,7 @@ class TaskSpec:
     use_gpu: bool | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: Interval | None = None
-    columns: Columns = Columns()
+    columns: ColumnNames = ColumnNames()
     memory_budget: int | None = None
     allow_non_finite: bool = False
     fresh_hooks: tuple[str, ...] = ()

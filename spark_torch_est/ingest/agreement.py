@@ -24,9 +24,9 @@ from spark_torch_est.core.schema import FEATURES_LAYOUT
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest import held
-from spark_torch_est.ingest.canonical import CanonicalRows, EpochRows, by_source_order, to_canonical
-from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows
-from spark_torch_est.ingest.shard import TORCH_DTYPES, EpochPlan, Shard, Table
+from spark_torch_est.ingest.canonical import CanonicalRows, EpochPlan, EpochRows, by_source_order, to_canonical
+from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn
+from spark_torch_est.ingest.tables import TORCH_DTYPES, IngestedRows, Table
 
 __all__ = ["AgreedRows", "agree_on_rows", "layout", "agree", "conform", "Agreed", "shape_labels", "LAYOUT_SIZE"]
 
@@ -70,32 +70,32 @@ class AgreedRows:
 
     def epoch(self, epoch: int, offset: int) -> EpochRows:
         """Collective (on another world size than the run's shards): the rows this rank
-        trains in ``epoch`` from ``offset`` rows of each shard's order on."""
+        trains in ``epoch`` from ``offset`` rows of each logical shard's order on."""
         return self.canonical.epoch(epoch, offset)
 
-    def shape_labels(self, output_shape: list[int], label_name: str, as_held: bool = False) -> None:
+    def shape_labels(self, output_shape: list[int], label_name: str, as_read: bool = False) -> None:
         """Gives both tables' labels the shape the loss expects beside a model output of
         ``output_shape`` per row (see :func:`shape_labels`), in tables of their own (a
         worker's held rows keep their labels as read, for a later fit's model)."""
         shaped = []
         for table in (self.train, self.validation):
-            if not isinstance(table.labels, DenseRows):  # labels never spill and are never ragged
-                raise TypeError(f"labels must be held as DenseRows, got {type(table.labels).__name__}")
-            labels = DenseRows(shape_labels(table.labels.tensor, output_shape, label_name, as_held))
+            if not isinstance(table.labels, DenseColumn):  # labels never spill and are never ragged
+                raise TypeError(f"labels must be a DenseColumn, got {type(table.labels).__name__}")
+            labels = DenseColumn(shape_labels(table.labels.tensor, output_shape, label_name, as_read))
             shaped.append(Table(table.inputs, labels, table.weights))
         self.canonical.table, self.validation = shaped
 
 
-def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None = None) -> AgreedRows:
+def agree_on_rows(ingested: IngestedRows, spec: TaskSpec, ranks: Ranks, shards: int | None = None) -> AgreedRows:
     """Collective: shares every rank's row counts and column layouts, gives each column one
     layout on all ranks and lays the training rows out in the run's ``shards`` logical
     shards (None: a new run, one per rank), each taking ``ceil(global batch / shards)``
     rows per step.
 
-    A shard the worker holds for later fits keeps its training rows laid out (``shard.train``
-    is replaced, so the rows are held once): when every rank of a later fit holds its part of
-    the same layout (the same sources, ranks and shards), nothing is hashed or moved; when
-    only some do, those read their rows again first.
+    Training rows the worker holds for later fits (:mod:`~spark_torch_est.ingest.held`) stay
+    laid out (``ingested.train`` is replaced, so the rows are held once): when every rank of a
+    later fit holds its part of the same layout (the same sources, ranks and logical shards),
+    nothing is hashed or moved; when only some do, those read their rows again first.
 
     Raises:
         InputDataError: Ranks hold rows that cannot take one layout, rows do not fit
@@ -103,20 +103,21 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
     """
     shards = shards or ranks.world_size
     holdable = spec.source is not None or spec.kept is not None  # the same on every rank: rows a worker may hold
-    layout, laid = _held_layout(shard, ranks, shards) if holdable else ("", False)
-    if shard.layout and not laid:
-        if shard.reread is None:
-            raise ValueError("a shard laid out by an earlier fit needs a way to read its rows again")
+    layout, laid = _held_layout(ingested, ranks, shards) if holdable else ("", False)
+    if ingested.layout and not laid:
+        if ingested.reread is None:
+            raise ValueError("rows laid out by an earlier fit need a way to be read again")
         logger.info("rank %d: reading its rows again: not every rank holds its part of their layout", ranks.rank)
-        reread, shard.train, shard.validation, shard.layout = shard.reread, None, None, ""  # the laid-out rows go first
+        reread = ingested.reread
+        ingested.train, ingested.validation, ingested.layout = None, None, ""  # the laid-out rows go first
         try:
             fresh = reread()
         except BaseException:
-            held.forget()  # the worker holds nothing rather than a shard without its rows
+            held.forget()  # the worker holds nothing rather than rows whose tables are gone
             raise
-        shard.train, shard.validation = fresh.train, fresh.validation
+        ingested.train, ingested.validation = fresh.train, fresh.validation
     schema, columns = spec.schema, spec.columns
-    tables = (shard.train, shard.validation)
+    tables = (ingested.train, ingested.validation)
     names = [f"featuresCol {c.name!r}" if schema.layout == FEATURES_LAYOUT else f"inputCols column {c.name!r}"
              for c in schema.columns] + [f"labelCol {columns.label!r}", f"weightCol {columns.weight!r}"]
     width = len(schema.columns) + 1 + (columns.weight is not None)
@@ -151,16 +152,16 @@ def agree_on_rows(shard: Shard, spec: TaskSpec, ranks: Ranks, shards: int | None
         place = by_source_order if spec.source is not None else to_canonical
         canonical = place(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
         logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
-    shard.train, shard.layout = canonical.table, layout if shard.source else ""
-    canonical.moved = lambda table: setattr(shard, "train", table)  # rows moved for an epoch on W != L ranks
+    ingested.train, ingested.layout = canonical.table, layout if ingested.source else ""
+    canonical.moved = lambda table: setattr(ingested, "train", table)  # rows moved for an epoch on W != L ranks
     return AgreedRows(canonical, validation, int(info[:, 1, 0].sum()))
 
 
-def _held_layout(shard: Shard, ranks: Ranks, shards: int) -> tuple[str, bool]:
+def _held_layout(ingested: IngestedRows, ranks: Ranks, shards: int) -> tuple[str, bool]:
     """Collective: the layout of this fit's rows (from every rank's source, the ranks and
     the shards; ``"moved"`` on another number of ranks than shards, which a later fit never
     reuses), and whether every rank holds its part of it already."""
-    digests = ranks.counts(torch.tensor([_digest(shard.source), _digest(shard.layout)], dtype=torch.int64))
+    digests = ranks.counts(torch.tensor([_digest(ingested.source), _digest(ingested.layout)], dtype=torch.int64))
     if ranks.world_size != shards or not bool((digests[:, 0] != 0).all()):
         return "moved", False
     layout = f"layout/{ranks.world_size}/{shards}/" + ",".join(str(int(d)) for d in digests[:, 0])
@@ -203,7 +204,7 @@ LAYOUT_SIZE = 8
 _MAX_DIMS = LAYOUT_SIZE - 4
 
 
-def layout(rows: Rows | None) -> list[int]:
+def layout(rows: Column | None) -> list[int]:
     """``[has rows, ragged, integer dtype, row dims, dim 1, ...]`` of a rank's column, to
     share with the other ranks."""
     if rows is None or len(rows) == 0:
@@ -258,19 +259,19 @@ def _size(shape: tuple[int, ...]) -> str:
     return str(shape[0]) if len(shape) == 1 else str(list(shape)) if shape else "1"
 
 
-def conform(rows: Rows | None, agreed: Agreed, dtype: torch.dtype, padding: float) -> Rows:
+def conform(rows: Column | None, agreed: Agreed, dtype: torch.dtype, padding: float) -> Column:
     """``rows`` in the agreed layout (no rows: an empty column of it)."""
     if rows is None or len(rows) == 0:
         if agreed.row_shape is None:
-            return RaggedRows(DenseRows(torch.empty(0, dtype=dtype)), torch.zeros(1, dtype=torch.int64), padding)
-        return DenseRows(torch.empty(0, *agreed.row_shape, dtype=dtype))
-    if agreed.row_shape is None and not isinstance(rows, RaggedRows):
+            return RaggedColumn(DenseColumn(torch.empty(0, dtype=dtype)), torch.zeros(1, dtype=torch.int64), padding)
+        return DenseColumn(torch.empty(0, *agreed.row_shape, dtype=dtype))
+    if agreed.row_shape is None and not isinstance(rows, RaggedColumn):
         return rows.to_ragged(padding)
     return rows
 
 
 def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
-                 as_held: bool = False) -> torch.Tensor:
+                 as_read: bool = False) -> torch.Tensor:
     """Gives labels the shape the loss expects beside the model's output, never by
     broadcasting: integer labels of a one-output model become float32 regression targets
     shaped like the output, integer labels of a k-output model stay int64 class indices,
@@ -281,7 +282,7 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
         labels: One batch's or one table's labels, as read from the column.
         output_shape: The model's output shape per row.
         label_name: ``labelCol``, for messages.
-        as_held: A callable loss: labels of another width than the output are the loss's
+        as_read: A callable loss: labels of another width than the output are the loss's
             business and come as the column holds them (a weight beside a target, say).
 
     Raises:
@@ -289,7 +290,7 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
             number per row for a k-output model is not a whole number.
     """
     per_row, width = list(labels.shape[1:]), math.prod(output_shape)
-    if as_held and per_row and math.prod(per_row) != width:
+    if as_read and per_row and math.prod(per_row) != width:
         return labels
     if labels.is_floating_point() and width > 1 and labels.dim() == 1:
         return _class_indices(labels, output_shape, label_name)
@@ -301,9 +302,9 @@ def shape_labels(labels: torch.Tensor, output_shape: list[int], label_name: str,
         return labels
     if math.prod(per_row) == width:
         return labels.reshape(len(labels), *output_shape)
-    held = f"{math.prod(per_row)} values" if per_row else "one number"
+    per_row_text = f"{math.prod(per_row)} values" if per_row else "one number"
     raise InputDataError(
-        f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {held} per row; "
+        f"the model returns {output_shape} values per row but labelCol {label_name!r} holds {per_row_text} per row; "
         "make the model's output match the label, or the label the output"
     )
 

@@ -1,23 +1,23 @@
 """[executor] One epoch order on any number of ranks: logical shards fixed by the run.
 
-A run fixes ``shards`` (L) when it starts: its first world size, kept in its checkpoints.
+A run fixes ``shards`` (L) when it starts: its first world size, recorded in its checkpoints.
 Every row has a place ``g`` in the run, in logical shard ``g % L`` at position ``g // L``,
 that does not depend on how many ranks read the rows. Where the source has an order of its
 own that every launch reproduces (a Parquet table's files read directly: the file listing
 and row offsets), the place comes from it (:func:`by_source_order`): the ``k``-th training
 row of the table is in the ``k``-th of L near-equal runs of rows (the longer first), the
-one logical shard, at its position in the run; on L ranks each rank read its shard's rows
+one logical shard, at its position in the run; on L ranks each rank read its logical shard's rows
 and nothing is hashed or moved. Elsewhere (rows through Spark, whose partitioning and
 shuffle order differ between launches) the ranks hash each training row's bytes (every
 column, :func:`row_keys`) once per launch and sort the hashes across the ranks
 (:func:`run_ids`): the row with the ``g``-th smallest hash is row ``g``; identical rows hash
 alike and are interchangeable (:func:`to_canonical`, said in the log with what it took).
 An epoch's order is then a function of ``(seed, epoch)`` and the rows' places: shard ``j``
-visits its rows in ``epoch_order(rows of j, seed, epoch, j)``, and global step ``s``
-trains positions ``s * b`` onwards of every shard's order
-(``b``: rows per shard per step, the global batch over L).
+visits its rows in :func:`epoch_order` ``(rows of j, seed, epoch, j)``, and global step
+``s`` trains positions ``s * b`` onwards of every shard's order (``b``: rows per shard per
+step, the global batch over L; :class:`EpochPlan`).
 
-On L ranks (the usual case) rank ``r`` holds shard ``r`` and trains its part of each
+On L ranks (the usual case) rank ``r`` holds logical shard ``r`` and trains its part of each
 step, exactly the loop of a fixed world size: no exchange after the one at the launch.
 On W != L ranks (a shrink, a grow, a later fit with another ``numWorkers``) the rows of
 each step are cut into W runs of near-equal length, rank ``w`` training the ``w``-th; at
@@ -38,10 +38,11 @@ import numpy as np
 import torch
 
 from spark_torch_est.core.ranks import Ranks
-from spark_torch_est.ingest.rows import DenseRows, RaggedRows, Rows, SpilledRows, spill_file
-from spark_torch_est.ingest.shard import EpochPlan, Table, epoch_order
+from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn, SpilledColumn, spill_file
+from spark_torch_est.ingest.tables import Table
 
-__all__ = ["row_keys", "CanonicalRows", "EpochRows", "to_canonical", "by_source_order", "source_ids"]
+__all__ = ["EpochPlan", "epoch_order", "row_keys", "CanonicalRows", "EpochRows", "to_canonical", "by_source_order",
+           "source_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def _hash_rows(elements: np.ndarray) -> np.ndarray:
     return _mix(mixed.sum(axis=1, dtype=np.uint64) + np.uint64(width * int(_M2) % (1 << 64)))
 
 
-def _column_keys(rows: Rows, by_value: bool = False) -> np.ndarray:
+def _column_keys(rows: Column, by_value: bool = False) -> np.ndarray:
     """A key per row of one column, read in chunks (spilled rows stay on disk); ``by_value``:
     of the values as float64, so that 3 and 3.0 hash alike."""
     count, keys = len(rows), []
@@ -98,7 +99,7 @@ def _column_keys(rows: Rows, by_value: bool = False) -> np.ndarray:
     def bits(values: torch.Tensor) -> np.ndarray:
         return _bits(values.to(torch.float64) if by_value else values)
 
-    if isinstance(rows, RaggedRows):
+    if isinstance(rows, RaggedColumn):
         lengths = rows.lengths().numpy()
         step = max(1, _CHUNK_VALUES // max(1, int(lengths.mean()) if count else 1))
         for start in range(0, count, step):
@@ -121,6 +122,48 @@ def row_keys(table: Table) -> torch.Tensor:
     for rows in table.columns():
         keys = _mix(keys * _GOLDEN + _column_keys(rows, by_value=rows is table.labels))
     return torch.from_numpy(keys.view(np.int64))
+
+
+class EpochPlan:
+    """Which rows every rank takes at each step of (the rest of) an epoch.
+
+    All ranks take the same number of steps. Step ``k`` takes rows ``offset + k *
+    batch_size`` onwards of each rank's order, as many as are left: the last step is short
+    (a rank may have no rows in it), never filled by repeating rows, so an epoch trains
+    every row once.
+
+    Args:
+        rows: Training rows of every rank.
+        batch_size: Rows per rank per step.
+        offset: Rows of its order each rank already trained on in this epoch.
+
+    >>> plan = EpochPlan([5, 4], batch_size=2, offset=2)
+    >>> plan.steps, [plan.samples(k) for k in range(plan.steps)]
+    (2, [4, 1])
+    """
+
+    def __init__(self, rows: list[int], batch_size: int, offset: int = 0) -> None:
+        self.rows = list(rows)
+        self.batch_size = batch_size
+        self.offset = offset
+        self.steps = max(math.ceil((max(self.rows) - offset) / batch_size), 0)
+
+    def positions(self, order: torch.Tensor, step: int) -> torch.Tensor:
+        """The positions of this rank's rows for ``step`` (counted from the plan's start)."""
+        start = self.offset + step * self.batch_size
+        return order[start:start + self.batch_size]
+
+    def samples(self, step: int) -> int:
+        """Rows all ranks together train on at ``step``."""
+        start = self.offset + step * self.batch_size
+        return sum(min(self.batch_size, max(n - start, 0)) for n in self.rows)
+
+
+def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor:
+    """The shuffled row order of one rank's part in one epoch, a pure function of its arguments."""
+    state = np.random.SeedSequence([seed, epoch, part]).generate_state(2, dtype=np.uint32)
+    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.randperm(num_rows, generator=generator)
 
 
 @dataclass
@@ -171,7 +214,7 @@ class CanonicalRows:
                  budget: int | None = None) -> None:
         self.table, self.total, self.shards, self.shard_batch = table, total, shards, shard_batch
         self.seed, self.ranks, self.budget = seed, ranks, budget
-        self.held = torch.arange(ranks.rank, total, ranks.world_size)
+        self.ids = torch.arange(ranks.rank, total, ranks.world_size)  # the run ids of the rows this rank holds
         self.moved: Callable[[Table], None] = lambda table: None  # told the table after each move
 
     @property
@@ -194,9 +237,9 @@ class CanonicalRows:
             to_rank[wanted], to_position[wanted] = w, torch.arange(len(wanted))
             if w == rank:
                 mine = wanted
-        self.table = move_rows(self.table, to_rank[self.held], to_position[self.held], len(mine), self.ranks,
+        self.table = move_rows(self.table, to_rank[self.ids], to_position[self.ids], len(mine), self.ranks,
                                self.budget)
-        self.held = mine
+        self.ids = mine
         self.moved(self.table)
         lengths = torch.tensor([len(step[self.ranks.rank]) for step in pieces], dtype=torch.int64)
         bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
@@ -229,7 +272,7 @@ def to_canonical(table: Table, counts: list[int], shards: int, shard_batch: int,
     placed = time.perf_counter()
     table = move_rows(table, ids % world, ids // world, len(range(ranks.rank, total, world)), ranks, budget)
     logger.info("rank %d: the rows' order cannot be reproduced (read through Spark): placed its %d training rows by "
-                "hashing them (%.2fs) and moved them to their shards (%.2fs)", ranks.rank, counts[ranks.rank],
+                "hashing them (%.2fs) and moved them to their logical shards (%.2fs)", ranks.rank, counts[ranks.rank],
                 placed - started, time.perf_counter() - placed)
     return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
 
@@ -255,8 +298,8 @@ def source_ids(counts: list[int], rank: int, shards: int) -> torch.Tensor:
 def by_source_order(table: Table, counts: list[int], shards: int, shard_batch: int, seed: int, ranks: Ranks,
                     budget: int | None = None) -> CanonicalRows:
     """:func:`to_canonical` for rows that the ranks hold in the source's own order (see
-    :func:`source_ids`): nothing is hashed; on as many ranks as shards, each holding its
-    shard's rows (parts split as the shards are), nothing moves and there is no collective.
+    :func:`source_ids`): nothing is hashed; on as many ranks as logical shards, each holding
+    its logical shard's rows (parts split as the logical shards are), nothing moves and there is no collective.
 
     Args:
         table: This rank's training rows, in the agreed layouts and the source's order.
@@ -318,24 +361,24 @@ def move_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, si
     places = route.arrive(to_position)
     if len(places) != size or not bool((torch.bincount(places, minlength=size) == 1).all()):
         raise ValueError(f"rank {ranks.rank}: the ranks' rows do not fill its {size} rows once each")
-    in_ram, columns = 0, list[Rows]()
+    in_ram, columns = 0, list[Column]()
     for c, column in enumerate(table.columns()):
         spillable = budget is not None and c < len(table.inputs)
-        if isinstance(column, RaggedRows):
-            held_lengths, lengths = column.lengths(), torch.empty(size, dtype=torch.int64)
-            lengths[places] = route.arrive(held_lengths)
+        if isinstance(column, RaggedColumn):
+            own_lengths, lengths = column.lengths(), torch.empty(size, dtype=torch.int64)
+            lengths[places] = route.arrive(own_lengths)
             offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
-            target = _Target(int(offsets[-1]), (), column.dtype, isinstance(column.values, SpilledRows)
+            target = _Target(int(offsets[-1]), (), column.dtype, isinstance(column.values, SpilledColumn)
                              or spillable and in_ram + _nbytes(int(offsets[-1]), (), column.dtype) > (budget or 0))
             width = route.mean(len(column.values))
             for rows, numbers in route.rounds(_CHUNK_VALUES // width):
                 at = places[numbers]
-                got = ranks.exchange(_flat(column, rows, held_lengths[rows]), route.sending(held_lengths[rows]),
+                got = ranks.exchange(_flat(column, rows, own_lengths[rows]), route.sending(own_lengths[rows]),
                                      route.arriving(lengths[at]))
                 target.write(_spans(offsets[at], lengths[at]), got)
-            columns.append(RaggedRows(target.rows(), offsets, column.padding))
+            columns.append(RaggedColumn(target.rows(), offsets, column.padding))
         else:
-            target = _Target(size, column.row_shape, column.dtype, isinstance(column, SpilledRows)
+            target = _Target(size, column.row_shape, column.dtype, isinstance(column, SpilledColumn)
                              or spillable and in_ram + _nbytes(size, column.row_shape, column.dtype) > (budget or 0))
             for rows, numbers in route.rounds(_CHUNK_VALUES // max(1, math.prod(column.row_shape))):
                 target.write(places[numbers], ranks.exchange(column.take(rows), route.sending(), route.arriving()))
@@ -431,10 +474,10 @@ class _Target:
         for first, last in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(at)]])):
             os.pwrite(self.file.fileno(), view[first:last].tobytes(), int(at[first]) * row_bytes)
 
-    def rows(self) -> DenseRows | SpilledRows:
+    def rows(self) -> DenseColumn | SpilledColumn:
         if self.tensor is not None:
-            return DenseRows(self.tensor)
-        return SpilledRows(self.file, self.count, self.row_shape, self.dtype)
+            return DenseColumn(self.tensor)
+        return SpilledColumn(self.file, self.count, self.row_shape, self.dtype)
 
 
 def _nbytes(count: int, row_shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -447,10 +490,10 @@ def _spans(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(starts - (ends - lengths), lengths) + torch.arange(int(ends[-1]) if len(ends) else 0)
 
 
-def _flat(column: RaggedRows, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _flat(column: RaggedColumn, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The values of ``rows`` (of ``lengths``) of a ragged column, unpadded, one after the other."""
     starts = column.offsets[rows]
-    if isinstance(column.values, DenseRows):
+    if isinstance(column.values, DenseColumn):
         return column.values.tensor[_spans(starts, lengths)]
     parts = [column.values.slice(s, s + n) for s, n in zip(starts.tolist(), lengths.tolist())]
     return torch.cat(parts) if parts else torch.empty(0, dtype=column.dtype)

@@ -1,5 +1,5 @@
 """[driver] Checks a DataFrame's columns and reduces them, in the JVM, to the three columns
-the tasks read (see :mod:`spark_torch_est.ingest.shard`).
+the tasks read (see :mod:`spark_torch_est.ingest.tables`).
 
 The checks work on the schema alone (no SparkSession needed); only building the column
 expressions touches Spark.

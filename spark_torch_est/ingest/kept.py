@@ -1,8 +1,9 @@
-"""[executor] Rows kept between fits: each rank's part of a DataFrame, as the rank received
-it from Spark, on its executor's local disk, and the last part a Python worker trained on
-in its memory. A later fit on the same unchanged DataFrame (the driver says so with the
-same key, see :mod:`spark_torch_est.ingest.kept_registry`) runs no scan and no shuffle: its ranks
-tell each other which parts they hold and take the rank numbers that match.
+"""[executor] The kept rows: each rank's part of a DataFrame, as the rank received it from
+Spark, on its executor's local disk between fits; the part a Python worker trained on last
+is also held in its memory (the held rows, :mod:`spark_torch_est.ingest.held`). A later fit
+on the same unchanged DataFrame (the driver says so with the same key, see
+:mod:`spark_torch_est.ingest.kept_registry`) runs no scan and no shuffle: its ranks tell each
+other which parts they hold and take the rank numbers that match.
 
 On disk, under the executor's first Spark local directory (``SPARK_LOCAL_DIRS``: Spark's
 block manager directory, removed when the executor or the session stops)::
@@ -33,8 +34,8 @@ import pyarrow as pa
 from spark_torch_est.core.spec import KeptPlan, TaskSpec
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest import held
-from spark_torch_est.ingest.rows import spark_local_dir
-from spark_torch_est.ingest.shard import Shard, read_shard
+from spark_torch_est.ingest.columns import spark_local_dir
+from spark_torch_est.ingest.tables import IngestedRows, read_rows
 
 __all__ = ["KEPT_FOLDER", "MISSING", "KeptPartMissing", "kept_root", "part_path", "assign", "keep_while_reading",
            "take_kept", "drop"]
@@ -76,22 +77,22 @@ def _memory_key(spec: TaskSpec, plan: KeptPlan, part: int) -> str:
          spec.memory_budget], default=str)
 
 
-def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: int) -> Shard:
+def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: int) -> IngestedRows:
     """This rank's rows from the job's input, written to the executor's local disk as they
     come (a write that fails only costs the next fit its reuse) and, once kept there
     within the bound, held in this worker's memory too."""
     plan = _plan(spec)
     held.forget()
     _drop_requested(plan)
-    shard = read_shard(_tee(batches, plan, part, spec.world_size), spec.schema, spec.columns, spec.memory_budget)
+    ingested = read_rows(_tee(batches, plan, part, spec.world_size), spec.schema, spec.columns, spec.memory_budget)
     if os.path.exists(part_path(plan.key, part, spec.world_size)):  # kept within the bound: held as well
-        shard.source, shard.reread = _memory_key(spec, plan, part), lambda: _read_kept(spec, plan, part)
-        held.hold(shard.source, shard)
-    return shard
+        ingested.source, ingested.reread = _memory_key(spec, plan, part), lambda: _read_kept(spec, plan, part)
+        held.hold(ingested.source, ingested)
+    return ingested
 
 
-def _read_kept(spec: TaskSpec, plan: KeptPlan, part: int) -> Shard:
-    """The rows of ``part`` this executor kept on disk, as a shard a later fit may hold.
+def _read_kept(spec: TaskSpec, plan: KeptPlan, part: int) -> IngestedRows:
+    """The rows of ``part`` this executor kept on disk, as rows a later fit may hold.
 
     Raises:
         KeptPartMissing: The part's file is gone (evicted since).
@@ -99,10 +100,10 @@ def _read_kept(spec: TaskSpec, plan: KeptPlan, part: int) -> Shard:
     path = part_path(plan.key, part, spec.world_size)
     if not os.path.exists(path):
         raise KeptPartMissing(f"{MISSING} (part {part} left this executor's disk)")
-    shard = read_shard(_read(path), spec.schema, spec.columns, spec.memory_budget)
+    ingested = read_rows(_read(path), spec.schema, spec.columns, spec.memory_budget)
     pa.default_memory_pool().release_unused()
-    shard.source, shard.reread = _memory_key(spec, plan, part), lambda: _read_kept(spec, plan, part)
-    return shard
+    ingested.source, ingested.reread = _memory_key(spec, plan, part), lambda: _read_kept(spec, plan, part)
+    return ingested
 
 
 def _plan(spec: TaskSpec) -> KeptPlan:
@@ -233,10 +234,10 @@ def assign(offers: list[dict[str, list[int]]], parts: int) -> list[int] | None:
     if len(offers) != parts:
         return None
     memory = [[p for p in offer.get("memory", ()) if 0 <= p < parts] for offer in offers]
-    held = [[p for tier in ("memory", "disk") for p in offer.get(tier, ()) if 0 <= p < parts] for offer in offers]
-    owner = _match(held, _match(memory, {}))  # memory holders keep their parts, the rest match around them
+    either = [[p for tier in ("memory", "disk") for p in offer.get(tier, ()) if 0 <= p < parts] for offer in offers]
+    owner = _match(either, _match(memory, {}))  # memory holders keep their parts, the rest match around them
     if len(owner) < parts:
-        owner = _match(held, {})
+        owner = _match(either, {})
     if len(owner) < parts:
         return None
     ranks = [0] * parts
@@ -284,7 +285,7 @@ def _parse_offer(raw: bytes) -> dict[str, list[int]]:
         return {"memory": [], "disk": []}
 
 
-def take_kept(spec: TaskSpec, batches: Iterator[pa.RecordBatch], store: Any, task: int) -> tuple[int, Shard]:
+def take_kept(spec: TaskSpec, batches: Iterator[pa.RecordBatch], store: Any, task: int) -> tuple[int, IngestedRows]:
     """The rank this task takes and its rows, from what the tasks hold of the key: each
     task says which parts it holds (through the job's rendezvous store), every task
     computes the same :func:`assign`, and loads its part from memory or disk.
@@ -303,16 +304,16 @@ def take_kept(spec: TaskSpec, batches: Iterator[pa.RecordBatch], store: Any, tas
         raise KeptPartMissing(f"{MISSING} (the tasks hold {offers} of {spec.world_size} parts)")
     rank = ranks[task]
     memory_key = _memory_key(spec, plan, rank)
-    shard = held.held(memory_key)
-    if shard is not None:
+    ingested = held.held(memory_key)
+    if ingested is not None:
         logger.info("rank %d: training on the rows this worker holds from an earlier fit", rank)
     else:
         held.forget()
-        shard = _read_kept(spec, plan, rank)
-        held.hold(memory_key, shard)
+        ingested = _read_kept(spec, plan, rank)
+        held.hold(memory_key, ingested)
         logger.info("rank %d: training on the rows this executor kept on disk from an earlier fit", rank)
     try:
         os.utime(os.path.dirname(part_path(plan.key, rank, spec.world_size)))  # recently used: evicted last
     except OSError:
         pass
-    return rank, shard
+    return rank, ingested

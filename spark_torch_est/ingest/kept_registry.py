@@ -1,5 +1,6 @@
-"""[driver] Fit many, ingest once: which training frames' rows the executors keep between
-fits, and the key that says what rows they are.
+"""[driver] Fit many, ingest once: the kept registry, the driver's record (in its memory, for
+one application) of which training frames' rows the executors keep between fits, and the
+key that says what rows they are. It holds no rows itself.
 
 The first fit on a DataFrame that goes through Spark keeps each rank's part on its
 executor's local disk (see :mod:`spark_torch_est.ingest.kept`). A later fit in the same session

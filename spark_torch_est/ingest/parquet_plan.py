@@ -138,7 +138,7 @@ def _split(files: list[str], outputs: tuple, parts: int | Callable[[int, int], i
     part ``r`` (the boundaries of ``spark.range(0, n, 1, parts)``'s partitions); with
     ``larger_first`` the parts one row longer come first, as the run's logical shards
     (:func:`~spark_torch_est.ingest.canonical.by_source_order`), so that on as many ranks as
-    shards each rank reads its shard's rows and none move.
+    logical shards each rank reads its logical shard's rows and none move.
 
     Args:
         files: The table's files.

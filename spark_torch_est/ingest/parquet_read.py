@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from spark_torch_est.core.file_identity import file_stamp, footer_digest
 from spark_torch_est.core.spec import FileSource, How
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.ingest.shard import stack_columns
+from spark_torch_est.ingest.tables import stack_columns
 
 __all__ = ["read_part", "over_parts"]
 

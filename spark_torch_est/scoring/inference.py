@@ -20,8 +20,8 @@ import torch
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema, call_model
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import shape_labels
-from spark_torch_est.ingest.rows import DenseRows, Rows, RowsBuilder
-from spark_torch_est.ingest.shard import TORCH_DTYPES, arrow_values, stack_columns
+from spark_torch_est.ingest.columns import Column, ColumnBuilder, DenseColumn
+from spark_torch_est.ingest.tables import TORCH_DTYPES, arrow_values, stack_columns
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.devices import cpu_despite_gpus, task_device, task_gpus
 from spark_torch_est.train.losses import Loss
@@ -89,7 +89,7 @@ class ScoringSpec:
         return InputSchema.from_dict(self.schema)
 
 
-def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Rows]:
+def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Column]:
     """The model's inputs from the batch's columns: each column keeps its type; arrays
     of different lengths come out padded per forward pass.
 
@@ -98,17 +98,17 @@ def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Rows]:
     """
     schema = spec.input_schema
     if spec.stacked:
-        return [DenseRows(torch.from_numpy(stack_columns(arrays, spec.columns)))]
+        return [DenseColumn(torch.from_numpy(stack_columns(arrays, spec.columns)))]
     inputs = []
     for array, name, column in zip(arrays, spec.columns, schema.columns):
         values, lengths, inner = arrow_values(array, name)
-        builder = RowsBuilder(TORCH_DTYPES[column.dtype])
+        builder = ColumnBuilder(TORCH_DTYPES[column.dtype])
         if schema.layout == FEATURES_LAYOUT and lengths is None:  # one number per row: one feature
             lengths = np.ones(len(values), dtype=np.int64)
         builder.append(values, lengths, inner)
         rows = builder.finish(schema.padding_value)
         if rows is None:
-            rows = DenseRows(torch.empty(0, dtype=TORCH_DTYPES[column.dtype]))
+            rows = DenseColumn(torch.empty(0, dtype=TORCH_DTYPES[column.dtype]))
         if schema.layout == FEATURES_LAYOUT and rows.row_shape is None:
             raise InputDataError(f"column {name!r} holds arrays of different lengths; every row needs the same length")
         inputs.append(rows)
@@ -143,7 +143,7 @@ def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters(), torch.empty(0)).device
 
 
-def _forward(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> Iterator[tuple[int, torch.Tensor]]:
+def _forward(model: torch.nn.Module, inputs: list[Column], spec: ScoringSpec) -> Iterator[tuple[int, torch.Tensor]]:
     """Yields (start row, outputs) per chunk of ``spec.batch_size`` rows."""
     device, schema = _device(model), spec.input_schema
     rows = len(inputs[0]) if inputs else 0
@@ -155,7 +155,7 @@ def _forward(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> I
             yield start, outputs
 
 
-def predict_outputs(model: torch.nn.Module, inputs: list[Rows], spec: ScoringSpec) -> np.ndarray:
+def predict_outputs(model: torch.nn.Module, inputs: list[Column], spec: ScoringSpec) -> np.ndarray:
     """The model's outputs for every row of ``inputs`` as an ``(n, k)`` float32 matrix."""
     rows = len(inputs[0]) if inputs else 0
     parts = [out.float().cpu() for _, out in _forward(model, inputs, spec)]
@@ -194,7 +194,7 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
             for start, outputs in _forward(model, inputs, spec):
                 stop = start + len(outputs)
                 target = shape_labels(labels[start:stop], list(outputs.shape[1:]), spec.label_col,
-                                      creators.loss_reads_labels_as_held).to(outputs.device)
+                                      creators.loss_reads_labels_as_read).to(outputs.device)
                 with autocast(spec.precision, outputs.device):  # the loss as validation computes it
                     accumulator.update(outputs, target, weights[start:stop].to(outputs.device) if weights is not None
                                        else None)

@@ -93,7 +93,7 @@ class Creators:
         return scheduler
 
     @property
-    def loss_reads_labels_as_held(self) -> bool:
+    def loss_reads_labels_as_read(self) -> bool:
         """A callable loss (not an ``nn.Module``) gets labels of another width than the
         model's output as the label column holds them: they are its business."""
         loss = self.loss

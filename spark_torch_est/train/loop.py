@@ -35,7 +35,7 @@ from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
 from spark_torch_est.ingest.canonical import EpochRows
-from spark_torch_est.ingest.shard import Shard
+from spark_torch_est.ingest.tables import IngestedRows
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import Control, HookSet
 from spark_torch_est.train.losses import Loss, scalar_loss, zero_through
@@ -73,7 +73,7 @@ class Trainer:
     Args:
         creators: The user's creators and hooks, unpickled on this rank.
         spec: The fit's description.
-        shard: This rank's rows.
+        ingested: This rank's rows.
         rank: This rank.
         world_size: Number of ranks.
         device: Where the model lives.
@@ -87,10 +87,10 @@ class Trainer:
             compiled with ``compileModel``).
     """
 
-    def __init__(self, creators: Creators, spec: TaskSpec, shard: Shard, rank: int,
+    def __init__(self, creators: Creators, spec: TaskSpec, ingested: IngestedRows, rank: int,
                  world_size: int, device: torch.device, reporter: Reporter = SILENT) -> None:
         self.creators, self.spec, self.device = creators, spec, device
-        self.shard: Shard | None = shard
+        self.ingested: IngestedRows | None = ingested
         self.ranks = Ranks(rank, world_size, device)
         self.reporter = reporter
         self.hooks = HookSet(creators.hooks)
@@ -105,7 +105,7 @@ class Trainer:
         self._sync_flags = world_size > 1 and (bool(self.hooks) or spec.stop_wait_s is not None)
         self._vote_each_step = self.hooks.votes_per_step  # a hook named control in a per-step stage
         self._losses = PendingLosses(device)
-        self._plan: EpochRows  # the current epoch's rows of this rank (from its first step)
+        self._epoch_rows: EpochRows  # the current epoch's rows of this rank (from its first step)
         self._compiling = False  # until the first step of a compiled model has run
         self.phases: dict[str, float] = {}  # seconds of the launch's phases, logged after the first step
 
@@ -158,17 +158,17 @@ class Trainer:
         """The epoch's remaining steps; returns whether the epoch ends with them (False: the
         fit stops in the middle of it)."""
         with self._stage.at("collective"):  # the same rows per step on any number of ranks
-            plan = self._plan = self.rows.epoch(self.state.progress.epoch, self.state.offset)
-        batches = prefetch((plan.take(step) for step in range(plan.steps)), self.feed.transfer)
-        for step in range(plan.steps):
+            epoch_rows = self._epoch_rows = self.rows.epoch(self.state.progress.epoch, self.state.offset)
+        batches = prefetch((epoch_rows.take(step) for step in range(epoch_rows.steps)), self.feed.transfer)
+        for step in range(epoch_rows.steps):
             if self.spec.target.reached(self.state.progress):
                 return False
-            self.run_step(self.feed.batch(*next(batches)), plan.samples(step), step)
+            self.run_step(self.feed.batch(*next(batches)), epoch_rows.samples(step), step)
             self._checkpoint_if_due("ba")
             if not self._vote_each_step:  # requests made during steps wait for the epoch's end
                 continue
             self._agree_on_flags()
-            if self.control.stop_training and step < plan.steps - 1:  # the epoch stays open
+            if self.control.stop_training and step < epoch_rows.steps - 1:  # the epoch stays open
                 return False
             if self.control.stop_training or self.control.stop_epoch:
                 break
@@ -206,12 +206,12 @@ class Trainer:
         """Agrees on the rows; builds the model (with the run's weights), the module a step
         calls, the optimizer, scheduler, loss and metrics; then the run's state."""
         spec, creators = self.spec, self.creators
-        shard, self.shard = self.shard, None  # the agreed rows hold them from here on
-        if shard is None:
+        ingested, self.ingested = self.ingested, None  # the agreed rows hold them from here on
+        if ingested is None:
             raise RuntimeError("a Trainer runs one fit: make another for the next")
         started = time.perf_counter()
         with self._stage.at("collective"):
-            self.rows = agree_on_rows(shard, spec, self.ranks, resume.shards if resume is not None else None)
+            self.rows = agree_on_rows(ingested, spec, self.ranks, resume.shards if resume is not None else None)
         laid = time.perf_counter()
         self.phases["layout"] = laid - started
         self.feed = Feed(spec.schema, self.device, spec.batch_size, self.rows.train_rows)
@@ -253,7 +253,7 @@ class Trainer:
                 error.__notes__ = [*getattr(error, "__notes__", ()), note]
                 raise
         model.train(was_training)
-        self.rows.shape_labels(output_shape, self.spec.columns.label, self.creators.loss_reads_labels_as_held)
+        self.rows.shape_labels(output_shape, self.spec.columns.label, self.creators.loss_reads_labels_as_read)
         return output_shape
 
     def _compile(self, model: nn.Module) -> nn.Module:
@@ -348,7 +348,7 @@ class Trainer:
     def _non_finite(self, step: StepLoss) -> Exception:
         """The error of the non-finite loss of ``step``, naming the columns of its rows (as the
         table holds them) that hold NaN or infinite values."""
-        inputs, labels, weights = self._plan.take(step.position)
+        inputs, labels, weights = self._epoch_rows.take(step.position)
         batch = Batch(self.spec.schema.model_inputs(inputs), labels, weights)
         progress = step.progress
         return non_finite_loss(step.value, batch, self.spec.schema, self.spec.columns.label,

@@ -181,7 +181,7 @@ class StepLoss:
         rows: Its weight in the epoch's mean: the batch's rows, or the sum of their weights.
         progress: The run's progress after the step.
         batch_idx: The step's batch in its epoch.
-        position: The step's place in the epoch's plan (:class:`~spark_torch_est.ingest.shard.EpochPlan`).
+        position: The step's place in the epoch's plan (:class:`~spark_torch_est.ingest.canonical.EpochPlan`).
     """
 
     value: float

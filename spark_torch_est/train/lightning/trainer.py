@@ -47,7 +47,7 @@ from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
-from spark_torch_est.ingest.shard import Shard
+from spark_torch_est.ingest.tables import IngestedRows
 from spark_torch_est.train.creators import CreatorError, Creators
 from spark_torch_est.train.hooks import HookSet
 from spark_torch_est.train.lightning import namespace_of
@@ -268,17 +268,17 @@ class LightningTrainer:
     Args:
         creators: The user's creators (the model a LightningModule), unpickled on this rank.
         spec: The fit's description (``spec.lightning``: the Trainer's arguments).
-        shard: This rank's rows.
+        ingested: This rank's rows.
         rank: This rank.
         world_size: Number of ranks.
         device: Where the module lives.
         reporter: Sends progress to the driver (rank 0).
     """
 
-    def __init__(self, creators: Creators, spec: TaskSpec, shard: Shard, rank: int, world_size: int,
+    def __init__(self, creators: Creators, spec: TaskSpec, ingested: IngestedRows, rank: int, world_size: int,
                  device: torch.device, reporter: Reporter = SILENT) -> None:
         self.creators, self.spec, self.device, self.reporter = creators, spec, device, reporter
-        self.shard: Shard | None = shard
+        self.ingested: IngestedRows | None = ingested
         self.ranks = Ranks(rank, world_size, device)
         self.hooks = HookSet({})
         self.strategy = _TeardownRefs()
@@ -313,11 +313,11 @@ class LightningTrainer:
         """Trains to the spec's target; returns the checkpoint bytes on rank 0, else None."""
         spec = self.spec
         resume = Checkpoint.from_bytes(spec.resume) if spec.resume is not None else None
-        shard, self.shard = self.shard, None
-        if shard is None:
+        ingested, self.ingested = self.ingested, None
+        if ingested is None:
             raise RuntimeError("a LightningTrainer runs one fit: make another for the next")
         with self._stage.at("collective"):
-            self.rows = agree_on_rows(shard, spec, self.ranks, resume.shards if resume is not None else None)
+            self.rows = agree_on_rows(ingested, spec, self.ranks, resume.shards if resume is not None else None)
         torch.manual_seed(spec.seed)
         module = self.creators.build_model()
         namespace = namespace_of(module)

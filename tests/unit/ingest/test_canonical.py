@@ -1,5 +1,5 @@
 """One epoch order on any number of ranks: real ranks (gloo, one process each) train the
-real loop, and a hook gathers every step's row ids across them."""
+real loop, and a hook gathers every step's row ids across them; the epoch plan's steps."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from spark_torch_est.core.progress import Target
 from spark_torch_est.core.protocol import FEATURES, LABEL
 from spark_torch_est.core.spec import How, Launch
 from spark_torch_est.ingest import parquet_plan
-from spark_torch_est.ingest.canonical import row_keys
-from spark_torch_est.ingest.rows import DenseRows
-from spark_torch_est.ingest.shard import Table
+from spark_torch_est.ingest.canonical import EpochPlan, epoch_order, row_keys
+from spark_torch_est.ingest.columns import DenseColumn
+from spark_torch_est.ingest.tables import Table
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import normalize_hooks
 from tests.helpers import SeenRows, StepRows, mlp, rank_processes, sgd, task_spec
@@ -166,12 +166,12 @@ def test_a_table_read_in_its_files_order_keeps_each_part_on_its_rank_and_continu
 
 def test_a_row_key_depends_on_the_values_only():
     x = torch.arange(12, dtype=torch.float32).reshape(6, 2)
-    table = Table([DenseRows(x)], DenseRows(torch.arange(6)))
+    table = Table([DenseColumn(x)], DenseColumn(torch.arange(6)))
     keys = row_keys(table)
     assert len(set(keys.tolist())) == 6
-    reversed_table = Table([DenseRows(x.flip(0))], DenseRows(torch.arange(6).flip(0)))
+    reversed_table = Table([DenseColumn(x.flip(0))], DenseColumn(torch.arange(6).flip(0)))
     assert torch.equal(row_keys(reversed_table), keys.flip(0))
-    ragged = Table([DenseRows(x).to_ragged(0.0)], DenseRows(torch.arange(6)))
+    ragged = Table([DenseColumn(x).to_ragged(0.0)], DenseColumn(torch.arange(6)))
     assert torch.equal(row_keys(ragged), keys), "the same values however the column holds them"
 
 
@@ -179,7 +179,7 @@ def test_a_row_key_depends_on_the_values_only():
 def test_equal_rows_have_equal_keys_and_others_differ(seed):
     rng = np.random.default_rng(seed)
     x = torch.from_numpy(rng.integers(0, 3, size=(500, 3)).astype(np.float32))
-    keys = row_keys(Table([DenseRows(x)], DenseRows(torch.zeros(500))))
+    keys = row_keys(Table([DenseColumn(x)], DenseColumn(torch.zeros(500))))
     distinct_rows = len({tuple(r) for r in x.tolist()})
     assert len(set(keys.tolist())) == distinct_rows
 
@@ -188,14 +188,14 @@ def test_equal_rows_have_equal_keys_and_others_differ(seed):
 def test_the_layout_keeps_every_row_whole_whatever_its_columns_hold(budget, tmp_path, monkeypatch):
     from spark_torch_est.core.ranks import Ranks
     from spark_torch_est.ingest.canonical import to_canonical
-    from spark_torch_est.ingest.rows import RaggedRows
+    from spark_torch_est.ingest.columns import RaggedColumn
 
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))  # where rows past the budget spill
     lengths = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
-    ragged = RaggedRows(DenseRows(torch.arange(int(lengths.sum()), dtype=torch.float32)), offsets, -1.0)
-    dense = DenseRows(torch.arange(16, dtype=torch.int64).reshape(8, 2))
-    table = Table([ragged, dense], DenseRows(torch.arange(8, dtype=torch.float32)))
+    ragged = RaggedColumn(DenseColumn(torch.arange(int(lengths.sum()), dtype=torch.float32)), offsets, -1.0)
+    dense = DenseColumn(torch.arange(16, dtype=torch.int64).reshape(8, 2))
+    table = Table([ragged, dense], DenseColumn(torch.arange(8, dtype=torch.float32)))
     laid = to_canonical(table, [8], 1, 4, 0, Ranks(0, 1, torch.device("cpu")), budget).table
     ids = laid.labels.tensor.long()
     assert sorted(ids.tolist()) == list(range(8)) and ids.tolist() != list(range(8))
@@ -207,7 +207,7 @@ def _layout_inputs(world: int) -> tuple[list[torch.Tensor], list[Table]]:
     """Every rank's keys (repeated keys within and across ranks, uneven counts, keys at both
     ends of the range) and table (rows numbered by their label: ragged values in RAM and
     spilled, dense and spilled rows of one shape)."""
-    from spark_torch_est.ingest.rows import Budget, RowsBuilder
+    from spark_torch_est.ingest.columns import Budget, ColumnBuilder
 
     rng = np.random.default_rng(7)
     counts = [5 + 7 * r for r in range(world)]
@@ -219,15 +219,15 @@ def _layout_inputs(world: int) -> tuple[list[torch.Tensor], list[Table]]:
         labels = np.arange(first, first + n)
         lengths = (labels * 7) % 5
         values = np.concatenate([np.full(k, g, dtype=np.float32) for g, k in zip(labels, lengths)])
-        ragged, ragged_spilled = RowsBuilder(torch.float32), RowsBuilder(torch.float32, Budget(0))
+        ragged, ragged_spilled = ColumnBuilder(torch.float32), ColumnBuilder(torch.float32, Budget(0))
         ragged.append(values, lengths)
         ragged_spilled.append(values, lengths)
         dense = np.stack([labels, -labels]).T.astype(np.int64)
-        spilled = RowsBuilder(torch.int64, Budget(0))
+        spilled = ColumnBuilder(torch.int64, Budget(0))
         spilled.append(dense.ravel(), np.full(n, 2))
-        inputs = [ragged.finish_rows(-1.0), ragged_spilled.finish_rows(-1.0), DenseRows(torch.from_numpy(dense)),
-                  spilled.finish_rows()]
-        tables.append(Table(inputs, DenseRows(torch.from_numpy(labels.astype(np.float32)))))
+        inputs = [ragged.finish_column(-1.0), ragged_spilled.finish_column(-1.0), DenseColumn(torch.from_numpy(dense)),
+                  spilled.finish_column()]
+        tables.append(Table(inputs, DenseColumn(torch.from_numpy(labels.astype(np.float32)))))
         first += n
     return keys, tables
 
@@ -284,8 +284,8 @@ def test_three_ranks_place_and_move_rows_as_one_sort_of_all_rows_would(tmp_path)
         lengths = (rows * 7) % 5
         padded = [[float(g)] * int(k) + [-1.0] * (int(lengths.max()) - int(k)) for g, k in zip(rows, lengths)]
         assert ragged == ragged_spilled == padded
-        assert got[rank][2][1] == "RaggedRowsSpilledRows" and got[rank][2][3] == "SpilledRowsSpilledRows"
-        assert got[rank][2][2] == "DenseRowsDenseRows"
+        assert got[rank][2][1] == "RaggedColumnSpilledColumn" and got[rank][2][3] == "SpilledColumnSpilledColumn"
+        assert got[rank][2][2] == "DenseColumnDenseColumn"
 
 
 def _held_rank(rank: int, world: int, directory: str, forget: bool, results) -> None:
@@ -316,14 +316,14 @@ def _held_rank(rank: int, world: int, directory: str, forget: bool, results) -> 
             held.forget()
         launch = Launch(job_id=f"fit{fit}", secret=b"s" * 32)
         blob = worker.run_rank(spec, launch, iter([]), _FileBarrier(rank, world, f"{directory}/barrier{fit}"))
-        shard = held.held(worker._part_key(spec, rank))
-        rows = shard.train.inputs[0]
-        results.put((fit, rank, shard.layout.split("/")[0], len(shard.train), rows is before, blob))
+        ingested = held.held(worker._part_key(spec, rank))
+        rows = ingested.train.inputs[0]
+        results.put((fit, rank, ingested.layout.split("/")[0], len(ingested.train), rows is before, blob))
         before = rows
 
 
 @pytest.mark.parametrize("forget", [False, True])
-def test_a_held_shard_keeps_its_rows_laid_out_once_and_a_later_fit_trains_alike(forget, tmp_path):
+def test_held_rows_stay_laid_out_once_and_a_later_fit_trains_alike(forget, tmp_path):
     """A worker holds a part of a table for later fits: after the first fit it holds the
     rows of its logical shard (12 of the 24, not its part's 9 or 15 as well), and a second
     fit from the start trains every step on the rows of the first and to the same weights,
@@ -347,3 +347,27 @@ def test_a_held_shard_keeps_its_rows_laid_out_once_and_a_later_fit_trains_alike(
     assert second.hook_states["rows"]["steps"] == first.hook_states["rows"]["steps"]
     assert sorted(v for s in range(1, 5) for v in first.hook_states["rows"]["steps"][str(s)]) == list(range(24))
     assert torch.equal(_weights(second), _weights(first))
+
+
+def test_epoch_order_depends_on_seed_epoch_and_part_only():
+    a = epoch_order(100, seed=1, epoch=2, part=0)
+    assert torch.equal(a, epoch_order(100, seed=1, epoch=2, part=0))
+    assert sorted(a.tolist()) == list(range(100))
+    for other in (epoch_order(100, 2, 2, 0), epoch_order(100, 1, 3, 0), epoch_order(100, 1, 2, 1)):
+        assert not torch.equal(a, other)
+
+
+def test_an_epoch_plan_covers_the_rows_once_with_a_short_last_step():
+    plan = EpochPlan([10, 9, 8], batch_size=4)
+    order = torch.arange(10)
+    assert plan.steps == 3
+    assert plan.positions(order, 0).tolist() == [0, 1, 2, 3]
+    assert plan.positions(order, 2).tolist() == [8, 9]                    # the rank's own last, partial batch
+    assert plan.positions(torch.arange(8), 2).tolist() == []              # a shorter rank has none: no repeats
+    assert [plan.samples(k) for k in range(3)] == [12, 12, 3]
+
+
+def test_an_epoch_plan_from_an_offset_takes_what_is_left():
+    plan = EpochPlan([10, 10], batch_size=3, offset=4)
+    assert plan.steps == 2 and plan.positions(torch.arange(10), 0).tolist() == [4, 5, 6]
+    assert [plan.samples(k) for k in range(2)] == [6, 6]

@@ -139,5 +139,5 @@ def test_a_task_takes_the_rank_of_the_part_its_worker_holds():
     kept.keep_while_reading(_spec("write", world_size=2), features_batches(500, seed=1), 1)
     kept.keep_while_reading(_spec("write", world_size=2), features_batches(500, seed=0), 0)  # this worker holds 0
     store = _Store({"kept-offer/0": b'{"memory": [], "disk": [0, 1]}'})
-    rank, shard = kept.take_kept(_spec("read", world_size=2), iter([]), store, 1)
-    assert rank == 0 and shard is not None
+    rank, ingested = kept.take_kept(_spec("read", world_size=2), iter([]), store, 1)
+    assert rank == 0 and ingested is not None

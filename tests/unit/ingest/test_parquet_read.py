@@ -101,10 +101,10 @@ def test_wide_rows_keep_a_rank_near_its_memory_budget(tmp_path):
         import json, sys
         import fsspec
         sys.path.insert(0, ".")
-        from spark_torch_est.ingest.shard import read_shard
+        from spark_torch_est.ingest.tables import read_rows
         from spark_torch_est.ingest.parquet_read import file_stamp, footer_digest, read_part
         from spark_torch_est.core.protocol import LABEL, input_column
-        from spark_torch_est.core.spec import Columns, FilePart, FileSource, How
+        from spark_torch_est.core.spec import ColumnNames, FilePart, FileSource, How
         from tests.helpers import features_schema
         path = {path!r}
         size, times = file_stamp(fsspec.filesystem("file"), path)
@@ -115,9 +115,9 @@ def test_wide_rows_keep_a_rank_near_its_memory_budget(tmp_path):
         def hwm():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
         base = hwm()
-        shard = read_shard(read_part(source, 0), features_schema(50_000, name=input_column(0)), Columns(), 16 << 20,
-                           1000)
-        print(json.dumps({{"growth_mb": hwm() - base, "rows": len(shard.train.inputs[0])}}))
+        ingested = read_rows(read_part(source, 0), features_schema(50_000, name=input_column(0)), ColumnNames(),
+                             16 << 20, 1000)
+        print(json.dumps({{"growth_mb": hwm() - base, "rows": len(ingested.train.inputs[0])}}))
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -553,7 +553,7 @@ def _two_rank_fits(rank: int, store_path: str, results) -> None:
 
     import torch.distributed as dist
 
-    from spark_torch_est.ingest.shard import read_shard
+    from spark_torch_est.ingest.tables import read_rows
     from spark_torch_est.train.loop import Trainer
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
@@ -569,8 +569,8 @@ def _two_rank_fits(rank: int, store_path: str, results) -> None:
         for hook in (AllKeywords(), StopsOnRankOne()):
             creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"hook": hook})
             spec = task_spec(Target(epoch=1), creators=creators, world_size=2)
-            shard = read_shard(iter(arrow_batches(16 * 20, seed=rank)), spec.schema, spec.columns)
-            trainer = Trainer(creators, spec, shard, rank, 2, torch.device("cpu"))
+            ingested = read_rows(iter(arrow_batches(16 * 20, seed=rank)), spec.schema, spec.columns)
+            trainer = Trainer(creators, spec, ingested, rank, 2, torch.device("cpu"))
             calls.clear()
             trainer.run()
             results.put((rank, type(hook).__name__, len(calls), trainer.state.progress.global_step))

@@ -1,14 +1,15 @@
-"""[executor] The rows of one column on a rank, whatever their type and shape.
+"""[executor] One column of a rank's table (see :class:`~spark_torch_est.ingest.tables.Table`),
+whatever its type and shape: the :data:`Column` types.
 
-:class:`DenseRows` keep rows of one shape in a tensor. Past the memory budget, rows go to
-a file under Spark's local directories and :class:`SpilledRows` reads back only the rows
+A :class:`DenseColumn` keeps rows of one shape in a tensor. Past the memory budget, rows go to
+a file under Spark's local directories and :class:`SpilledColumn` reads back only the rows
 of each batch, with ``pread``, so a rank's peak RSS stays near the budget however large
 its partition. (Memory-mapping the file does not bound RSS: on current kernels one page
 fault maps a whole large folio of the page cache.) Both keep the column's own dtype:
-bytes stay uint8, ids int64. :class:`RaggedRows` hold arrays of different lengths as
+bytes stay uint8, ids int64. :class:`RaggedColumn` holds arrays of different lengths as
 their values and offsets, and pad each batch to its longest row.
 
-A :class:`RowsBuilder` collects a column batch by batch; builders that share a
+A :class:`ColumnBuilder` collects a column batch by batch; builders that share a
 :class:`Budget` spill together once their rows pass it.
 """
 
@@ -23,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-__all__ = ["DenseRows", "SpilledRows", "RaggedRows", "Rows", "Budget", "RowsBuilder", "spark_local_dir", "spill_file"]
+__all__ = ["DenseColumn", "SpilledColumn", "RaggedColumn", "Column", "Budget", "ColumnBuilder", "spark_local_dir",
+           "spill_file"]
 
 _RELEASE_EVERY = 32 << 20  # bytes of copied batches after which Arrow returns freed memory
 
@@ -43,7 +45,7 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
-class DenseRows:
+class DenseColumn:
     """Rows of one shape, in one tensor.
 
     Args:
@@ -73,21 +75,21 @@ class DenseRows:
         must not change the rows)."""
         return self.tensor[start:stop].clone()
 
-    def head(self, rows: int) -> DenseRows:
+    def head(self, rows: int) -> DenseColumn:
         """The first ``rows`` rows."""
-        return DenseRows(self.tensor[:rows].contiguous())
+        return DenseColumn(self.tensor[:rows].contiguous())
 
-    def extend(self, rows: torch.Tensor) -> DenseRows:
+    def extend(self, rows: torch.Tensor) -> DenseColumn:
         """These rows followed by ``rows``."""
-        return DenseRows(torch.cat([self.tensor, rows.to(self.dtype)]))
+        return DenseColumn(torch.cat([self.tensor, rows.to(self.dtype)]))
 
-    def to_ragged(self, padding: float) -> RaggedRows:
-        """The same arrays as :class:`RaggedRows` (for a column other ranks hold ragged)."""
+    def to_ragged(self, padding: float) -> RaggedColumn:
+        """The same arrays as :class:`RaggedColumn` (for a column other ranks hold ragged)."""
         width = self.row_shape[0]
-        return RaggedRows(DenseRows(self.tensor.reshape(-1)), torch.arange(len(self) + 1) * width, padding)
+        return RaggedColumn(DenseColumn(self.tensor.reshape(-1)), torch.arange(len(self) + 1) * width, padding)
 
 
-class SpilledRows:
+class SpilledColumn:
     """Rows of one shape in a local file, read back per batch.
 
     Args:
@@ -124,25 +126,25 @@ class SpilledRows:
             os.preadv(self._file.fileno(), [out.data.cast("B")], start * self._row_bytes)
         return torch.from_numpy(out)
 
-    def head(self, rows: int) -> SpilledRows:
+    def head(self, rows: int) -> SpilledColumn:
         """The first ``rows`` rows, in the same file (extending them overwrites the rows after)."""
-        return SpilledRows(self._file, rows, self.row_shape, self.dtype)
+        return SpilledColumn(self._file, rows, self.row_shape, self.dtype)
 
-    def extend(self, rows: torch.Tensor) -> SpilledRows:
+    def extend(self, rows: torch.Tensor) -> SpilledColumn:
         """These rows followed by ``rows``, written to the file after them (this object is
         left as it is: a worker may keep it for a later fit)."""
         data = rows.to(self.dtype).contiguous().numpy()
         os.pwrite(self._file.fileno(), data.tobytes(), len(self) * self._row_bytes)
-        return SpilledRows(self._file, len(self) + len(rows), self.row_shape, self.dtype)
+        return SpilledColumn(self._file, len(self) + len(rows), self.row_shape, self.dtype)
 
-    def to_ragged(self, padding: float) -> RaggedRows:
-        """The same arrays as :class:`RaggedRows` over the same file."""
+    def to_ragged(self, padding: float) -> RaggedColumn:
+        """The same arrays as :class:`RaggedColumn` over the same file."""
         width = self.row_shape[0]
-        values = SpilledRows(self._file, len(self) * width, (), self.dtype)
-        return RaggedRows(values, torch.arange(len(self) + 1) * width, padding)
+        values = SpilledColumn(self._file, len(self) * width, (), self.dtype)
+        return RaggedColumn(values, torch.arange(len(self) + 1) * width, padding)
 
 
-class RaggedRows:
+class RaggedColumn:
     """Arrays of different lengths: their values one after the other, and offsets.
 
     Args:
@@ -153,7 +155,7 @@ class RaggedRows:
 
     row_shape = None
 
-    def __init__(self, values: DenseRows | SpilledRows, offsets: torch.Tensor, padding: float = 0) -> None:
+    def __init__(self, values: DenseColumn | SpilledColumn, offsets: torch.Tensor, padding: float = 0) -> None:
         self.values = values
         self.offsets = offsets
         self.padding = padding
@@ -176,7 +178,7 @@ class RaggedRows:
         lengths = self.offsets[positions + 1] - starts
         longest = int(lengths.max()) if len(positions) else 0
         out = torch.full((len(positions), longest), self.padding, dtype=self.dtype)
-        if isinstance(self.values, DenseRows):
+        if isinstance(self.values, DenseColumn):
             columns = torch.arange(longest)
             mask = columns < lengths.unsqueeze(1)
             out[mask] = self.values.tensor[(starts.unsqueeze(1) + columns)[mask]]
@@ -193,17 +195,18 @@ class RaggedRows:
         """The values of rows ``start`` to ``stop``, unpadded, one after the other."""
         return self.values.slice(int(self.offsets[start]), int(self.offsets[stop]))
 
-    def head(self, rows: int) -> RaggedRows:
+    def head(self, rows: int) -> RaggedColumn:
         """The first ``rows`` rows."""
-        return RaggedRows(self.values.head(int(self.offsets[rows])), self.offsets[:rows + 1].clone(), self.padding)
+        return RaggedColumn(self.values.head(int(self.offsets[rows])), self.offsets[:rows + 1].clone(), self.padding)
 
-    def extend_flat(self, values: torch.Tensor, lengths: torch.Tensor) -> RaggedRows:
+    def extend_flat(self, values: torch.Tensor, lengths: torch.Tensor) -> RaggedColumn:
         """These rows followed by rows of ``lengths``, whose values are ``values``."""
         offsets = torch.cat([self.offsets, self.offsets[-1] + torch.cumsum(lengths.to(torch.int64), 0)])
-        return RaggedRows(self.values.extend(values), offsets, self.padding)
+        return RaggedColumn(self.values.extend(values), offsets, self.padding)
 
 
-Rows = DenseRows | SpilledRows | RaggedRows
+#: One column of a rank's rows, however it is held.
+Column = DenseColumn | SpilledColumn | RaggedColumn
 
 
 class Budget:
@@ -217,7 +220,7 @@ class Budget:
         self.limit = limit
         self.used = 0
         self.exceeded = False
-        self.builders: list[RowsBuilder] = []
+        self.builders: list[ColumnBuilder] = []
 
     def add(self, nbytes: int) -> None:
         """Counts ``nbytes`` more; past the limit every spillable builder spills."""
@@ -228,7 +231,7 @@ class Budget:
                 builder.spill()
 
 
-class RowsBuilder:
+class ColumnBuilder:
     """Collects one column of a rank, batch by batch.
 
     When the rank knows how many rows it will get (``capacity``, e.g. reading a table's
@@ -329,9 +332,9 @@ class RowsBuilder:
             self._written += len(part)
         self.parts = []
 
-    def finish(self, padding: float = 0) -> Rows | None:
-        """The column: rows of one shape as :class:`DenseRows` or :class:`SpilledRows`,
-        rows of different lengths as :class:`RaggedRows`; None without rows."""
+    def finish(self, padding: float = 0) -> Column | None:
+        """The column: rows of one shape as :class:`DenseColumn` or :class:`SpilledColumn`,
+        rows of different lengths as :class:`RaggedColumn`; None without rows."""
         if self.rows == 0:
             return None
         inner = self.inner or ()
@@ -340,17 +343,17 @@ class RowsBuilder:
             return values
         if not self.lengths:  # every row has the same length
             width = self.width or 0
-            if isinstance(values, DenseRows):
-                return DenseRows(values.tensor.reshape(self.rows, width, *inner))
-            return SpilledRows(self.file, self.rows, (width, *inner), self.dtype)
+            if isinstance(values, DenseColumn):
+                return DenseColumn(values.tensor.reshape(self.rows, width, *inner))
+            return SpilledColumn(self.file, self.rows, (width, *inner), self.dtype)
         lengths = np.concatenate(self.lengths)
         self.lengths = []
         if inner:
             raise ValueError("arrays of arrays must all have the same sizes")
         offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]))
-        return RaggedRows(values, offsets, padding)
+        return RaggedColumn(values, offsets, padding)
 
-    def finish_rows(self, padding: float = 0) -> Rows:
+    def finish_column(self, padding: float = 0) -> Column:
         """:meth:`finish` for a column that has rows.
 
         Raises:
@@ -361,14 +364,14 @@ class RowsBuilder:
             raise ValueError("the column has no rows")
         return rows
 
-    def _values(self, inner: tuple[int, ...]) -> DenseRows | SpilledRows:
+    def _values(self, inner: tuple[int, ...]) -> DenseColumn | SpilledColumn:
         """Every value collected, as rows of ``inner`` shape: the capacity buffer as it is,
         or one copy of the kept batches into a tensor, releasing each once copied."""
         if self.file is not None:
             self.file.flush()
-            return SpilledRows(self.file, self._written, inner, self.dtype)
+            return SpilledColumn(self.file, self._written, inner, self.dtype)
         if self._buffer is not None:
-            return DenseRows(torch.from_numpy(self._buffer[:self._filled]))
+            return DenseColumn(torch.from_numpy(self._buffer[:self._filled]))
         total = sum(len(part) for part in self.parts)
         out = np.empty((total, *inner), dtype=self._numpy)
         position = released = 0
@@ -381,4 +384,4 @@ class RowsBuilder:
             if released > _RELEASE_EVERY:  # ... back to the system, as the copy grows
                 pa.default_memory_pool().release_unused()
                 released = 0
-        return DenseRows(torch.from_numpy(out))
+        return DenseColumn(torch.from_numpy(out))

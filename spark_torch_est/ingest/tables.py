@@ -1,4 +1,4 @@
-"""[executor] Arrow record batches to typed columns, and which rows each step takes.
+"""[executor] Arrow record batches to typed columns: a rank's :class:`IngestedRows`.
 
 Every column keeps its type (see :mod:`spark_torch_est.core.schema`): each Arrow batch becomes
 numpy views with no per-row Python, and one copy per column puts the rows into a tensor
@@ -7,7 +7,6 @@ numpy views with no per-row Python, and one copy per column puts the rows into a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -17,12 +16,12 @@ import torch
 
 from spark_torch_est.core.protocol import IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
-from spark_torch_est.core.spec import Columns
+from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.ingest.rows import Budget, RaggedRows, Rows, RowsBuilder
+from spark_torch_est.ingest.columns import Budget, Column, ColumnBuilder, RaggedColumn
 
-__all__ = ["Table", "Shard", "EpochPlan", "arrow_values", "vectors_to_matrix", "list_column_to_matrix",
-           "stack_columns", "read_shard", "epoch_order", "TORCH_DTYPES"]
+__all__ = ["Table", "IngestedRows", "arrow_values", "vectors_to_matrix", "list_column_to_matrix", "stack_columns",
+           "read_rows", "TORCH_DTYPES"]
 
 #: The schema's dtype names as torch dtypes.
 TORCH_DTYPES = {"int64": torch.int64, "float32": torch.float32, "bool": torch.bool, "uint8": torch.uint8}
@@ -94,8 +93,8 @@ def _null_elements(name: str, flat: pa.Array, lengths: np.ndarray, parts: tuple[
     nulls = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
     positions = nulls - np.repeat(np.cumsum(lengths) - lengths, lengths)[nulls]
     counts = np.bincount(positions, minlength=len(parts))
-    held = ", ".join(f"{parts[i]!r} has {int(count)}" for i, count in enumerate(counts) if count)
-    return (f"featureCols: column {held} null values in this partition; drop or fill them first, e.g. "
+    per_column = ", ".join(f"{parts[i]!r} has {int(count)}" for i, count in enumerate(counts) if count)
+    return (f"featureCols: column {per_column} null values in this partition; drop or fill them first, e.g. "
             f"df.na.drop(subset={[parts[i] for i in np.flatnonzero(counts)]!r})")
 
 
@@ -163,7 +162,8 @@ def stack_columns(arrays: Sequence[pa.Array], names: Sequence[str]) -> np.ndarra
 
 @dataclass
 class Table:
-    """Rows of one rank: the model's inputs, the labels and the sample weights.
+    """One role's rows of one rank (training or validation), as columns: the model's
+    inputs, the labels and the sample weights.
 
     Attributes:
         inputs: One column per model input, in call order.
@@ -171,18 +171,18 @@ class Table:
         weights: The sample weights, or None without ``weightCol``.
     """
 
-    inputs: list[Rows]
-    labels: Rows
-    weights: Rows | None = None
+    inputs: list[Column]
+    labels: Column
+    weights: Column | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def columns(self) -> list[Rows]:
+    def columns(self) -> list[Column]:
         """Every column, in a fixed order (inputs, labels, weights)."""
         return [*self.inputs, self.labels, *([self.weights] if self.weights is not None else [])]
 
-    def with_columns(self, columns: list[Rows]) -> Table:
+    def with_columns(self, columns: list[Column]) -> Table:
         """A table of ``columns`` in :meth:`columns` order."""
         count = len(self.inputs)
         return Table(list(columns[:count]), columns[count], columns[count + 1] if self.weights is not None else None)
@@ -199,21 +199,21 @@ class Table:
 
 
 @dataclass
-class Shard:
-    """What one rank holds: its training rows and its validation rows (either may be
-    None when the partition has none).
+class IngestedRows:
+    """The rows one rank ingested: its training table and its validation table (either
+    may be None when the partition has none).
 
-    A worker may hold a shard for a later fit (:mod:`~spark_torch_est.ingest.held`); once a
-    fit laid its training rows out in the run's order, the held shard keeps them that way
-    (one copy of the rows, not two), so a later fit on the same rows and ranks trains on
-    them without laying them out again.
+    A worker may hold them for a later fit (:mod:`~spark_torch_est.ingest.held`); once a fit
+    laid the training rows out in the run's order, the held rows stay that way (one copy of
+    the rows, not two), so a later fit on the same rows and ranks trains on them without
+    laying them out again.
 
     Attributes:
-        source: What the rows were read from, for a shard a later fit may find held; ""
-            for rows that came from the job's input.
+        source: What the rows were read from, for rows a later fit may find held; "" for
+            rows that came from the job's input.
         layout: ``""`` while the training rows are as read; else the layout they are in
             (see :func:`~spark_torch_est.ingest.agreement.agree_on_rows`).
-        reread: Reads the rows as they were read, again (for a held shard laid out by an
+        reread: Reads the rows as they were read, again (for held rows laid out by an
             earlier fit that this fit cannot use).
     """
 
@@ -221,15 +221,15 @@ class Shard:
     validation: Table | None
     source: str = ""
     layout: str = ""
-    reread: Callable[[], Shard] | None = None
+    reread: Callable[[], IngestedRows] | None = None
 
 
-def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: Columns = Columns(),
-               memory_budget: int | None = None, rows: int | None = None) -> Shard:
-    """Collects a partition's record batches (training-frame columns) into a
-    :class:`Shard`; input rows past ``memory_budget`` bytes go to local files. When the
+def read_rows(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: ColumnNames = ColumnNames(),
+              memory_budget: int | None = None, rows: int | None = None) -> IngestedRows:
+    """Collects a partition's record batches (training-frame columns) into
+    :class:`IngestedRows`; input rows past ``memory_budget`` bytes go to local files. When the
     partition's ``rows`` are known, each column fills one buffer as the batches come (see
-    :class:`columns.RowsBuilder`).
+    :class:`columns.ColumnBuilder`).
 
     Raises:
         InputDataError: Nulls, arrays that cannot be stacked, labels of mixed lengths,
@@ -250,8 +250,8 @@ def read_shard(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: 
             parts["validation"].append(*_rows_where(row, flags))
             row = _rows_where(row, ~flags)
         parts["train"].append(*row)
-    return Shard(parts["train"].finish(schema.padding_value, columns.label),
-                 parts["validation"].finish(schema.padding_value, columns.label))
+    return IngestedRows(parts["train"].finish(schema.padding_value, columns.label),
+                        parts["validation"].finish(schema.padding_value, columns.label))
 
 
 _Values = tuple[np.ndarray, "np.ndarray | None", tuple[int, ...]]
@@ -282,9 +282,9 @@ class _Builders:
     """The builders of one role's columns."""
 
     def __init__(self, schema: InputSchema, budget: Budget, capacity: int | None) -> None:
-        self.inputs = [RowsBuilder(TORCH_DTYPES[column.dtype], budget, capacity) for column in schema.columns]
-        self.labels: RowsBuilder | None = None
-        self.weights = RowsBuilder(torch.float32, capacity=capacity)
+        self.inputs = [ColumnBuilder(TORCH_DTYPES[column.dtype], budget, capacity) for column in schema.columns]
+        self.labels: ColumnBuilder | None = None
+        self.weights = ColumnBuilder(torch.float32, capacity=capacity)
         self.capacity = capacity
 
     def append(self, inputs: list[_Values], labels: _Values, weights: _Values | None) -> None:
@@ -292,7 +292,7 @@ class _Builders:
             builder.append(values, lengths, inner)
         values, lengths, inner = labels
         if self.labels is None:
-            self.labels = RowsBuilder(torch.int64 if values.dtype.kind in "iu" else torch.float32,
+            self.labels = ColumnBuilder(torch.int64 if values.dtype.kind in "iu" else torch.float32,
                                       capacity=self.capacity)
         self.labels.append(values, lengths, inner)
         if weights is not None:
@@ -301,50 +301,8 @@ class _Builders:
     def finish(self, padding: float, label_name: str) -> Table | None:
         if self.labels is None or self.labels.rows == 0:
             return None
-        labels = self.labels.finish_rows()
-        if isinstance(labels, RaggedRows):
+        labels = self.labels.finish_column()
+        if isinstance(labels, RaggedColumn):
             raise InputDataError(f"labelCol {label_name!r} holds arrays of different lengths; every label needs "
                                  "the same length")
-        return Table([builder.finish_rows(padding) for builder in self.inputs], labels, self.weights.finish())
-
-
-class EpochPlan:
-    """Which rows every rank takes at each step of (the rest of) an epoch.
-
-    All ranks take the same number of steps. Step ``k`` takes rows ``offset + k *
-    batch_size`` onwards of each rank's order, as many as are left: the last step is short
-    (a rank may have no rows in it), never filled by repeating rows, so an epoch trains
-    every row once.
-
-    Args:
-        rows: Training rows of every rank.
-        batch_size: Rows per rank per step.
-        offset: Rows of its order each rank already trained on in this epoch.
-
-    >>> plan = EpochPlan([5, 4], batch_size=2, offset=2)
-    >>> plan.steps, [plan.samples(k) for k in range(plan.steps)]
-    (2, [4, 1])
-    """
-
-    def __init__(self, rows: list[int], batch_size: int, offset: int = 0) -> None:
-        self.rows = list(rows)
-        self.batch_size = batch_size
-        self.offset = offset
-        self.steps = max(math.ceil((max(self.rows) - offset) / batch_size), 0)
-
-    def positions(self, order: torch.Tensor, step: int) -> torch.Tensor:
-        """The positions of this rank's rows for ``step`` (counted from the plan's start)."""
-        start = self.offset + step * self.batch_size
-        return order[start:start + self.batch_size]
-
-    def samples(self, step: int) -> int:
-        """Rows all ranks together train on at ``step``."""
-        start = self.offset + step * self.batch_size
-        return sum(min(self.batch_size, max(n - start, 0)) for n in self.rows)
-
-
-def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor:
-    """The shuffled row order of one rank's part in one epoch, a pure function of its arguments."""
-    state = np.random.SeedSequence([seed, epoch, part]).generate_state(2, dtype=np.uint32)
-    generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    return torch.randperm(num_rows, generator=generator)
+        return Table([builder.finish_column(padding) for builder in self.inputs], labels, self.weights.finish())

@@ -1,4 +1,4 @@
-"""Arrow batches to typed columns, label shapes, and which rows each step takes."""
+"""Arrow batches to typed columns and label shapes."""
 
 import decimal
 
@@ -9,15 +9,13 @@ import torch
 
 from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
 from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
-from spark_torch_est.core.spec import Columns
+from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
-from spark_torch_est.ingest.rows import DenseRows, RaggedRows
-from spark_torch_est.ingest.shard import (
-    EpochPlan,
+from spark_torch_est.ingest.columns import DenseColumn, RaggedColumn
+from spark_torch_est.ingest.tables import (
     arrow_values,
-    epoch_order,
     list_column_to_matrix,
-    read_shard,
+    read_rows,
     stack_columns,
     vectors_to_matrix,
 )
@@ -71,16 +69,16 @@ def test_arrays_of_arrays_need_one_inner_size():
         arrow_values(pa.array([[[1, 2], [3]]]), "c")
 
 
-def test_read_shard_concatenates_batches_and_splits_validation():
+def test_read_rows_concatenates_batches_and_splits_validation():
     batches = [_batch([[1, 1], [2, 2]], [1.0, 2.0], [False, True]),
                _batch([[3, 3]], [3.0], [False])]
-    shard = read_shard(iter(batches), features_schema(2))
-    features = shard.train.inputs[0]
-    assert isinstance(features, DenseRows) and features.dtype == torch.float32
+    ingested = read_rows(iter(batches), features_schema(2))
+    features = ingested.train.inputs[0]
+    assert isinstance(features, DenseColumn) and features.dtype == torch.float32
     np.testing.assert_array_equal(features.tensor.numpy(), [[1, 1], [3, 3]])
-    np.testing.assert_array_equal(shard.train.labels.tensor.numpy(), [1.0, 3.0])
-    np.testing.assert_array_equal(shard.validation.inputs[0].tensor.numpy(), [[2, 2]])
-    assert shard.train.labels.dtype == torch.float32
+    np.testing.assert_array_equal(ingested.train.labels.tensor.numpy(), [1.0, 3.0])
+    np.testing.assert_array_equal(ingested.validation.inputs[0].tensor.numpy(), [[2, 2]])
+    assert ingested.train.labels.dtype == torch.float32
 
 
 def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
@@ -92,52 +90,28 @@ def test_typed_inputs_keep_their_types_and_ragged_arrays_their_lengths():
         [pa.array(ids), pa.array([[5, 6, 7], [8]], pa.list_(pa.int64())), pa.array([b"\x01\x02", b"\xff\x00"]),
          pa.array([1.0, 0.0]), pa.array([0.5, 2.0], pa.float32())],
         [input_column(0), input_column(1), input_column(2), LABEL, WEIGHT])
-    train = read_shard(iter([batch]), schema, Columns(weight="w")).train
+    train = read_rows(iter([batch]), schema, ColumnNames(weight="w")).train
     user, tokens, image = train.inputs
     assert user.tensor.tolist() == ids, "ids above 2**24 stay exact"
-    assert isinstance(tokens, RaggedRows) and tokens.take(torch.tensor([1, 0])).tolist() == [[8, -1, -1], [5, 6, 7]]
+    assert isinstance(tokens, RaggedColumn) and tokens.take(torch.tensor([1, 0])).tolist() == [[8, -1, -1], [5, 6, 7]]
     assert image.dtype == torch.uint8 and image.tensor.tolist() == [[1, 2], [255, 0]]
     assert train.weights.tensor.tolist() == [0.5, 2.0]
 
 
 def test_integer_labels_stay_integers_until_the_model_says_what_they_are():
-    shard = read_shard(iter([_batch([[1.0]], pa.array([3], pa.int64()))]), features_schema(1))
-    assert shard.train.labels.dtype == torch.int64
+    ingested = read_rows(iter([_batch([[1.0]], pa.array([3], pa.int64()))]), features_schema(1))
+    assert ingested.train.labels.dtype == torch.int64
 
 
 def test_null_labels_are_rejected_naming_the_column():
     with pytest.raises(InputDataError, match="'target'"):
-        read_shard(iter([_batch([[1.0], [2.0]], [1.0, None])]), features_schema(1), Columns(label="target"))
+        read_rows(iter([_batch([[1.0], [2.0]], [1.0, None])]), features_schema(1), ColumnNames(label="target"))
 
 
 def test_negative_weights_are_refused_naming_the_column():
     batch = _batch([[1.0], [2.0]], [1.0, 2.0]).append_column(WEIGHT, pa.array([1.0, -1.0]))
     with pytest.raises(InputDataError, match="weightCol 'w' holds negative"):
-        read_shard(iter([batch]), features_schema(1), Columns(weight="w"))
-
-
-def test_epoch_order_depends_on_seed_epoch_and_part_only():
-    a = epoch_order(100, seed=1, epoch=2, part=0)
-    assert torch.equal(a, epoch_order(100, seed=1, epoch=2, part=0))
-    assert sorted(a.tolist()) == list(range(100))
-    for other in (epoch_order(100, 2, 2, 0), epoch_order(100, 1, 3, 0), epoch_order(100, 1, 2, 1)):
-        assert not torch.equal(a, other)
-
-
-def test_an_epoch_plan_covers_the_rows_once_with_a_short_last_step():
-    plan = EpochPlan([10, 9, 8], batch_size=4)
-    order = torch.arange(10)
-    assert plan.steps == 3
-    assert plan.positions(order, 0).tolist() == [0, 1, 2, 3]
-    assert plan.positions(order, 2).tolist() == [8, 9]                    # the rank's own last, partial batch
-    assert plan.positions(torch.arange(8), 2).tolist() == []              # a shorter rank has none: no repeats
-    assert [plan.samples(k) for k in range(3)] == [12, 12, 3]
-
-
-def test_an_epoch_plan_from_an_offset_takes_what_is_left():
-    plan = EpochPlan([10, 10], batch_size=3, offset=4)
-    assert plan.steps == 2 and plan.positions(torch.arange(10), 0).tolist() == [4, 5, 6]
-    assert [plan.samples(k) for k in range(2)] == [6, 6]
+        read_rows(iter([batch]), features_schema(1), ColumnNames(weight="w"))
 
 
 def _vectors(rows) -> pa.StructArray:

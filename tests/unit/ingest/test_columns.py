@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 import torch
 
-from spark_torch_est.ingest.rows import Budget, DenseRows, RaggedRows, RowsBuilder, SpilledRows
-from spark_torch_est.ingest.shard import read_shard
+from spark_torch_est.ingest.columns import Budget, ColumnBuilder, DenseColumn, RaggedColumn, SpilledColumn
+from spark_torch_est.ingest.tables import read_rows
 from tests.helpers import features_batches, features_schema
 
 
-def test_a_spilled_shard_holds_the_same_rows_as_an_in_memory_one():
-    in_memory = read_shard(features_batches(5000, validation_every=5), features_schema(16), memory_budget=None)
-    spilled = read_shard(features_batches(5000, validation_every=5), features_schema(16), memory_budget=64 * 1024)
+def test_spilled_rows_are_the_same_rows_as_those_in_memory():
+    in_memory = read_rows(features_batches(5000, validation_every=5), features_schema(16), memory_budget=None)
+    spilled = read_rows(features_batches(5000, validation_every=5), features_schema(16), memory_budget=64 * 1024)
     features, kept = spilled.train.inputs[0], in_memory.train.inputs[0]
-    assert isinstance(features, SpilledRows) and isinstance(spilled.validation.inputs[0], SpilledRows)
-    assert isinstance(kept, DenseRows) and len(features) == len(kept) == 4000 and len(spilled.validation) == 1000
+    assert isinstance(features, SpilledColumn) and isinstance(spilled.validation.inputs[0], SpilledColumn)
+    assert isinstance(kept, DenseColumn) and len(features) == len(kept) == 4000 and len(spilled.validation) == 1000
     rows = torch.tensor([4, 3999, 17, 4])
     assert torch.equal(features.take(rows), kept.take(rows))
     assert torch.equal(features.slice(10, 20), kept.slice(10, 20))
@@ -37,22 +37,22 @@ def test_a_spilled_shard_holds_the_same_rows_as_an_in_memory_one():
 ])
 def test_every_dtype_stays_itself_in_ram_and_in_files(dtype, values):
     for budget in (Budget(None), Budget(64)):
-        builder = RowsBuilder(dtype, budget)
+        builder = ColumnBuilder(dtype, budget)
         for part in np.split(values, 4):
             builder.append(part.reshape(-1), np.full(len(part), 6))
         rows = builder.finish()
         assert rows.dtype == dtype and rows.row_shape == (6,)
-        assert isinstance(rows, SpilledRows) == (budget.limit is not None)
+        assert isinstance(rows, SpilledColumn) == (budget.limit is not None)
         assert torch.equal(rows.take(torch.tensor([99, 0, 50])), torch.from_numpy(values[[99, 0, 50]]))
     if dtype == torch.uint8:  # a spill file of bytes is as big as the bytes
         assert rows._file.seek(0, 2) == values.size
 
 
 def test_arrays_of_different_lengths_are_padded_to_each_batchs_longest_row():
-    builder = RowsBuilder(torch.int64, Budget(None))
+    builder = ColumnBuilder(torch.int64, Budget(None))
     builder.append(np.arange(1, 10), np.array([2, 3, 4]))  # rows [1 2] [3 4 5] [6 7 8 9]
     rows = builder.finish(padding=-1)
-    assert isinstance(rows, RaggedRows) and len(rows) == 3
+    assert isinstance(rows, RaggedColumn) and len(rows) == 3
     assert rows.take(torch.tensor([0, 1])).tolist() == [[1, 2, -1], [3, 4, 5]]
     assert rows.take(torch.tensor([2, 0])).tolist() == [[6, 7, 8, 9], [1, 2, -1, -1]]
     assert rows.head(2).slice(0, 2).tolist() == [[1, 2, -1], [3, 4, 5]]
@@ -63,11 +63,11 @@ def test_arrays_of_different_lengths_are_padded_to_each_batchs_longest_row():
 def test_ragged_rows_spilled_read_the_same():
     lengths = np.array([1, 5, 2, 7, 3] * 20)
     values = np.arange(lengths.sum(), dtype=np.float32)
-    kept, spilled = RowsBuilder(torch.float32, Budget(None)), RowsBuilder(torch.float32, Budget(16))
+    kept, spilled = ColumnBuilder(torch.float32, Budget(None)), ColumnBuilder(torch.float32, Budget(16))
     for builder in (kept, spilled):
         builder.append(values, lengths)
     kept, spilled = kept.finish(padding=0.5), spilled.finish(padding=0.5)
-    assert isinstance(spilled.values, SpilledRows)
+    assert isinstance(spilled.values, SpilledColumn)
     rows = torch.tensor([3, 0, 99, 42])
     assert torch.equal(kept.take(rows), spilled.take(rows))
 
@@ -79,18 +79,18 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
         import json, sys, torch
         sys.path.insert(0, ".")
         from tests.helpers import features_batches, features_schema
-        from spark_torch_est.ingest.shard import read_shard
+        from spark_torch_est.ingest.tables import read_rows
         budget = None if sys.argv[1] == "none" else int(sys.argv[1])
         def hwm():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
         base = hwm()
-        shard = read_shard(features_batches(500_000, width=128, per_batch=5000), features_schema(128),
+        ingested = read_rows(features_batches(500_000, width=128, per_batch=5000), features_schema(128),
                            memory_budget=budget)
-        features = shard.train.inputs[0]
+        features = ingested.train.inputs[0]
         order = torch.randperm(len(features))
         for start in range(0, len(order), 4096):
             features.take(order[start:start + 4096]).sum()
-        print(json.dumps({"growth_mb": hwm() - base, "spilled": type(features).__name__ == "SpilledRows"}))
+        print(json.dumps({"growth_mb": hwm() - base, "spilled": type(features).__name__ == "SpilledColumn"}))
     """)
     results = {}
     for budget in ("none", str(64 << 20)):
@@ -105,7 +105,7 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
 
 
 def test_spilled_rows_can_be_cut_and_extended_in_place():
-    spilled = read_shard(features_batches(2000), features_schema(16), memory_budget=16 * 1024).train.inputs[0]
+    spilled = read_rows(features_batches(2000), features_schema(16), memory_budget=16 * 1024).train.inputs[0]
     head = spilled.head(100)
     extra = torch.arange(32, dtype=torch.float32).reshape(2, 16)
     grown = head.extend(extra)
@@ -122,7 +122,7 @@ def test_an_image_column_takes_a_quarter_of_the_memory_of_the_same_pixels_as_flo
         import json, sys
         import numpy as np, pyarrow as pa
         sys.path.insert(0, ".")
-        from spark_torch_est.ingest.shard import read_shard
+        from spark_torch_est.ingest.tables import read_rows
         from spark_torch_est.core.protocol import LABEL, input_column
         from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
         def hwm():
@@ -138,8 +138,8 @@ def test_an_image_column_takes_a_quarter_of_the_memory_of_the_same_pixels_as_flo
                      pa.FixedSizeListArray.from_arrays(pa.array(pixels.reshape(-1).astype(np.float32)), 3072))
             batches.append(pa.RecordBatch.from_arrays([image, pa.array(np.zeros(1000))], [input_column(0), LABEL]))
         base = hwm()
-        shard = read_shard(iter(batches), InputSchema(INPUTS_LAYOUT, (column,)))
-        print(json.dumps({"growth_mb": hwm() - base, "dtype": str(shard.train.inputs[0].dtype)}))
+        ingested = read_rows(iter(batches), InputSchema(INPUTS_LAYOUT, (column,)))
+        print(json.dumps({"growth_mb": hwm() - base, "dtype": str(ingested.train.inputs[0].dtype)}))
     """)
     results = {}
     for kind in ("bytes", "floats"):
