@@ -149,6 +149,7 @@ def test_a_new_seed_is_refused_mid_epoch_and_taken_at_an_epoch_end(spark, indexe
     assert est.progress.epoch == 2 and est.checkpoint.seed == 99
 
 
+@pytest.mark.slow  # two sessions of its own; tests/unit/ingest/test_canonical.py checks the same on ranks
 def test_a_run_continued_mid_epoch_on_one_then_three_workers_trains_each_step_as_undisturbed():
     """On local[3] (a script of its own): numWorkers 2, then 1, then 3 between fits, the
     global batch kept at 12 rows; every global step trains the rows of an undisturbed run."""

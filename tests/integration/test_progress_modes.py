@@ -15,6 +15,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "job_progress.py"
 ROOT = Path(__file__).parents[2]
 
 
+@pytest.mark.slow  # a spark-submit job, as the other spark-submit tests
 def test_a_spark_submit_job_with_ipykernel_imported_logs_lines_not_a_bar(tmp_path):
     log_file = tmp_path / "driver.log"  # spark-submit merges the Python driver's stderr into its stdout
     with log_file.open("w") as log:
