@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import importlib
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -53,8 +51,6 @@ _ARROW_RESULT = pa.schema([("seq", pa.int64()), ("data", pa.binary())])
 _KEPT_ALIVE: list[object] = []
 #: How long a rank lets go of the GIL before destroying its process group (see :func:`_teardown`).
 _GIL_RELEASE_S = 0.05
-#: Modules the loop imports lazily and slowly in a fresh process (see _import_in_background).
-_SLOW_LAZY_IMPORTS = ("torch._dynamo",)
 
 
 def train_task(spec: TaskSpec | Any, launch: Launch) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -91,7 +87,6 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     rank = barrier.rank
     stage = "ingest"
     started = time.perf_counter()
-    importing = _import_in_background(_SLOW_LAZY_IMPORTS)
     store: dist.Store | None = None
     failure: Failure | None
     reading: _Beside | None = None
@@ -128,8 +123,6 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         _teardown(clean=False)
         _report(launch, failure)
         raise RankFailure(failure, launch.secret) from None
-    if importing is not None:
-        importing.join()  # before the creators are unpickled: one importer at a time from here
     channel = _open_channel(launch, rank)
     forwarder = LogForwarder(channel, rank) if channel is not None else None
     if forwarder is not None:
@@ -212,6 +205,10 @@ class _Beside:
     """Runs ``work`` in a thread beside the rank's rendezvous (reading a table's files
     releases the GIL for most of its time); :meth:`result` waits for it.
 
+    It is the only thread beside the rank's own before training: a third one importing
+    ``torch._dynamo`` ahead of the first step deadlocked fresh workers on torch 2.3.1 (each
+    thread waiting in an import lock), so the loop imports what it needs itself.
+
     Args:
         work: What the thread runs; its value or exception comes out of :meth:`result`.
     """
@@ -251,30 +248,6 @@ class _Beside:
         if self._value is None:
             raise RuntimeError("a bug in spark_torch_est: the part read beside the rendezvous gave no rows")
         return self._value
-
-
-def _import_in_background(modules: tuple[str, ...]) -> threading.Thread | None:
-    """Imports ``modules`` in a thread while the rank waits for its rows and its peers.
-
-    In a fresh Python worker the first optimizer imports ``torch._dynamo`` (through
-    ``torch._disable_dynamo``), ~1.5 s before the first step; here that overlaps with
-    ingest and rendezvous, which mostly wait on the JVM and the network. Reused workers
-    have it already and start no thread.
-    """
-    missing = [name for name in modules if name not in sys.modules]
-    if not missing:
-        return None
-
-    def run() -> None:
-        for name in missing:
-            try:
-                importlib.import_module(name)
-            except Exception:  # an optimization only: the loop imports what it needs itself
-                logger.debug("background import of %s failed", name, exc_info=True)
-
-    thread = threading.Thread(target=run, name="spark_torch_est-imports", daemon=True)
-    thread.start()
-    return thread
 
 
 def _open_channel(launch: Launch, rank: int) -> ChannelClient | None:
