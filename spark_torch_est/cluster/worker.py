@@ -85,12 +85,14 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         RankFailure: Anything failed; carries a sealed :class:`Failure` for the driver.
     """
     rank = barrier.rank
-    stage = "ingest"
+    stage = "rendezvous"
     started = time.perf_counter()
     store: dist.Store | None = None
     failure: Failure | None
     reading: _Beside | None = None
     try:
+        device = _device(spec, barrier)  # before any thread starts beside this one (see _Beside)
+        stage = "ingest"
         if spec.kept is not None and spec.kept.mode == "read":  # the ranks tell which parts they kept
             store = connect_store(launch, barrier, spec.timeout_s)
             rank, ingested = take_kept(spec, batches, store, rank)
@@ -102,7 +104,6 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
             ingested = _ingest(spec, batches, rank)
         ingest_done = time.perf_counter()  # the rows are in, or being read beside
         stage = "rendezvous"
-        device = _device(spec, barrier)
         if store is None:
             store = connect_store(launch, barrier, spec.timeout_s)
         dist.init_process_group(
@@ -205,9 +206,11 @@ class _Beside:
     """Runs ``work`` in a thread beside the rank's rendezvous (reading a table's files
     releases the GIL for most of its time); :meth:`result` waits for it.
 
-    It is the only thread beside the rank's own before training: a third one importing
-    ``torch._dynamo`` ahead of the first step deadlocked fresh workers on torch 2.3.1 (each
-    thread waiting in an import lock), so the loop imports what it needs itself.
+    It is the only thread beside the rank's own before training, and starts once the rank's
+    thread has set up what torch sets up on first use (its device, its NumPy bridge): in a
+    fresh worker on torch 2.3.1 a thread importing or converting beside another that does
+    deadlocked, each waiting in an import lock (a third thread importing ``torch._dynamo``
+    ahead of the first step made it frequent; the loop now imports that itself).
 
     Args:
         work: What the thread runs; its value or exception comes out of :meth:`result`.
@@ -217,6 +220,7 @@ class _Beside:
         self.seconds = 0.0
         self._value: IngestedRows | None = None
         self._error: BaseException | None = None
+        torch.empty(0).numpy()  # torch's NumPy bridge, set up on this thread
         self._thread = threading.Thread(target=self._run, args=(work,), name="spark_torch_est-ingest", daemon=True)
         self._thread.start()
 

@@ -1,20 +1,8 @@
-"""The barrier task's entry: background imports and the teardown that cannot hang."""
+"""The barrier task's entry: the part read beside the rendezvous and the teardown that cannot hang."""
 
 from __future__ import annotations
 
 import pytest
-
-
-def test_slow_imports_run_in_the_background_only_when_missing():
-    import sys
-
-    from spark_torch_est.cluster.worker import _import_in_background
-
-    assert _import_in_background(("torch", "pyarrow")) is None  # a reused worker starts no thread
-    sys.modules.pop("colorsys", None)
-    thread = _import_in_background(("no_such_module_ste", "colorsys"))  # a failure is only logged
-    thread.join(30)
-    assert not thread.is_alive() and "colorsys" in sys.modules
 
 
 class _Held:
