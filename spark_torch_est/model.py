@@ -28,8 +28,10 @@ from spark_torch_est.ingest.parquet_read import over_parts
 from spark_torch_est.params.base import EstimatorParams
 from spark_torch_est.persistence import TorchPersistence, loaded_checkpoint, read_required, saved_checkpoint
 from spark_torch_est.scoring.inference import EVALUATION_SCHEMA, ScoringSpec, evaluate_task, predict_task
+from spark_torch_est.scoring.lightning import VALIDATION_SCHEMA, validate_task, validated
 from spark_torch_est.scoring.predict_udf import arrow_predict_function
 from spark_torch_est.train.creators import Creators
+from spark_torch_est.train.lightning import defines
 from spark_torch_est.train.losses import Loss
 from spark_torch_est.train.metrics import MetricAccumulator
 
@@ -239,20 +241,30 @@ class TorchModel(Model, EstimatorParams, TorchPersistence):
     def evaluate(self, dataset: DataFrame) -> dict[str, float]:
         """The loss and metrics over every row of ``dataset``, computed by Spark tasks.
 
+        For a LightningModule: what ``pl.Trainer.validate`` returns for those rows, each value
+        its ``validation_step`` logs (``(features, label)`` batches of ``inferenceBatchSize``
+        rows, as in training) averaged over the rows; Lightning's Trainer runs it in each task
+        and the partitions' values are weighed by their rows.
+
         Returns:
             ``{"loss": ..., "<metric name>": ...}``: weighted by rows, exact for losses
             and metrics that are means over rows; stateful metrics (torchmetrics) are
-            merged with their ``merge_state``.
+            merged with their ``merge_state``. For a LightningModule:
+            ``{"<logged name>": ...}``.
 
         Raises:
             InvalidInputError: Missing or unusable columns (before any Spark job), or a
-                LightningModule's model (no loss= to evaluate).
+                LightningModule without a ``validation_step``.
         """
-        if self.checkpoint.lightning_state is not None:
-            raise InvalidInputError(
-                "evaluate() computes the estimator's loss= and metrics=, which a LightningModule's fit has not: its "
-                "validation_step logs its metrics, in the fit's history for the validationIndicatorCol rows; score "
-                "other rows with transform() and a pyspark.ml evaluator")
+        lightning = self.checkpoint.lightning_state is not None
+        if lightning:
+            creators = self._made_by()
+            module = creators.model if isinstance(creators.model, torch.nn.Module) else creators.build_model()
+            if not defines(module, "validation_step"):
+                raise InvalidInputError(
+                    f"evaluate() runs the LightningModule's validation_step, which {type(module).__name__} does not "
+                    "define: define it (as for pl.Trainer.validate), or score the rows with transform() and a "
+                    "pyspark.ml evaluator")
         where = self._inputs(dataset)
         label_kind(dataset.schema, self.getLabelCol())
         weight = self.getWeightCol()
@@ -261,6 +273,9 @@ class TorchModel(Model, EstimatorParams, TorchPersistence):
             weight_column(dataset, weight)
         frame = dataset.select(*needed)
         spec = self._scoring_spec(label_col=self.getLabelCol(), weight_col=weight, **where)
+        if lightning:
+            partitions = self._map_in_arrow(frame, validate_task(spec), VALIDATION_SCHEMA, collected=True)
+            return validated(partitions.collect())
         rows = self._map_in_arrow(frame, evaluate_task(spec), EVALUATION_SCHEMA, collected=True).collect()
         totals = torch.tensor([r["totals"] for r in rows], dtype=torch.float64).sum(dim=0)
         if not rows or totals[0] == 0:

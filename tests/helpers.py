@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -413,3 +415,12 @@ def rank_processes():
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "torch.distributed", "pyarrow", "spark_torch_est", "tests.helpers"])
     return context
+
+
+def end_mlflow_download_threads() -> None:
+    """MLflow's artifact download leaves an idle thread pool behind until its repository
+    object is collected; collect it and wait for its threads to end."""
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name.startswith("Mlflow"):
+            thread.join(10)

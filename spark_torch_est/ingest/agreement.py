@@ -66,7 +66,11 @@ class AgreedRows:
     @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps of a whole epoch, the same on every rank."""
-        return EpochPlan(self.train_rows, self.canonical.shard_batch).steps
+        return self.steps_left(0)
+
+    def steps_left(self, offset: int) -> int:
+        """Optimizer steps of an epoch from ``offset`` rows of each logical shard's order on."""
+        return EpochPlan(self.train_rows, self.canonical.shard_batch, offset).steps
 
     def epoch(self, epoch: int, offset: int) -> EpochRows:
         """Collective (on another world size than the run's shards): the rows this rank

@@ -17,20 +17,21 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema, call_model
+from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import shape_labels
 from spark_torch_est.ingest.columns import Column, ColumnBuilder, DenseColumn
 from spark_torch_est.ingest.tables import TORCH_DTYPES, arrow_values, stack_columns
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.devices import cpu_despite_gpus, task_device, task_gpus
+from spark_torch_est.train.lightning import scorer
 from spark_torch_est.train.losses import Loss
 from spark_torch_est.train.metrics import MetricAccumulator
 from spark_torch_est.train.precision import autocast
 from spark_torch_est.train.step import checked_outputs
 
-__all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "read_inputs",
-           "predict_outputs", "output_columns"]
+__all__ = ["ScoringSpec", "predict_task", "evaluate_task", "EVALUATION_SCHEMA", "load_model", "model_device",
+           "read_inputs", "read_targets", "predict_outputs", "output_columns"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,17 @@ def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Column]:
     return inputs
 
 
+def read_targets(batch: pa.RecordBatch, spec: ScoringSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The batch's labels as training reads them (int64 for integers, else float32; one row
+    per label) and its sample weights under ``weightCol`` (float32), else None."""
+    values, lengths, _ = arrow_values(batch.column(spec.label_col), spec.label_col)
+    labels = torch.from_numpy(np.array(values if lengths is None else values.reshape(len(lengths), -1)))
+    labels = labels.long() if labels.dtype in _INTEGERS else labels.float()
+    weights = (torch.from_numpy(np.array(arrow_values(batch.column(spec.weight_col), spec.weight_col)[0],
+                                         dtype=np.float32)) if spec.weight_col else None)
+    return labels, weights
+
+
 def load_model(spec: ScoringSpec) -> torch.nn.Module:
     """Builds the model in eval mode on the task's device, once per process, weights and
     device: the GPU Spark gave the task, else one of the executor's GPUs by partition,
@@ -139,19 +151,22 @@ def load_model(spec: ScoringSpec) -> torch.nn.Module:
     return model
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters are (the CPU for a model without any)."""
     return next(model.parameters(), torch.empty(0)).device
 
 
 def _forward(model: torch.nn.Module, inputs: list[Column], spec: ScoringSpec) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yields (start row, outputs) per chunk of ``spec.batch_size`` rows."""
-    device, schema = _device(model), spec.input_schema
+    """Yields (start row, outputs) per chunk of ``spec.batch_size`` rows: the model's forward,
+    or a LightningModule's own ``predict_step`` (see :func:`scorer`)."""
+    device, schema = model_device(model), spec.input_schema
     rows = len(inputs[0]) if inputs else 0
+    method, call = scorer(model)
     with torch.inference_mode():
-        for start in range(0, rows, spec.batch_size):
+        for index, start in enumerate(range(0, rows, spec.batch_size)):
             chunk = schema.model_inputs([x.slice(start, start + spec.batch_size).to(device) for x in inputs])
             with autocast(spec.precision, device):
-                outputs = checked_outputs(call_model(model, chunk), model)
+                outputs = checked_outputs(call(chunk, index), model, method)
             yield start, outputs
 
 
@@ -183,14 +198,10 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         model = load_model(spec)
         creators: Creators = cloudpickle.loads(spec.creators)
-        accumulator = MetricAccumulator(Loss(creators.build_loss()), creators.metrics, _device(model))
+        accumulator = MetricAccumulator(Loss(creators.build_loss()), creators.metrics, model_device(model))
         for batch in batches:
             inputs = read_inputs([batch.column(name) for name in spec.columns], spec)
-            values, lengths, _ = arrow_values(batch.column(spec.label_col), spec.label_col)
-            labels = torch.from_numpy(np.array(values if lengths is None else values.reshape(len(lengths), -1)))
-            labels = labels.long() if labels.dtype in _INTEGERS else labels.float()  # as training reads them
-            weights = (torch.from_numpy(np.array(arrow_values(batch.column(spec.weight_col), spec.weight_col)[0],
-                                                 dtype=np.float32)) if spec.weight_col else None)
+            labels, weights = read_targets(batch, spec)
             for start, outputs in _forward(model, inputs, spec):
                 stop = start + len(outputs)
                 target = shape_labels(labels[start:stop], list(outputs.shape[1:]), spec.label_col,

@@ -149,12 +149,13 @@ def forward(model: nn.Module, inputs: ModelInputs, schema: InputSchema, batch_si
         ) from None
 
 
-def checked_outputs(outputs: Any, model: nn.Module) -> torch.Tensor:
-    """The outputs of ``model``'s forward, if they are one tensor: the loss, the metrics,
-    the labels' shape and ``transform`` take them as one.
+def checked_outputs(outputs: Any, model: nn.Module, method: str = "forward") -> torch.Tensor:
+    """The outputs of ``model``'s forward (or the ``method`` scoring called, a
+    LightningModule's ``predict_step``), if they are one tensor: the loss, the metrics, the
+    labels' shape and ``transform`` take them as one.
 
     Raises:
-        UserCodeError: They are not (a tuple, a dict, ...), naming the model.
+        UserCodeError: They are not (a tuple, a dict, ...), naming the model and the method.
     """
     if isinstance(outputs, torch.Tensor):
         return outputs
@@ -166,7 +167,7 @@ def checked_outputs(outputs: Any, model: nn.Module) -> torch.Tensor:
         else:
             break
     raise UserCodeError.returned(
-        f"the model's forward ({type(model).__qualname__})", outputs,
+        f"the model's {method} ({type(model).__qualname__})", outputs,
         "one torch.Tensor of outputs, a row per input row: the loss, the metrics and transform take it",
         "return that tensor alone (a model that returns more can be wrapped in a module whose forward returns "
         "the one tensor, e.g. model(x)[0] or model(x)['logits'])")

@@ -12,14 +12,13 @@ import torch
 pl = pytest.importorskip("lightning.pytorch", reason="needs the lightning extra (pip install '.[lightning]')")
 
 from spark_torch_est import TorchEstimator, TorchModel  # noqa: E402
+from spark_torch_est.core.support import PREDICT_UDF, installed  # noqa: E402
 from spark_torch_est.errors import InvalidInputError, TrainingFailedError  # noqa: E402
 from spark_torch_est.loggers import CSVLogger, MLflowLogger  # noqa: E402
-from tests.helpers import spark_jobs_started  # noqa: E402
+from tests.helpers import end_mlflow_download_threads, spark_jobs_started  # noqa: E402
 
 pytestmark = [
     pytest.mark.spark, pytest.mark.compat,
-    pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 13),
-                       reason="the Lightning tests were checked on torch 2.13 only (lightning 2.5.0 and 2.6.6)"),
 ]
 
 ROWS, WIDTH, BATCH = 288, 4, 32  # every 9th row validates: 256 training rows, 4 steps per epoch on 2 ranks
@@ -220,7 +219,7 @@ class _Counter(pl.Callback):
         self.batches = state["batches"]
 
 
-def test_callbacks_act_as_under_the_trainer(lit_df, store):
+def test_callbacks_act_as_under_the_trainer(lit_df, store, monkeypatch):
     """A callback setting should_stop on one rank stops every rank at that epoch's end;
     LearningRateMonitor's rates reach the history and the MLflow logger, which logs the fitted
     module; a callback's state is in the checkpoint."""
@@ -239,8 +238,14 @@ def test_callbacks_act_as_under_the_trainer(lit_df, store):
     assert est.checkpoint.lightning_state["callbacks"]["_Counter"] == {"batches": 8}
     (run,) = client.search_runs([experiment_id])
     assert {"lr-Adam", "loss", "val_mse", "train_loss"} <= set(run.data.metrics)
-    (logged,) = client.search_logged_models([experiment_id])  # the fitted module, by mlflow.pytorch
-    assert logged.source_run_id == run.info.run_id and model.torch_model() is not None
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    logged = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model")  # the fitted module, by mlflow.pytorch
+    x = torch.randn(5, WIDTH)
+    with torch.no_grad():
+        assert torch.allclose(logged(x), model.torch_model()(x))
+    end_mlflow_download_threads()
 
 
 def test_pytorch_lightning_module_with_early_stopping_and_bf16(lit_df):
@@ -323,14 +328,14 @@ def test_relaunch_after_a_crash_ends_as_a_straight_fit(lit_df, straight, tmp_pat
     header = (csv_dir / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"epoch", "train_loss", "loss", "val_mse"} <= set(header)
 
+    if installed("pyspark") < PREDICT_UDF.needs:
+        return
     predict = model.predict_udf()
     rows = lit_df.orderBy("id").limit(8).select(predict(F.col("features")).alias("p")).collect()
     with torch.no_grad():
         x = torch.tensor([r["features"] for r in lit_df.orderBy("id").limit(8).collect()])
         direct = model.torch_model()(x).squeeze(-1).numpy()
     np.testing.assert_allclose([r["p"] for r in rows], direct, rtol=1e-5, atol=1e-5)
-    with pytest.raises(InvalidInputError, match="validation_step"):
-        model.evaluate(lit_df)
 
 
 class TypedRegressor(pl.LightningModule):
@@ -461,3 +466,101 @@ def test_a_short_last_step_trains_every_row_once_as_the_packages_own_loop_does(s
     assert np.isfinite(flat_weights(lit)).all()
     np.testing.assert_allclose(flat_weights(lit), flat_weights(plain), rtol=1e-5, atol=1e-6)
     assert lit.history[-1]["train_loss"] == pytest.approx(plain.history[-1]["train_loss"], rel=1e-4)
+
+
+class _Squashed(Regressor):
+    """Scores through its own predict_step: the regression's output squashed into (0, 1)."""
+
+    def predict_step(self, batch, batch_idx):
+        return torch.sigmoid(self(batch))
+
+
+class _Unvalidated(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(WIDTH, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x).squeeze(-1), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_evaluate_is_pl_trainer_validate_and_transform_calls_predict_step(spark, lit_df, tmp_path):
+    """evaluate() returns what pl.Trainer.validate returns for the same rows (validation_step's
+    logged values, averaged over every row of every partition); transform and predict_udf call
+    the module's own predict_step; a module without validation_step is refused before any job."""
+    est = lit_estimator(_Squashed(), maxEpochs=1)
+    model = est.fit(lit_df)
+    fitted = model.torch_model()
+    x = torch.tensor([r["features"] for r in lit_df.orderBy("id").collect()])
+    y = torch.tensor([r["label"] for r in lit_df.orderBy("id").collect()], dtype=torch.float32)
+
+    uneven = lit_df.repartition(3, "id")  # partitions of different sizes
+    evaluated = model.evaluate(uneven)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    rows = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=50)
+    (expected,) = trainer.validate(fitted, dataloaders=rows, verbose=False)
+    assert set(evaluated) == set(expected) == {"val_mse"}
+    assert evaluated["val_mse"] == pytest.approx(expected["val_mse"], rel=1e-5)
+    weighted = model.evaluate(lit_df.where("id < 100"))["val_mse"]  # other rows, other values
+    assert weighted != pytest.approx(evaluated["val_mse"], rel=1e-3)
+
+    predictions = np.array([r["prediction"] for r in model.transform(lit_df).orderBy("id").collect()])
+    with torch.no_grad():
+        squashed = torch.sigmoid(fitted(x)).squeeze(-1).numpy()
+    np.testing.assert_allclose(predictions, squashed, rtol=1e-5, atol=1e-6)
+    assert ((predictions > 0) & (predictions < 1)).all()
+    if installed("pyspark") >= PREDICT_UDF.needs:
+        scored = lit_df.orderBy("id").select(model.predict_udf()("features").alias("p")).collect()
+        np.testing.assert_allclose([r["p"] for r in scored], squashed, rtol=1e-5, atol=1e-6)
+
+    plain = lit_estimator(_Unvalidated(), maxEpochs=1, validationIndicatorCol=None).fit(lit_df)
+    jobs = spark_jobs_started(spark)
+    with pytest.raises(InvalidInputError, match="validation_step, which _Unvalidated does not define"):
+        plain.evaluate(lit_df)
+    assert spark_jobs_started(spark) == jobs
+
+
+def test_elastic_fewer_slots_and_other_worker_counts_between_fits(lit_df, tmp_path, caplog):
+    """minWorkers: three ranks asked for, two slots free, the module trains on two ranks with
+    the global batch of three, bitwise a two-rank fit of that batch. A run paused mid-epoch
+    on two ranks (64 rows a step) continues on one (32 rows a step: the rest of the epoch in 4
+    steps, Lightning's epoch end and validation after them) and then on two again, every row
+    once per epoch."""
+    import logging
+
+    shrunk = lit_estimator(Regressor(), numWorkers=3, minWorkers=2)
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
+        on_two = _weights(shrunk.fit(lit_df))
+    assert any("training on 2 ranks (minWorkers=2)" in r.getMessage() for r in caplog.records)
+    assert [e["world_size"] for e in shrunk.history] == [2, 2, 2]
+    two = lit_estimator(Regressor(), batchSize=BATCH * 3 // 2)
+    assert all(torch.equal(value, on_two[k]) for k, value in _weights(two.fit(lit_df)).items())
+    assert shrunk.history == two.history
+
+    record = tmp_path / "seen"
+    record.mkdir()
+    est = lit_estimator(Regressor(record=str(record)))
+    est.fit(lit_df, duration="2ba")
+    est.setNumWorkers(1)
+    est.fit(lit_df, duration="1ep")  # the rest of epoch 1
+    assert est.progress.epoch == 1 and est.progress.global_step == 2 + 4
+    est.fit(lit_df, duration="1ep")
+    assert est.progress.global_step == 6 + 8
+    est.setNumWorkers(2)
+    est.fit(lit_df)
+    assert est.progress.global_step == 14 + 4
+    assert est.checkpoint.lightning_state["global_step"] == 18
+    assert [e["world_size"] for e in est.history] == [1, 1, 2]
+    assert all(np.isfinite(e["val_mse"]) for e in est.history)  # validated at every epoch's end
+    assert est.history[-1]["train_loss"] < est.history[0]["train_loss"]
+    for epoch in recorded_epochs(str(record)):
+        rows = torch.cat([x for x, _ in epoch])
+        assert len(rows) == 256 and len(torch.unique(rows, dim=0)) == 256  # each row once

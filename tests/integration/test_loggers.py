@@ -4,7 +4,6 @@ read back, CSV files, and a logger that raises and cannot be pickled."""
 from __future__ import annotations
 
 import csv
-import gc
 import logging
 import threading
 
@@ -19,7 +18,7 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 from spark_torch_est import CSVLogger, Hook, Logger, MLflowLogger, TensorBoardLogger, TorchEstimator
 from spark_torch_est.errors import TrainingFailedError
 from spark_torch_est.loggers.mlflow_logger import RUN_ID_TAG
-from tests.helpers import linear_estimator
+from tests.helpers import end_mlflow_download_threads, linear_estimator
 
 pytestmark = pytest.mark.spark
 
@@ -86,16 +85,7 @@ def test_one_mlflow_run_follows_the_estimator_run_through_fits_and_a_failure(
     requirements = open(mlflow.pyfunc.get_model_dependencies(f"runs:/{run_id}/model")).read().split()
     assert [r.split("==")[0] for r in requirements if not r.startswith("mlflow")] == ["torch", "cloudpickle"]
     assert "+" not in " ".join(requirements) and torch.__version__.split("+")[0] in " ".join(requirements)
-    _end_download_threads()
-
-
-def _end_download_threads() -> None:
-    """MLflow's artifact download leaves an idle thread pool behind until its repository
-    object is collected; collect it and wait for its threads to end."""
-    gc.collect()
-    for thread in threading.enumerate():
-        if thread.name.startswith("Mlflow"):
-            thread.join(10)
+    end_mlflow_download_threads()
 
 
 def test_reset_copy_and_crossvalidator_fits_start_new_runs_and_a_loaded_estimator_continues(

@@ -10,12 +10,17 @@ The rank's side, Lightning's own loop on the task's process group, is
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, requires, version
 from typing import Any
 
-__all__ = ["NAMESPACES", "namespace_of", "check_release", "MIN_LIGHTNING"]
+from spark_torch_est.core.schema import call_model
+
+__all__ = ["NAMESPACES", "namespace_of", "defines", "scorer", "step_batch", "trainer_args", "check_release",
+           "MIN_LIGHTNING"]
 
 #: The two import names of Lightning's Trainer package, and their distributions.
 NAMESPACES = {"lightning.pytorch": "lightning", "pytorch_lightning": "pytorch-lightning"}
@@ -31,6 +36,49 @@ def namespace_of(model: Any) -> str | None:
         if module_class is not None and isinstance(model, module_class):
             return name
     return None
+
+
+def defines(model: Any, method: str) -> bool:
+    """Whether ``model`` is a LightningModule whose class defines ``method`` (say
+    ``validation_step`` or ``predict_step``) rather than inheriting Lightning's, as Lightning's
+    own ``is_overridden`` decides whether its Trainer runs it."""
+    namespace = namespace_of(model)
+    if namespace is None:
+        return False
+    inherited = getattr(sys.modules[namespace].LightningModule, method, None)
+    return getattr(type(model), method, None) is not inherited
+
+
+def scorer(model: Any) -> tuple[str, Callable[[Any, int], Any]]:
+    """How ``transform``, ``predict_udf`` and the output shape call ``model`` on a batch of
+    inputs (:meth:`InputSchema.model_inputs`: the features, or the tuple of typed inputs),
+    and the method's name for messages: a LightningModule's own ``predict_step(batch,
+    batch_idx)`` where its class defines one, else the module's forward, ``model(*inputs)``."""
+    if defines(model, "predict_step"):
+        return "predict_step", model.predict_step
+    return "forward", lambda inputs, batch_idx: call_model(model, inputs)
+
+
+def step_batch(model_inputs: Any, labels: Any, weights: Any = None) -> tuple:
+    """A batch as the module's steps take it, in training, validation and ``evaluate``:
+    ``(features, label)``, ``(*inputs, label)`` for typed inputs (``model_inputs`` a tuple),
+    the weight last under ``weightCol``."""
+    parts = list(model_inputs) if isinstance(model_inputs, tuple) else [model_inputs]
+    return (*parts, labels, *([weights] if weights is not None else []))
+
+
+def trainer_args(namespace: str, device: Any, precision: str) -> dict[str, Any]:
+    """The arguments of a Trainer on one rank's ``device`` (a ``torch.device``), at the
+    ``precision`` Param, in training and ``evaluate``; quiets Lightning's per-Trainer
+    "GPU available: ..." lines."""
+    logging.getLogger(f"{namespace}.utilities.rank_zero").setLevel(logging.WARNING)
+    cuda = device.type == "cuda"
+    return {"accelerator": "gpu" if cuda else "cpu", "devices": [device.index or 0] if cuda else 1,
+            "precision": _PRECISIONS[precision]}
+
+
+#: The precision Param as Lightning names it.
+_PRECISIONS = {"32": "32-true", "16-mixed": "16-mixed", "bf16-mixed": "bf16-mixed"}
 
 
 def _release(text: str) -> tuple[int, ...]:

@@ -50,7 +50,7 @@ from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
 from spark_torch_est.ingest.tables import IngestedRows
 from spark_torch_est.train.creators import CreatorError, Creators
 from spark_torch_est.train.hooks import HookSet
-from spark_torch_est.train.lightning import namespace_of
+from spark_torch_est.train.lightning import namespace_of, scorer, step_batch, trainer_args
 from spark_torch_est.train.losses import NonFiniteLossError
 from spark_torch_est.train.reporter import SILENT, Reporter
 from spark_torch_est.train.step import Stage
@@ -65,8 +65,6 @@ LIGHTNING_KEYS = ("epoch", "global_step", "pytorch-lightning_version", "loops", 
 #: Where the package keeps each rank's epoch aggregates of ``self.log(on_epoch=True)`` in a
 #: checkpoint taken in the middle of an epoch (Lightning's own checkpoint does not hold them).
 EPOCH_RESULTS = "spark_torch_est_epoch_results"
-#: The precision Param as Lightning names it.
-_PRECISION = {"32": "32-true", "16-mixed": "16-mixed", "bf16-mixed": "bf16-mixed"}
 
 
 class _Pause(Exception):
@@ -211,16 +209,19 @@ class _EpochBatches:
         return self.shares[0] if self.shares else 1.0
 
     def __len__(self) -> int:
-        return self.owner.rows.steps_per_epoch
+        return self.owner.epoch_steps
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        return self._batches()
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The epoch's batches from where it stands. The rows are placed at the first batch
+        (a collective on another number of ranks than the run's logical shards), not when
+        Lightning only checks that the loader iterates."""
         owner = self.owner
         plan = owner.rows.epoch(owner.progress.epoch, owner.offset)
         self.samples.clear()
         self.shares.clear()
-        return self._batches(plan)
-
-    def _batches(self, plan: Any) -> Iterator[tuple[torch.Tensor, ...]]:
         previous: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None] | None = None
         for step in range(plan.steps):
             inputs, labels, weights = plan.take(step)
@@ -287,6 +288,7 @@ class LightningTrainer:
         self.progress = Progress()
         self.history: list[dict] = []
         self.offset = 0
+        self.epoch_steps = 0  # steps of the epoch in progress: the training loader's len()
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self._loss_count = torch.zeros((), dtype=torch.float64, device=device)
         self._partial = (0.0, 0.0)  # the epoch's sums before this fit (rank 0)
@@ -301,11 +303,8 @@ class LightningTrainer:
 
     def batch(self, inputs: list[torch.Tensor], labels: torch.Tensor,
               weights: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """A batch as the module's steps take it: ``(features, label)``, ``(*inputs, label)``
-        for typed inputs, the weight last under ``weightCol``."""
-        model_inputs = self.spec.schema.model_inputs(inputs)
-        parts = list(model_inputs) if isinstance(model_inputs, tuple) else [model_inputs]
-        return (*parts, labels, *([weights] if weights is not None else []))
+        """A batch as the module's steps take it (see :func:`step_batch`)."""
+        return step_batch(self.spec.schema.model_inputs(inputs), labels, weights)
 
     # ------------------------------------------------------------------------ the run
 
@@ -318,6 +317,7 @@ class LightningTrainer:
             raise RuntimeError("a LightningTrainer runs one fit: make another for the next")
         with self._stage.at("collective"):
             self.rows = agree_on_rows(ingested, spec, self.ranks, resume.shards if resume is not None else None)
+        self.epoch_steps = self.rows.steps_per_epoch
         torch.manual_seed(spec.seed)
         module = self.creators.build_model()
         namespace = namespace_of(module)
@@ -376,16 +376,13 @@ class LightningTrainer:
         args.setdefault("enable_model_summary", False)
         args.setdefault("default_root_dir", tempfile.gettempdir())
         args.setdefault("log_every_n_steps", max(1, min(50, self.rows.steps_per_epoch)))  # no warning for short epochs
-        logging.getLogger(f"{namespace}.utilities.rank_zero").setLevel(logging.WARNING)  # "GPU available: ..." per fit
         self.recorder = Recorder()
-        cuda = self.device.type == "cuda"
         strategy = Strategy(parallel_devices=[self.device], cluster_environment=Environment(self.ranks.rank,
                                                                                              self.ranks.world_size),
                             process_group_backend=dist.get_backend(), timeout=None)
         trainer = pl.Trainer(
-            accelerator="gpu" if cuda else "cpu", devices=[self.device.index or 0] if cuda else 1,
-            num_nodes=self.ranks.world_size, strategy=strategy, max_epochs=int(lightning.get("max_epochs", -1)),
-            use_distributed_sampler=False, precision=_PRECISION[self.spec.precision],
+            **trainer_args(namespace, self.device, self.spec.precision), num_nodes=self.ranks.world_size,
+            strategy=strategy, max_epochs=int(lightning.get("max_epochs", -1)), use_distributed_sampler=False,
             callbacks=[*self.creators.callbacks, Bridge()], logger=self.recorder, **args)
         self.train_batches = _EpochBatches(self)
         strategy.loss_share = self.train_batches.share  # type: ignore[method-assign]
@@ -427,7 +424,7 @@ class LightningTrainer:
         if isinstance(loss, torch.Tensor) and share:  # a rank's stand-in row (share 0) is no row of the epoch
             self._loss_sum += loss.detach().double() * rows
             self._loss_count += rows
-        ends_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= self.rows.steps_per_epoch
+        ends_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready >= self.epoch_steps
         if self._due("ba"):
             self._write_checkpoint(trainer.lightning_module, self._lightning_state(trainer))
         if not ends_epoch and self.spec.target.reached(self.progress):
@@ -441,6 +438,7 @@ class LightningTrainer:
         entry = self._entry(trainer)
         self.progress = self.progress.to_next_epoch()
         self.offset = 0
+        self.epoch_steps = self.rows.steps_per_epoch
         self.history.append(entry)
         self.reporter.step(self.progress, entry.get("train_loss", float("nan")), self.rows.steps_per_epoch)
         self.reporter.epoch(entry)
@@ -505,6 +503,9 @@ class LightningTrainer:
             self._partial = resume.partial_loss
         done = self.progress.sample_in_epoch
         self.offset = done // self.rows.shards if done else 0
+        # the steps it took and those left: other than a whole epoch's when the global batch
+        # changed with numWorkers in the middle of the epoch
+        self.epoch_steps = self.progress.batch_in_epoch + self.rows.steps_left(self.offset)
 
     def _lightning_file(self, resume: Checkpoint, folder: str) -> str | None:
         """Lightning's checkpoint of ``resume`` as a file for ``Trainer.fit(ckpt_path=...)``;
@@ -612,14 +613,14 @@ class LightningTrainer:
         ).to_bytes()
 
     def _shape(self, module: nn.Module) -> list[int]:
-        """The module's output shape per row, from its ``forward`` on two rows (eval mode, no
-        RNG drawn); ``[]`` when it has no ``forward`` (it trains; ``transform`` needs one)."""
+        """The module's output shape per row as scoring calls it (its ``predict_step`` where it
+        defines one, else its ``forward``) on two rows (eval mode, no RNG drawn); ``[]`` when it
+        has neither (it trains; ``transform`` needs one)."""
         was_training = module.training
         module.eval()
         try:
             with torch.no_grad():
-                inputs = self.spec.schema.model_inputs(self.rows.train.slice(0, 2)[0])
-                outputs = module(*inputs) if isinstance(inputs, tuple) else module(inputs)
+                outputs = scorer(module)[1](self.spec.schema.model_inputs(self.rows.train.slice(0, 2)[0]), 0)
             return list(outputs.shape[1:]) if isinstance(outputs, torch.Tensor) else []
         except NotImplementedError:
             return []
