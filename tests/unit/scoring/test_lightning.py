@@ -3,6 +3,7 @@ as pl.Trainer.validate runs it, its predict_step as transform's outputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spark_torch_est.errors import InvalidInputError
+from spark_torch_est.errors import InvalidInputError, UserCodeError
 from spark_torch_est.scoring.inference import ScoringSpec, predict_task
 from spark_torch_est.scoring.lightning import validate_task, validated
 from spark_torch_est.train.creators import Creators
@@ -98,3 +99,16 @@ def test_transform_calls_predict_step_where_the_class_defines_it():
     assert defines(module, "predict_step") and defines(module, "validation_step")
     assert not defines(module, "test_step") and not defines(torch.nn.Linear(1, 1), "forward")
     assert scorer(torch.nn.Linear(1, 1))[0] == "forward" and scorer(module)[0] == "predict_step"
+
+
+def test_a_predict_step_that_returns_no_tensor_is_named():
+    class Dicts(Scored):
+        def predict_step(self, batch, batch_idx):
+            return {"y": self(batch)}
+
+    spec, _ = _spec()
+    spec = dataclasses.replace(spec, creators=cloudpickle.dumps(Creators(model=lambda config: Dicts(), optimizer=None,
+                                                                         loss=None)), key="dicts")
+    batch, *_ = _rows(5, 3)
+    with pytest.raises(UserCodeError, match=r"the model's predict_step \(.*Dicts\) returned a dict"):
+        list(predict_task(spec)(iter([batch])))
