@@ -84,6 +84,8 @@ def main() -> None:
         print(f"epoch {entry['epoch']:2d}  mse {entry['mse']:.4f}  val_mse {entry['val_mse']:.4f}  "
               f"lr {entry['lr-Adam']:.5f}")
     model.transform(df).select("label", "prediction").show(5)
+    held_out = model.evaluate(df.where("is_val"))  # validation_step over those rows, as pl.Trainer.validate
+    print(f"val_mse over the validation rows: {held_out['val_mse']:.4f}")
     assert est.history[-1]["val_mse"] < est.history[0]["val_mse"], "the module should have learned"
     spark.stop()
 
