@@ -67,7 +67,7 @@ COMPARISONS = [
 #: the loop within 1.05x of the baseline's is a samples/s ratio of at least 0.952.
 AGAINST_BASELINE = {
     "te": [("loop samples/s (warm fit)", "warm_samples_per_s", ">=0.952"), ("fit wall time, warm", "warm_wall_s", ""),
-           ("call to first step, warm", "warm_first_step_s", ""),
+           ("call to first step, cold", "cold_first_step_s", ""), ("call to first step, warm", "warm_first_step_s", ""),
            ("peak RSS of a rank, warm fit", "warm_peak_rss_mb", "")],
     "rec_te": [("recommender: loop samples/s", "warm_samples_per_s", ">=0.952"),
                ("recommender: peak RSS of a rank", "warm_peak_rss_mb", "")],
