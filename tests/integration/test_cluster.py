@@ -243,6 +243,35 @@ def test_a_lost_standalone_worker_shrinks_the_run_which_grows_back_when_it_retur
           f"{found['today_seconds']:.1f}s (slotWaitTimeout=10)")
 
 
+@pytest.mark.timeout(900)
+def test_a_lightning_module_whose_worker_is_lost_goes_on_on_the_rank_left(tmp_path):
+    """A LightningModule, numWorkers=2, minWorkers=1 on two one-core workers; a callback
+    SIGKILLs rank 1's whole worker mid-epoch 2: Lightning's run goes on on one rank from the
+    epoch-1 checkpoint, every row once per epoch, with the steps and about the losses of an
+    undisturbed fit."""
+    import numpy as np
+
+    pytest.importorskip("lightning.pytorch")
+    cluster = _Standalone(tmp_path, worker_timeout_s=30)
+    for _ in range(2):
+        cluster.start_worker(cores=1)
+    try:
+        done = subprocess.run([sys.executable, str(SCRIPTS / "lightning_elastic_fit.py"), str(tmp_path), cluster.url],
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        cluster.stop()
+    found = _script_result(done.stdout, done.stderr)
+    undisturbed, elastic = found["undisturbed"], found["elastic"]
+    assert [e["world_size"] for e in elastic["history"]] == [2, 1, 1, 1]
+    assert elastic["global_step"] == undisturbed["global_step"] == 4 * math.ceil(2000 / 64)
+    assert elastic["lightning_step"] == undisturbed["lightning_step"] == elastic["global_step"]
+    _every_row_once(tmp_path / "rows", np.load(tmp_path / "labels.npy"), {1: 2, 2: 1, 3: 1, 4: 1})
+    for shrunk, whole in zip(elastic["history"], undisturbed["history"]):
+        assert abs(shrunk["train_loss"] - whole["train_loss"]) <= 0.2 * whole["train_loss"] + 1e-4, shrunk
+        assert abs(shrunk["mse"] - shrunk["train_loss"]) <= 1e-3 * whole["train_loss"] + 1e-5, shrunk
+    assert elastic["weight_error"] < 0.05
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_three_whole_worker_kills_in_one_fit_train_every_row_once_per_epoch_and_grow_back(tmp_path):
