@@ -326,7 +326,9 @@ class Trainer:
         weights); returns whether the kept losses are due to be read."""
         with self._stage.at("loss"):
             loss = scalar_loss(loss, self.loss_fn)
-        if self.hooks.train_step is not None:
+        if not len(batch.labels):  # no row of this rank in the step: nothing to count (a hook's loss on no rows is NaN)
+            loss = torch.zeros_like(loss.detach())
+        elif self.hooks.train_step is not None:
             loss = loss.detach().clone()  # the hook's tensor, which it may change in place later
         rows = batch.weights.sum() if batch.weights is not None else len(batch.labels)
         return self._losses.add(loss, rows, self.state.progress, self._batch_idx, position)

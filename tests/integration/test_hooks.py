@@ -247,3 +247,32 @@ def test_a_hook_state_a_checkpoint_cannot_store_is_refused_naming_hook_and_key(s
     with pytest.raises(InvalidInputError, match=refusal):
         est.fit(linear_df)
     assert spark_jobs_started(spark) == jobs and est.checkpoint is None
+
+
+class OneBackward(Hook):
+    """A train_step as the docs' hooks write it: one forward, one backward, one step."""
+
+    def __init__(self):
+        self.losses = []
+
+    def train_step(self, model, batch, loss_fn, optimizer):
+        inputs, labels = batch
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        self.losses.append(float(loss))
+        return loss
+
+
+def test_a_train_step_on_a_rank_without_rows_in_the_short_last_step_counts_nowhere(spark, linear_data):
+    """129 rows at 64 a step on 2 ranks: the last step has one row, so one rank's train_step
+    gets an empty batch and returns NaN (a mean over no rows); that loss counts nowhere, not
+    as a diverged model."""
+    x, y, w, _ = linear_data
+    df = spark.createDataFrame([(row.tolist(), float(t)) for row, t in zip(x[:129], y[:129])], ["features", "label"])
+    est = linear_estimator(hooks=[OneBackward()], batchSize=64, maxEpochs=3)
+    est.fit(df)
+    assert est.progress.global_step == 3 * 2
+    assert all(np.isfinite(e["train_loss"]) for e in est.history)
+    assert est.history[-1]["train_loss"] < est.history[0]["train_loss"]

@@ -228,9 +228,11 @@ class _EpochBatches:
             samples = plan.samples(step)
             share = len(labels) * self.owner.ranks.world_size / samples
             if not len(labels):
-                if previous is None:
-                    raise InvalidInputError(f"rank {self.owner.ranks.rank} has no training row in the epoch's first "
-                                         "step: the DataFrame has fewer rows than numWorkers; lower numWorkers")
+                if previous is None:  # a fit that goes on right before this step: a row the rank holds
+                    if not len(plan.table):
+                        raise InvalidInputError(f"rank {self.owner.ranks.rank} holds no training row: the DataFrame "
+                                                "has fewer rows than numWorkers; lower numWorkers")
+                    previous = plan.table.slice(0, 1)
                 inputs, labels, weights = ([t[:1] for t in previous[0]], previous[1][:1],
                                            previous[2][:1] if previous[2] is not None else None)
             else:
