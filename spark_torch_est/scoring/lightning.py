@@ -50,15 +50,16 @@ def validate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
         namespace = namespace_of(module)
         if namespace is None:  # the driver saw a LightningModule's run
             raise InvalidInputError(f"the model creator returned {type(module).__name__}, not a LightningModule")
+        device = model_device(module)
         trainer = importlib.import_module(namespace).Trainer(
-            **trainer_args(namespace, model_device(module), spec.precision), logger=False, enable_checkpointing=False,
+            **trainer_args(namespace, device, spec.precision), logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=tempfile.gettempdir())
         rows = _Batches(batches, spec)
         try:
             (values,) = trainer.validate(module, dataloaders=rows, verbose=False)
-        finally:
-            module.trainer = None  # type: ignore[assignment]  # cached for later tasks, without this Trainer
-            module.eval()
+        finally:  # the module stays cached for later tasks as it was: without this Trainer, on its device
+            module.trainer = None  # type: ignore[assignment]
+            module.to(device).eval()  # the Trainer's teardown moved it to the CPU
         yield pa.RecordBatch.from_pydict(
             {"rows": [rows.rows], "names": [list(values)], "values": [[float(v) for v in values.values()]]},
             schema=pa.schema([("rows", pa.int64()), ("names", pa.list_(pa.string())),
@@ -77,9 +78,11 @@ def validated(partitions: list[Any]) -> dict[str, float]:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for partition in partitions:
+        if not partition["rows"]:  # what an epoch end logged over no rows (a metric's NaN) is no value
+            continue
         for name, value in zip(partition["names"], partition["values"]):
             sums[name] = sums.get(name, 0.0) + value * partition["rows"]
             counts[name] = counts.get(name, 0) + partition["rows"]
     if not any(partition["rows"] for partition in partitions):
         raise InvalidInputError("evaluate() got a DataFrame without rows")
-    return {name: sums[name] / counts[name] for name in sums if counts[name]}
+    return {name: sums[name] / counts[name] for name in sums}

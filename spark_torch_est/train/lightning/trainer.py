@@ -29,6 +29,7 @@ import importlib
 import logging
 import math
 import os
+import shutil
 import tempfile
 import time
 import weakref
@@ -335,16 +336,14 @@ class LightningTrainer:
         else:
             rng.seed_all(spec.seed, self.ranks.rank)
         trainer = self._trainer(namespace)
-        ckpt_dir = tempfile.mkdtemp(prefix="spark_torch_est-lightning-")
-        ckpt_path = self._lightning_file(resume, ckpt_dir) if resume is not None else None
         val = _ValidationBatches(self) if self.rows.val_rows else None
-        with self._stage.at("train"):
-            try:
+        ckpt_dir = tempfile.mkdtemp(prefix="spark_torch_est-lightning-")
+        try:  # Lightning's checkpoint of the run as a file for the Trainer, gone however the fit ends
+            ckpt_path = self._lightning_file(resume, ckpt_dir) if resume is not None else None
+            with self._stage.at("train"):
                 trainer.fit(module, train_dataloaders=self.train_batches, val_dataloaders=val, ckpt_path=ckpt_path)
-            finally:
-                if ckpt_path is not None:
-                    os.remove(ckpt_path)
-                os.rmdir(ckpt_dir)
+        finally:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
         with self._stage.at("checkpoint"):
             state = self._pausing if self._pausing is not None else self._lightning_state(trainer)
             return self._checkpoint_bytes(module, state)

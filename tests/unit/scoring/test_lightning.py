@@ -82,6 +82,12 @@ def test_partitions_validated_apart_give_what_pl_trainer_validate_gives_for_ever
     assert np.isfinite(combined["val_weighted"])  # the weight came last in the batch
 
 
+def test_a_partition_without_rows_adds_nothing_not_even_a_nan():
+    empty = {"rows": 0, "names": ["val_auc"], "values": [float("nan")]}  # an epoch end's metric over nothing
+    full = {"rows": 5, "names": ["val_auc"], "values": [0.75]}
+    assert validated([empty, full]) == {"val_auc": 0.75}
+
+
 def test_no_rows_anywhere_is_a_clear_error():
     spec, _ = _spec()
     batch, *_ = _rows(0, 0)
