@@ -45,7 +45,7 @@ from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.protocol import DELIVERED, RESULT_SCHEMA
 from spark_torch_est.core.running import fit_logger
 from spark_torch_est.core.spec import FileSource, Launch, TaskSpec
-from spark_torch_est.errors import InvalidInputError, SparkTorchError, TrainingFailedError
+from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.ingest.kept_registry import KeptIngest
 
 __all__ = ["Launcher", "wait_for_slots"]
@@ -209,7 +209,11 @@ class Launcher:
             except OSError as error:  # not a regular file of the folder, or unreadable: not this fit's
                 logger.warning("passing over %s: %s", file.url, error)
                 continue
-            checkpoint = Checkpoint.from_bytes(blob)
+            try:
+                checkpoint = Checkpoint.from_bytes(blob)
+            except IncompatibleCheckpointError as error:  # a regular file that is no checkpoint: not this fit's
+                logger.warning("passing over %s: %s", file.url, error)
+                continue
             if (checkpoint.run_id, checkpoint.fit_id) == (spec.run_id, spec.fit_id):  # this fit's newest
                 spec, start = dataclasses.replace(spec, resume=blob, fresh_hooks=()), checkpoint.progress
                 break
@@ -316,6 +320,8 @@ class Launcher:
                         logger.warning("cancelling training job %s: %s", launch.job_id, cancelled)
                         control.cancel()
                         thread.join(60)
+                        if "table" in result:  # it finished as it was cancelled: its result stands
+                            return result["table"]
                         return cancelled
         except KeyboardInterrupt:
             logger.warning("interrupted: cancelling the training job")

@@ -88,6 +88,9 @@ def test_a_relaunch_resumes_only_from_a_checkpoint_this_fit_wrote(tmp_path):
     directory.write(checkpoint("this", 30), epoch=3, global_step=30)  # this fit's own
     relaunched, start = launcher._relaunch_spec(spec, Progress(epoch=2, global_step=20))
     assert start.global_step == 30 and Checkpoint.from_bytes(relaunched.resume).fit_id == "this"
+    directory.write(b"not a checkpoint", epoch=4, global_step=40)  # a newer file that is none: passed over
+    relaunched, start = launcher._relaunch_spec(spec, Progress(epoch=2, global_step=20))
+    assert start.global_step == 30 and Checkpoint.from_bytes(relaunched.resume).fit_id == "this"
 
 
 def test_a_fit_rerouted_through_allgather_leaves_the_next_fit_on_the_store():
