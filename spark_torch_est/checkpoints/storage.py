@@ -317,6 +317,8 @@ class CheckpointDir:
         """
         path = self._claim_path(global_step)
         self.fs.makedirs(self.path, exist_ok=True)
+        if self.fs.exists(path):  # claimed already: a store that takes "xb" but overwrites (fsspec's DBFS) must
+            return self._claimant(global_step) == claimant.encode()  # not hand the claim to a second claimant
         try:
             with self.fs.open(path, "xb") as handle:
                 handle.write(claimant.encode())
@@ -325,9 +327,9 @@ class CheckpointDir:
         except (ValueError, NotImplementedError):  # a store without exclusive creation: the next best thing
             logger.warning("%s has no exclusive create: the claim %s is written and read back, which two fits "
                            "started at the same moment can both pass", self.url, path)
-            if not self.fs.exists(path):
-                write_atomic(f"{self.url}/{posixpath.basename(path)}", claimant.encode())
-        # Read back even after an exclusive create: some stores take "xb" and overwrite (fsspec's DBFS).
+            write_atomic(f"{self.url}/{posixpath.basename(path)}", claimant.encode())
+        # Read back even after an exclusive create: on a store that takes "xb" and overwrites, two
+        # claimants racing past the check above both write; the last one holds the claim.
         return self._claimant(global_step) == claimant.encode()
 
     def release(self, global_step: int, claimant: str) -> None:

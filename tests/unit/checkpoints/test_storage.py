@@ -161,3 +161,21 @@ def test_one_of_many_claimants_racing_for_a_run_s_step_gets_it_and_keeps_it(tmp_
     directory.write(b"x", epoch=3, global_step=60)  # a newer checkpoint: older claims go
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".claim")) == []
     assert directory.newest().global_step == 60
+
+
+def test_a_store_that_overwrites_on_exclusive_create_does_not_hand_a_claim_to_a_second_claimant():
+    """fsspec's DBFS takes "xb" and overwrites (DBFS cannot run here: a memory store that does
+    the same stands in); a claimed step stays its first claimant's."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Overwriting(MemoryFileSystem):
+        protocol = "overwritingxb"
+
+        def _open(self, path, mode="rb", **kwargs):
+            return super()._open(path, "wb" if mode == "xb" else mode, **kwargs)
+
+    fsspec.register_implementation("overwritingxb", Overwriting, clobber=True)
+    directory = CheckpointDir("overwritingxb://claims", run_id=RUN)
+    assert directory.claim(40, "first")
+    assert not directory.claim(40, "second") and directory.claim(40, "first")
