@@ -124,7 +124,7 @@ class Launcher:
         failures = FailurePolicy(launches)
         scaling = ScalingPolicy(self.spark, spec.world_size, self.min_workers, self.slot_wait_s, launches)
         quiet_task_failures(self.spark)
-        fit_start = start
+        fit_start = mark = start
         while True:
             ranks = scaling.ranks()
             job, frame = self._sized(spec, ranks)
@@ -136,6 +136,14 @@ class Launcher:
             if isinstance(outcome, Finished):
                 self.rows.succeeded(job)
                 return outcome.checkpoint
+            try:
+                resumed, newest = self._relaunch_spec(spec, start)  # this fit's newest checkpoint
+            except OSError as error:  # checkpointDir unreadable now: from where the last job started
+                logger.warning("cannot list checkpointDir %s: %s", spec.checkpoint_dir, error)
+                resumed, newest = spec, start
+            if newest.global_step > mark.global_step:  # progress since the bound last started again
+                launches.progressed()
+                mark = newest
             decision = scaling.decide(outcome) if isinstance(outcome, GrowBack) else failures.decide(outcome)
             if decision.action is Action.RAISE:
                 error = decision.error or TrainingFailedError(decision.reason)
@@ -146,10 +154,9 @@ class Launcher:
             elif decision.action is Action.REROUTE:
                 self._store_unreachable.add(_driver_host(self.spark) or "")
             else:  # RELAUNCH, RESIZE: from the newest checkpoint this fit wrote
-                before = start.global_step
-                spec, start = self._relaunch_spec(spec, start)
-                if start.global_step > before:
-                    launches.progressed()
+                spec, start = resumed, newest
+                logger.warning("the relaunch resumes from %s",
+                               start if spec.resume is not None else "the start of the run")
                 self.rows.relaunching()
 
     def _job(self, job: TaskSpec, launch: Launch, frame: DataFrame, grow: GrowWatch | None) -> Outcome:
@@ -217,7 +224,6 @@ class Launcher:
             if (checkpoint.run_id, checkpoint.fit_id) == (spec.run_id, spec.fit_id):  # this fit's newest
                 spec, start = dataclasses.replace(spec, resume=blob, fresh_hooks=()), checkpoint.progress
                 break
-        logger.warning("the relaunch resumes from %s", start if spec.resume is not None else "the start of the run")
         return spec, start
 
     @contextmanager

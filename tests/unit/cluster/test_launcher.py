@@ -281,3 +281,25 @@ def test_lost_executors_between_checkpoints_do_not_use_up_the_bound_a_run_withou
     spec = task_spec(Target(epoch=losses + 5), world_size=2, checkpoint_dir=str(tmp_path), fit_id="this")
     assert launcher.run(spec, Progress()) == b"done"
     assert len(launcher.jobs) == losses + 1
+
+
+def test_a_job_that_wrote_a_checkpoint_after_the_bound_was_used_up_is_relaunched_from_it(tmp_path):
+    """The bound's relaunches used up without progress, then a job trains, writes a checkpoint
+    and loses an executor: that is progress, so the run goes on from the checkpoint instead of
+    failing on the bound."""
+    from spark_torch_est.checkpoints.storage import CheckpointDir
+    from spark_torch_est.cluster.control import MAX_UNCOUNTED_RELAUNCHES, Finished, SlotsLost
+    from spark_torch_est.core.progress import Progress, Target
+    from tests.helpers import task_spec
+
+    directory = CheckpointDir(str(tmp_path), run_id="0123456789abcdef")
+
+    def trained_then_lost(launcher):
+        directory.write(checkpoint("this", 30), epoch=3, global_step=30)
+        return SlotsLost(1, 2)
+
+    jobs = [SlotsLost(1, 2)] * MAX_UNCOUNTED_RELAUNCHES + [trained_then_lost, Finished(b"done")]
+    launcher = _scripted(jobs, max_retries=0)
+    spec = task_spec(Target(epoch=9), world_size=2, checkpoint_dir=str(tmp_path), fit_id="this")
+    assert launcher.run(spec, Progress()) == b"done"
+    assert len(launcher.jobs) == MAX_UNCOUNTED_RELAUNCHES + 2
