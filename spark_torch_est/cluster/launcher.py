@@ -138,8 +138,8 @@ class Launcher:
                 return outcome.checkpoint
             try:
                 resumed, newest = self._relaunch_spec(spec, start)  # this fit's newest checkpoint
-            except OSError as error:  # checkpointDir unreadable now: from where the last job started
-                logger.warning("cannot list checkpointDir %s: %s", spec.checkpoint_dir, error)
+            except OSError as unreadable:  # checkpointDir unreadable now: from where the last job started
+                logger.warning("cannot list checkpointDir %s: %s", spec.checkpoint_dir, unreadable)
                 resumed, newest = spec, start
             if newest.global_step > mark.global_step:  # progress since the bound last started again
                 launches.progressed()
