@@ -583,3 +583,19 @@ def test_a_fit_that_goes_on_right_before_a_step_without_rows_for_a_rank_equals_a
     weights = _weights(parts.fit(rows))
     assert all(torch.equal(weights[k], v) for k, v in expected.items())
     assert parts.history == straight.history
+
+
+def test_validation_rows_on_one_rank_are_dealt_out_so_that_every_rank_validates(spark, lit_df):
+    """A time-like split: the validation rows all sit in the first of two partitions, read as
+    they are, so one rank holds none. They are dealt out over the ranks, and validation_step's
+    sync_dist collectives meet (a rank without a batch would skip the loop, the other wait for
+    it until the timeout); fewer validation rows than ranks is a clear error."""
+    from pyspark.sql import functions as F
+
+    early = lit_df.withColumn("early", F.col("id") < 20).repartitionByRange(2, "id")
+    est = lit_estimator(Regressor(scheduler="none"), validationIndicatorCol="early", maxEpochs=2, timeout=60)
+    est.fit(early)
+    assert [e["epoch"] for e in est.history] == [1, 2] and all(np.isfinite(e["val_mse"]) for e in est.history)
+    one = lit_df.withColumn("early", F.col("id") < 1).repartitionByRange(2, "id")
+    with pytest.raises(InvalidInputError, match="validationIndicatorCol marks 1 rows, fewer than the 2 ranks"):
+        lit_estimator(Regressor(scheduler="none"), validationIndicatorCol="early", maxEpochs=1, timeout=60).fit(one)

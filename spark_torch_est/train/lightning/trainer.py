@@ -48,6 +48,7 @@ from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.ingest.agreement import AgreedRows, agree_on_rows
+from spark_torch_est.ingest.canonical import move_rows
 from spark_torch_est.ingest.tables import IngestedRows
 from spark_torch_est.train.creators import CreatorError, Creators
 from spark_torch_est.train.hooks import HookSet
@@ -320,6 +321,7 @@ class LightningTrainer:
             raise RuntimeError("a LightningTrainer runs one fit: make another for the next")
         with self._stage.at("collective"):
             self.rows = agree_on_rows(ingested, spec, self.ranks, resume.shards if resume is not None else None)
+            self._spread_validation()
         self.epoch_steps = self.rows.steps_per_epoch
         torch.manual_seed(spec.seed)
         module = self.creators.build_model()
@@ -347,6 +349,28 @@ class LightningTrainer:
         with self._stage.at("checkpoint"):
             state = self._pausing if self._pausing is not None else self._lightning_state(trainer)
             return self._checkpoint_bytes(module, state)
+
+    def _spread_validation(self) -> None:
+        """Collective: when some rank holds no validation row and others do, the validation
+        rows are dealt out over the ranks, so that every rank runs Lightning's validation
+        loop and its ``sync_dist`` collectives (a rank without a batch skips the loop, and the
+        others would wait for it).
+
+        Raises:
+            InvalidInputError: Fewer validation rows than ranks.
+        """
+        counts = self.ranks.counts(torch.tensor([len(self.rows.validation)], dtype=torch.int64))[:, 0]
+        total, world, rank = int(counts.sum()), self.ranks.world_size, self.ranks.rank
+        if not total or bool((counts > 0).all()):
+            return
+        if total < world:
+            raise InvalidInputError(f"validationIndicatorCol marks {total} rows, fewer than the {world} ranks: each "
+                                    "rank runs the LightningModule's validation on rows of its own; mark more rows "
+                                    "or lower numWorkers")
+        start = int(counts[:rank].sum())
+        ids = torch.arange(start, start + int(counts[rank]), dtype=torch.int64)
+        self.rows.validation = move_rows(self.rows.validation, ids % world, ids // world,
+                                         len(range(rank, total, world)), self.ranks, None)
 
     def _trainer(self, namespace: str) -> Any:
         """Lightning's Trainer on this task: its environment, strategy, callbacks and logger,
