@@ -74,7 +74,8 @@ def open_regular(url: str, limit: int | None = None) -> Iterator[tuple[BinaryIO,
 
     A local path is opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat`` (what
     is checked is what is read: no race with a file swapped in between); a symlink is followed
-    only to a file in the link's own folder. On another fsspec filesystem, the store's
+    only to a file within the link's own folder or a folder below it. On another fsspec
+    filesystem, the store's
     listing must say "file" with a size. Opening never blocks, and a read of the size it
     yields ends.
 

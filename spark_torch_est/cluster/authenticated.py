@@ -67,7 +67,8 @@ class AuthenticatingServer:
         while not self._closed.is_set():
             try:
                 sock, _ = self._socket.accept()
-            except OSError:
+            except OSError:  # closed (the loop ends), or out of descriptors for now: not a busy loop
+                self._closed.wait(0.05)
                 continue
             if self._closed.is_set():
                 sock.close()
