@@ -134,8 +134,8 @@ def timed_fit(workload: Workload, df, probe: Probe, duration: str | None = None,
     called = time.time()
     model = est.fit(df, duration=duration)
     figures = {"wall_s": time.time() - called, **probe.read(workload.ranks, called)}
-    source = getattr(est.checkpoint, "data_source", None)  # "spark", or the digest of the files the ranks read
-    return {**figures, "read": "" if source is None else "spark" if source == "spark" else "files"}, model
+    source = getattr(est.checkpoint, "data_source", None)  # "spark...", or the digest of the files the ranks read
+    return {**figures, "read": "" if source is None else "spark" if source.startswith("spark") else "files"}, model
 
 
 def touch(path: str) -> None:

@@ -417,7 +417,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
 
         launcher = Launcher(dataset.sparkSession, rows, self.getMaxRetries(), self.getSlotWaitTimeout(),
                             on_message, min_workers=self.getMinWorkers(),
-                            replan=lambda workers: plan_frame(self, dataset, plan.schema, workers),
+                            replan=lambda ranks, partitions: plan_frame(self, dataset, plan.schema, ranks, partitions),
                             on_ask=lambda epoch: loggers.stop_asked(epoch, spec.stop_wait_s or 0.0))
         label = name or f"run {spec.run_id[:8]}"
         if start is None:

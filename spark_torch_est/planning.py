@@ -29,9 +29,9 @@ from spark_torch_est.core.duration import Duration
 from spark_torch_est.core.progress import Interval, Parent, Progress, Target
 from spark_torch_est.core.running import fit_logger
 from spark_torch_est.core.schema import InputSchema
-from spark_torch_est.core.spec import ColumnNames, FileSource, TaskSpec
+from spark_torch_est.core.spec import ColumnNames, FileSource, TaskSpec, placed_by
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
-from spark_torch_est.ingest.frames import check_inputs, frame_outputs, input_schema, training_frame
+from spark_torch_est.ingest.frames import check_inputs, frame_outputs, input_schema, training_columns, training_frame
 from spark_torch_est.ingest.parquet_plan import parquet_source
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import EstimatorParams
@@ -99,9 +99,10 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
     schema = input_schema_of(params, dataset)
     if start is not None:
         check_inputs(dataset.schema, start.input_schema, schema)
-    frame, source = _checked_frame(params, creators, dataset, schema, start)
+    frame, source, ordered = _checked_frame(params, creators, dataset, schema, start)
     run_id, parent = run_of(start, own, params.getCheckpointDir())
-    spec = task_spec(params, creators, target, schema, start, source, fresh_hooks, run_id=run_id, parent=parent)
+    spec = task_spec(params, creators, target, schema, start, source, fresh_hooks, run_id=run_id, parent=parent,
+                     ordered=ordered)
     return FitPlan(progress, target, schema, frame, source, spec)
 
 
@@ -359,7 +360,7 @@ def input_schema_of(params: EstimatorParams, dataset: DataFrame) -> InputSchema:
 
 
 class _FrameColumns(TypedDict):
-    """The inputs and the columns that make the training frame, as :func:`frames.training_frame`
+    """The inputs and the columns that make the training frame, as :func:`frames.training_columns`
     and :func:`frames.frame_outputs` take them."""
 
     schema: InputSchema
@@ -370,35 +371,77 @@ class _FrameColumns(TypedDict):
     weight_col: str | None
 
 
-def plan_frame(params: EstimatorParams, dataset: DataFrame, schema: InputSchema,
-               workers: int) -> tuple[DataFrame, FileSource | None]:
+def plan_frame(params: EstimatorParams, dataset: DataFrame, schema: InputSchema, workers: int,
+               partitions: int | None) -> tuple[DataFrame, FileSource | None]:
     """The training frame of a job of ``workers`` ranks, and the Parquet files they read
-    themselves (None: the rows come through the frame)."""
-    columns = _FrameColumns(schema=schema, features_col=params.getFeaturesCol(), feature_cols=params.getFeatureCols(),
-                            label_col=params.getLabelCol(), validation_col=params.getValidationIndicatorCol(),
-                            weight_col=params.getWeightCol())
-    frame = training_frame(dataset, num_workers=workers, **columns)
-    source = parquet_source(dataset, frame_outputs(dataset, **columns), workers) if params.getDirectRead() else None
-    return (dataset.sparkSession.range(0, workers, 1, workers), source) if source else (frame, None)
+    themselves (None: the rows come through the frame, in ``partitions`` logical partitions
+    when the ranks place them by their order, else None, see :func:`frames.training_frame`).
+
+    Raises:
+        InvalidInputError: A column is missing or has an unusable type.
+    """
+    columns = training_columns(dataset, **_frame_columns(params, schema))
+    source = _direct_source(params, dataset, schema, workers)
+    if source is not None:
+        return dataset.sparkSession.range(0, workers, 1, workers), source
+    return training_frame(dataset, columns, workers, partitions), None
+
+
+def _frame_columns(params: EstimatorParams, schema: InputSchema) -> _FrameColumns:
+    return _FrameColumns(schema=schema, features_col=params.getFeaturesCol(), feature_cols=params.getFeatureCols(),
+                         label_col=params.getLabelCol(), validation_col=params.getValidationIndicatorCol(),
+                         weight_col=params.getWeightCol())
+
+
+def _direct_source(params: EstimatorParams, dataset: DataFrame, schema: InputSchema, workers: int) -> FileSource | None:
+    """The Parquet files the ranks read themselves (``directRead`` and a plain table), or None."""
+    if not params.getDirectRead():
+        return None
+    return parquet_source(dataset, frame_outputs(dataset, **_frame_columns(params, schema)), workers)
+
+
+def in_order(dataset: DataFrame, start: Checkpoint | None) -> bool:
+    """Whether the rows of a fit through Spark are placed in the run by the order Spark
+    gives them (see :mod:`spark_torch_est.ingest.canonical`): unless the DataFrame's order
+    changes between jobs, or the fit continues an epoch whose rows were placed by hashing
+    (it goes on exactly as it began). The fit's log says when the ranks hash, and why."""
+    if start is not None and start.progress.sample_in_epoch and placed_by(start.data_source) == "hash":
+        logger.info("the rows are placed by hashing them, as in the epoch this fit continues")
+        return False
+    unstable = jvm.order_unstable(dataset)
+    if unstable is not None:
+        logger.info("the rows are placed in the run by hashing them at each launch (about 1 s per million rows of "
+                    "32 floats a rank): the DataFrame's order may change between Spark jobs, as %s; cache it or "
+                    "write it to files to skip this", unstable)
+        return False
+    return True
 
 
 def _checked_frame(params: EstimatorParams, creators: Creators, dataset: DataFrame, schema: InputSchema,
-                   start: Checkpoint | None) -> tuple[DataFrame, FileSource | None]:
+                   start: Checkpoint | None) -> tuple[DataFrame, FileSource | None, bool]:
     """Checks the creators and plans the training frame side by side: the JVM plans the
     frame (slow in a fresh session) while Python builds the model and optimizer (the first
     optimizer in a process imports ``torch._dynamo``, which is slow too). A creator error
     wins over a column error. Under Spark Connect the client plans nothing, so both run in
     turn. A plain Parquet table is read by the ranks themselves (see
-    :mod:`spark_torch_est.ingest.parquet_plan`): the job's frame is then one empty-handed row per rank."""
-    def plan() -> tuple[DataFrame, FileSource | None]:
-        return plan_frame(params, dataset, schema, params.getNumWorkers())
+    :mod:`spark_torch_est.ingest.parquet_plan`): the job's frame is then one empty-handed row
+    per rank. Also says whether rows through Spark come in order (see :func:`in_order`)."""
+    def plan() -> tuple[DataFrame, FileSource | None, bool]:
+        workers = params.getNumWorkers()
+        columns = training_columns(dataset, **_frame_columns(params, schema))
+        source = _direct_source(params, dataset, schema, workers)
+        if source is not None:
+            return dataset.sparkSession.range(0, workers, 1, workers), source, False
+        ordered = in_order(dataset, start)
+        partitions = (start.shards if start is not None else workers) if ordered else None
+        return training_frame(dataset, columns, workers, partitions), None, ordered
 
     if is_remote():
         check_creators(params, creators, start)
         return plan()
     as_caller = jvm.in_caller_properties(dataset.sparkSession.sparkContext)  # the caller's job group, pool, ...
 
-    def plan_here() -> tuple[DataFrame, FileSource | None]:
+    def plan_here() -> tuple[DataFrame, FileSource | None, bool]:
         as_caller()
         return plan()
 
@@ -411,9 +454,10 @@ def _checked_frame(params: EstimatorParams, creators: Creators, dataset: DataFra
 def task_spec(params: EstimatorParams, creators: Creators, target: Target, schema: InputSchema,
               start: Checkpoint | None, source: FileSource | None,
               fresh_hooks: frozenset[str] | set[str] = frozenset(), *, run_id: str | None = None,
-              parent: Parent | None = None) -> TaskSpec:
+              parent: Parent | None = None, ordered: bool = False) -> TaskSpec:
     """The spec of the fit's tasks: the creators cloudpickled, the Params as plain data;
-    ``run_id`` and ``parent`` as :func:`run_of` gives them (None: a new run)."""
+    ``run_id`` and ``parent`` as :func:`run_of` gives them (None: a new run); ``ordered``:
+    rows through Spark placed by their order (see :func:`in_order`)."""
     try:
         payload = cloudpickle.dumps(creators)
     except Exception as error:
@@ -435,6 +479,7 @@ def task_spec(params: EstimatorParams, creators: Creators, target: Target, schem
         shard_modules=tuple(shards) if shards is not None else None,
         lightning={"trainer_args": params.getTrainerArgs(), "max_epochs": params.getMaxEpochs()}
         if lightning_of(creators) is not None else None,
+        ordered=ordered, shards=start.shards if start is not None else None,
     )
 
 

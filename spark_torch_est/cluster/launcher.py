@@ -73,6 +73,12 @@ def _max_blob() -> int | None:
     return available_kb * 1024 // 2
 
 
+def _partitions(spec: TaskSpec, ranks: int) -> int | None:
+    """The logical partitions of the training frame of a job of ``ranks`` ranks: the run's
+    shards (a new run's are its first job's ranks), or None when the ranks hash the rows."""
+    return (spec.shards or ranks) if spec.ordered else None
+
+
 class Launcher:
     """Runs the barrier training jobs of one fit: a small controller. Each job ends in one
     outcome (see :mod:`~spark_torch_est.cluster.control`); the failure and scaling policies
@@ -88,15 +94,16 @@ class Launcher:
         on_message: Receives the ranks' progress and log messages (driver threads).
         min_workers: The fewest ranks a launch may train with (``minWorkers``); None: all
             of the spec's ``world_size``.
-        replan: ``replan(ranks)`` gives the training frame and the files to read of a job
-            of fewer ranks (needed with ``min_workers``).
+        replan: ``replan(ranks, partitions)`` gives the training frame and the files to read
+            of a job of other ranks, or of rows in other logical partitions (None: placed
+            by hashing), than ``rows`` (needed with ``min_workers``).
         on_ask: ``on_ask(epoch)``: whether the fit stops at the end of ``epoch``, rank 0's
             question when a driver-side logger may stop the fit (see ``TaskSpec.stop_wait_s``).
     """
 
     def __init__(self, spark: SparkSession, rows: KeptIngest, max_retries: int, slot_wait_s: float,
                  on_message: Callable[[RankMessage], None] | None = None, min_workers: int | None = None,
-                 replan: Callable[[int], tuple[DataFrame, FileSource | None]] | None = None,
+                 replan: Callable[[int, int | None], tuple[DataFrame, FileSource | None]] | None = None,
                  on_ask: Callable[[int], bool] | None = None) -> None:
         self._store_unreachable: set[str] = set()  # driver hosts executors could not reach in this fit
         self.spark = spark
@@ -107,7 +114,8 @@ class Launcher:
         self.min_workers = min_workers
         self.replan = replan
         self.on_ask = on_ask
-        self._frames: dict[int, tuple[DataFrame, FileSource | None]] = {}
+        self._frames: dict[tuple[int, int | None], tuple[DataFrame, FileSource | None]] = {}
+        self._partitions: int | None = None  # the logical partitions of ``rows``' frame
 
     def run(self, spec: TaskSpec, start: Progress) -> bytes:
         """Trains; returns rank 0's checkpoint bytes.
@@ -124,6 +132,7 @@ class Launcher:
         failures = FailurePolicy(launches)
         scaling = ScalingPolicy(self.spark, spec.world_size, self.min_workers, self.slot_wait_s, launches)
         quiet_task_failures(self.spark)
+        self._partitions = _partitions(spec, spec.world_size)
         fit_start = mark = start
         while True:
             ranks = scaling.ranks()
@@ -190,15 +199,17 @@ class Launcher:
             time.sleep(0.2)
 
     def _sized(self, spec: TaskSpec, ranks: int) -> tuple[TaskSpec, DataFrame]:
-        """The fit as a job of ``ranks`` ranks, and its frame: the spec's own, or one shrunk
-        to fewer ranks with the same global batch (see :meth:`TaskSpec.shrunk`)."""
-        if ranks == spec.world_size:
+        """The fit as a job of ``ranks`` ranks, and its frame: the spec's own, or one of other
+        ranks with the same global batch (see :meth:`TaskSpec.shrunk`), or of the logical
+        partitions of the checkpoint it resumes."""
+        partitions = _partitions(spec, ranks)
+        if ranks == spec.world_size and partitions == self._partitions:
             return self.rows.spec(spec), self.rows.frame
-        if ranks not in self._frames:
+        if (ranks, partitions) not in self._frames:
             if self.replan is None:  # the Launcher's contract: min_workers comes with replan
                 raise TypeError(f"a job of {ranks} ranks instead of {spec.world_size} needs the Launcher's replan")
-            self._frames[ranks] = self.replan(ranks)
-        frame, source = self._frames[ranks]
+            self._frames[ranks, partitions] = self.replan(ranks, partitions)
+        frame, source = self._frames[ranks, partitions]
         shrunk = spec.shrunk(ranks, source)
         if shrunk.batch_size * ranks != spec.batch_size * spec.world_size:
             logger.warning("batchSize * numWorkers = %d rows do not divide among %d ranks: each takes %d per step",
@@ -222,7 +233,8 @@ class Launcher:
                 logger.warning("passing over %s: %s", file.url, error)
                 continue
             if (checkpoint.run_id, checkpoint.fit_id) == (spec.run_id, spec.fit_id):  # this fit's newest
-                spec, start = dataclasses.replace(spec, resume=blob, fresh_hooks=()), checkpoint.progress
+                spec = dataclasses.replace(spec, resume=blob, fresh_hooks=(), shards=checkpoint.shards)
+                start = checkpoint.progress
                 break
         return spec, start
 

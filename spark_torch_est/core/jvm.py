@@ -32,8 +32,8 @@ from spark_torch_est.core.support import installed
 
 __all__ = [
     "CHECKED_ON", "collect_arrow", "sql_settings", "task_slots", "broadcast_threshold", "plan_size_bytes",
-    "barrier_partitions", "parquet_scan", "describe_plan", "cache_alive", "local_dirs", "in_caller_properties",
-    "deny_log_records", "context_setting",
+    "barrier_partitions", "order_unstable", "parquet_scan", "describe_plan", "cache_alive", "local_dirs",
+    "in_caller_properties", "deny_log_records", "context_setting",
 ]
 
 logger = logging.getLogger(__name__)
@@ -158,6 +158,78 @@ def _barrier_safe(rdd: Any, limit: int = 500) -> bool:
             if dependency.getClass().getName() != "org.apache.spark.ShuffleDependency":
                 stack.append(dependency.rdd())
     return True
+
+
+#: Leaves of a physical plan whose rows come in the same order in every job.
+_ORDERED_LEAVES = ("FileSourceScanExec", "InMemoryTableScanExec", "LocalTableScanExec", "RangeExec")
+_FILE_SCAN = "org.apache.spark.sql.execution.datasources.v2.FileScan"
+
+
+def order_unstable(df: DataFrame) -> str | None:
+    """Why a job reading ``df`` may see a partition's rows in another order than the job
+    before, or None when every job sees the same order: its physical plan shuffles (a
+    join, an aggregation, a repartition: a shuffle's output order follows fetch timing),
+    or reads a source or an RDD whose order Spark does not fix. A cache is a leaf: its rows
+    stay as they were first computed. Under Spark Connect: that the plan cannot be read.
+
+    A fresh plan is asked each time: a DataFrame cached since it was last planned reads the
+    cache only in plans made after."""
+    try:
+        plan = df.select("*")._jdf.queryExecution().executedPlan()
+        java: Any = df.sparkSession._jvm
+        file_scan = java.java.lang.Class.forName(_FILE_SCAN)
+    except Exception:  # Spark Connect: no JVM handles
+        return "Spark Connect does not show the DataFrame's plan"
+    return _unstable_node(plan, file_scan)
+
+
+def _unstable_node(plan: Any, file_scan: Any, limit: int = 2000) -> str | None:
+    """:func:`order_unstable` of a physical plan (``file_scan``: the class of DSv2 file scans)."""
+    stack, seen = [plan], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > limit:
+            return "its plan is too large to check"
+        name = node.getClass().getSimpleName()
+        if name == "AdaptiveSparkPlanExec":  # its plan so far: exchanges in, stages that ran as query stages
+            stack.append(node.executedPlan())
+            continue
+        if "ShuffleExchange" in name or name == "ShuffleQueryStageExec":
+            return f"its plan shuffles ({node.simpleString(1)[:120]})"
+        if name == "BroadcastQueryStageExec":
+            stack.append(node.plan())
+            continue
+        children = node.children()
+        if children.size():
+            stack.extend(children.apply(i) for i in range(children.size()))
+        elif name in ("RDDScanExec", "ExternalRDDScanExec"):
+            if _shuffled(node.rdd()):
+                return f"it reads an RDD made by a shuffle ({node.nodeName()})"
+        elif name == "BatchScanExec":
+            if not file_scan.isInstance(node.scan()):
+                return f"it reads {node.scan().getClass().getSimpleName()}, whose order Spark does not fix"
+        elif name not in _ORDERED_LEAVES:
+            return f"it reads {node.nodeName()}, whose order Spark does not fix"
+    return None
+
+
+def _shuffled(rdd: Any, limit: int = 500) -> bool:
+    """Whether ``rdd`` or an RDD it is made of comes out of a shuffle (or the lineage is too
+    long to tell)."""
+    stack, seen = [rdd], 0
+    while stack:
+        current = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        dependencies = current.dependencies()
+        for i in range(dependencies.size()):
+            dependency = dependencies.apply(i)
+            if dependency.getClass().getName() == "org.apache.spark.ShuffleDependency":
+                return True
+            stack.append(dependency.rdd())
+    return False
 
 
 def parquet_scan(df: DataFrame, columns: list[str]) -> tuple[list[str], list[str]] | None:

@@ -3,7 +3,7 @@ the rows a training job returns."""
 
 from __future__ import annotations
 
-__all__ = ["input_column", "FEATURES", "LABEL", "WEIGHT", "IS_VALIDATION", "RESULT_SCHEMA", "DELIVERED"]
+__all__ = ["input_column", "FEATURES", "LABEL", "WEIGHT", "IS_VALIDATION", "ROW_ID", "RESULT_SCHEMA", "DELIVERED"]
 
 
 def input_column(index: int) -> str:
@@ -17,6 +17,10 @@ FEATURES = input_column(0)
 LABEL = "__ste_label"
 WEIGHT = "__ste_weight"
 IS_VALIDATION = "__ste_is_validation"
+#: A row's place in the training frame's logical partitions (partition index in the bits
+#: from 33 up, position in the partition below: Spark's ``monotonically_increasing_id``),
+#: carried only by a job of another number of ranks than the run's logical partitions.
+ROW_ID = "__ste_row_id"
 
 #: Rows rank 0 returns: the checkpoint split into ordered binary chunks, or one row with
 #: seq DELIVERED and the checkpoint's SHA-256 when the driver already holds it (channel).

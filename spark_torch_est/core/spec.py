@@ -10,7 +10,7 @@ from enum import Enum
 from spark_torch_est.core.progress import Interval, Parent, Target
 from spark_torch_est.core.schema import InputSchema
 
-__all__ = ["TaskSpec", "Launch", "ColumnNames", "FilePart", "FileSource", "How", "KeptPlan"]
+__all__ = ["TaskSpec", "Launch", "ColumnNames", "FilePart", "FileSource", "How", "KeptPlan", "placed_by"]
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,11 @@ class TaskSpec:
             ``numWorkers`` (see :meth:`shrunk`); None: ``batch_size * world_size``.
         lightning: The model is a LightningModule: ``{"trainer_args": trainerArgs,
             "max_epochs": maxEpochs}`` for Lightning's Trainer; None for a plain module.
+        ordered: The rows come through Spark in an order every job reproduces, in the
+            training frame's logical partitions (see :mod:`spark_torch_est.ingest.canonical`);
+            False: the ranks place them by hashing.
+        shards: The run's logical shards, as ``resume`` records them; None for a new run
+            (as many as the first job's ranks).
     """
 
     run_id: str
@@ -173,6 +178,8 @@ class TaskSpec:
     parent: Parent | None = None
     global_batch: int | None = None
     lightning: dict | None = None
+    ordered: bool = False
+    shards: int | None = None
 
     @property
     def global_rows_per_step(self) -> int:
@@ -181,10 +188,13 @@ class TaskSpec:
 
     @property
     def data_source(self) -> str:
-        """Which rows each rank reads: ``"files:"`` and the digest of the table's file parts
-        (the rows placed in the run by the files' order), or ``"spark"`` when the rows come
-        through the Spark job (placed by hashing them)."""
-        return f"files:{self.source.digest}" if self.source is not None else "spark"
+        """Which rows each rank reads and how they are placed in the run: ``"files:"`` and
+        the digest of the table's file parts (by the files' order), ``"spark:partitions"``
+        (through the Spark job, by the training frame's logical partitions) or ``"spark"``
+        (through the Spark job, by hashing them)."""
+        if self.source is not None:
+            return f"files:{self.source.digest}"
+        return "spark:partitions" if self.ordered else "spark"
 
     def shrunk(self, world_size: int, source: FileSource | None) -> TaskSpec:
         """This fit as a job of fewer ranks (``minWorkers``) with the same global batch:
@@ -218,3 +228,14 @@ class Launch:
     secret: bytes
     store_address: tuple[str, int] | None = None
     channel_address: tuple[str, int] | None = None
+
+
+def placed_by(data_source: str) -> str:
+    """How the rows of a fit that read ``data_source`` got their places in the run (see
+    :mod:`spark_torch_est.ingest.canonical`): ``"files"`` (the files' order),
+    ``"partitions"`` (the training frame's logical partitions) or ``"hash"`` (hashing: rows
+    through Spark in an order no launch reproduces, or a table's files as releases before
+    the files' order placed them)."""
+    if data_source.startswith("files:"):
+        return "files"
+    return "partitions" if data_source == "spark:partitions" else "hash"

@@ -24,7 +24,15 @@ from spark_torch_est.core.schema import FEATURES_LAYOUT
 from spark_torch_est.core.spec import TaskSpec
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest import held
-from spark_torch_est.ingest.canonical import CanonicalRows, EpochPlan, EpochRows, by_source_order, to_canonical
+from spark_torch_est.ingest.canonical import (
+    CanonicalRows,
+    EpochPlan,
+    EpochRows,
+    by_partition_order,
+    by_source_order,
+    epoch_offset,
+    to_canonical,
+)
 from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn
 from spark_torch_est.ingest.tables import TORCH_DTYPES, IngestedRows, Table
 
@@ -68,6 +76,10 @@ class AgreedRows:
         """Optimizer steps of a whole epoch, the same on every rank."""
         return self.steps_left(0)
 
+    def offset(self, done: int) -> int:
+        """Rows of each logical shard's order trained once an epoch's steps trained ``done`` rows."""
+        return epoch_offset(self.train_rows, done)
+
     def steps_left(self, offset: int) -> int:
         """Optimizer steps of an epoch from ``offset`` rows of each logical shard's order on."""
         return EpochPlan(self.train_rows, self.canonical.shard_batch, offset).steps
@@ -107,7 +119,7 @@ def agree_on_rows(ingested: IngestedRows, spec: TaskSpec, ranks: Ranks, shards: 
     """
     shards = shards or ranks.world_size
     holdable = spec.source is not None or spec.kept is not None  # the same on every rank: rows a worker may hold
-    layout, laid = _held_layout(ingested, ranks, shards) if holdable else ("", False)
+    layout, laid = _held_layout(ingested, spec, ranks, shards) if holdable else ("", False)
     if ingested.layout and not laid:
         if ingested.reread is None:
             raise ValueError("rows laid out by an earlier fit need a way to be read again")
@@ -151,24 +163,29 @@ def agree_on_rows(ingested: IngestedRows, spec: TaskSpec, ranks: Ranks, shards: 
     shard_batch = -(-spec.global_rows_per_step // shards)
     if laid:
         logger.info("rank %d: training on rows this worker holds laid out from an earlier fit", ranks.rank)
-        canonical = CanonicalRows(train, sum(counts), shards, shard_batch, spec.seed, ranks, spec.memory_budget)
-    else:  # a table's files read directly come in their order: no hashing (see ingest.canonical)
-        place = by_source_order if spec.source is not None else to_canonical
-        canonical = place(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
+        canonical = CanonicalRows(train, counts, shard_batch, spec.seed, ranks, spec.memory_budget)
+    elif spec.source is not None:  # a table's files read directly come in their order
+        canonical = by_source_order(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
+    elif spec.ordered:  # rows through Spark in an order every launch reproduces
+        canonical = by_partition_order(train, counts, ingested.row_ids, shards, shard_batch, spec.seed, ranks,
+                                       spec.memory_budget)
+    else:
+        canonical = to_canonical(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
         logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
     ingested.train, ingested.layout = canonical.table, layout if ingested.source else ""
     canonical.moved = lambda table: setattr(ingested, "train", table)  # rows moved for an epoch on W != L ranks
     return AgreedRows(canonical, validation, int(info[:, 1, 0].sum()))
 
 
-def _held_layout(ingested: IngestedRows, ranks: Ranks, shards: int) -> tuple[str, bool]:
-    """Collective: the layout of this fit's rows (from every rank's source, the ranks and
-    the shards; ``"moved"`` on another number of ranks than shards, which a later fit never
-    reuses), and whether every rank holds its part of it already."""
+def _held_layout(ingested: IngestedRows, spec: TaskSpec, ranks: Ranks, shards: int) -> tuple[str, bool]:
+    """Collective: the layout of this fit's rows (from every rank's source, how the rows are
+    placed, the ranks and the shards; ``"moved"`` on another number of ranks than shards,
+    which a later fit never reuses), and whether every rank holds its part of it already."""
     digests = ranks.counts(torch.tensor([_digest(ingested.source), _digest(ingested.layout)], dtype=torch.int64))
     if ranks.world_size != shards or not bool((digests[:, 0] != 0).all()):
         return "moved", False
-    layout = f"layout/{ranks.world_size}/{shards}/" + ",".join(str(int(d)) for d in digests[:, 0])
+    placed = "files" if spec.source is not None else "partitions" if spec.ordered else "hash"
+    layout = f"layout/{placed}/{ranks.world_size}/{shards}/" + ",".join(str(int(d)) for d in digests[:, 0])
     return layout, bool((digests[:, 1] == _digest(layout)).all())
 
 

@@ -1,28 +1,32 @@
 """[executor] One epoch order on any number of ranks: logical shards fixed by the run.
 
 A run fixes ``shards`` (L) when it starts: its first world size, recorded in its checkpoints.
-Every row has a place ``g`` in the run, in logical shard ``g % L`` at position ``g // L``,
-that does not depend on how many ranks read the rows. Where the source has an order of its
-own that every launch reproduces (a Parquet table's files read directly: the file listing
-and row offsets), the place comes from it (:func:`by_source_order`): the ``k``-th training
-row of the table is in the ``k``-th of L near-equal runs of rows (the longer first), the
-one logical shard, at its position in the run; on L ranks each rank read its logical shard's rows
-and nothing is hashed or moved. Elsewhere (rows through Spark, whose partitioning and
-shuffle order differ between launches) the ranks hash each training row's bytes (every
-column, :func:`row_keys`) once per launch and sort the hashes across the ranks
-(:func:`run_ids`): the row with the ``g``-th smallest hash is row ``g``; identical rows hash
-alike and are interchangeable (:func:`to_canonical`, said in the log with what it took).
+Every row has a place in the run, position ``i`` of logical shard ``j`` (its id ``i * L + j``),
+that does not depend on how many ranks read the rows. Where the rows come in an order every
+launch reproduces, the places come from it and nothing is hashed: a Parquet table's files
+read directly (:func:`by_source_order`: the file listing and row offsets; the ``k``-th
+training row of the table is in the ``k``-th of L near-equal runs of rows, the longer
+first), and rows through Spark from a DataFrame whose plan reproduces its order
+(:func:`by_partition_order`: the training frame is cut into L logical partitions, partition
+``j`` being shard ``j``). On L ranks each rank then read its logical shard's rows and nothing
+moves. Elsewhere (a shuffle in the DataFrame's plan, Spark Connect) the ranks hash each
+training row's bytes (every column, :func:`row_keys`) once per launch and sort the hashes
+across the ranks (:func:`run_ids`): the row with the ``g``-th smallest hash is row ``g``;
+identical rows hash alike and are interchangeable (:func:`to_canonical`, said in the log
+with what it took).
 An epoch's order is then a function of ``(seed, epoch)`` and the rows' places: shard ``j``
 visits its rows in :func:`epoch_order` ``(rows of j, seed, epoch, j)``, and global step
 ``s`` trains positions ``s * b`` onwards of every shard's order (``b``: rows per shard per
-step, the global batch over L; :class:`EpochPlan`).
+step, the global batch over L; :class:`EpochPlan`); a shard with fewer rows than another
+has none left in the epoch's last steps.
 
 On L ranks (the usual case) rank ``r`` holds logical shard ``r`` and trains its part of each
 step, exactly the loop of a fixed world size: no exchange after the one at the launch.
 On W != L ranks (a shrink, a grow, a later fit with another ``numWorkers``) the rows of
 each step are cut into W runs of near-equal length, rank ``w`` training the ``w``-th; at
 the start of each epoch the ranks move (all to all, tensors only: :func:`move_rows`) the
-rows each needs for it, so every rank holds about ``1/W`` of the rows.
+rows each needs for it, so every rank holds about ``1/W`` of the rows. At the launch the
+rows stay where they were read: the first epoch's move is the only one.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ from spark_torch_est.core.ranks import Ranks
 from spark_torch_est.ingest.columns import Column, DenseColumn, RaggedColumn, SpilledColumn, spill_file
 from spark_torch_est.ingest.tables import Table
 
-__all__ = ["EpochPlan", "epoch_order", "row_keys", "CanonicalRows", "EpochRows", "to_canonical", "by_source_order",
-           "source_ids"]
+__all__ = ["EpochPlan", "epoch_order", "epoch_offset", "row_keys", "CanonicalRows", "EpochRows", "to_canonical",
+           "by_source_order", "by_partition_order", "source_ids", "run_places", "near_equal", "even_enough",
+           "PARTITION_SHIFT"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +164,20 @@ class EpochPlan:
         return sum(min(self.batch_size, max(n - start, 0)) for n in self.rows)
 
 
+def epoch_offset(shard_rows: list[int], done: int) -> int:
+    """Rows of each logical shard's order an epoch trained once its steps trained ``done``
+    rows of all shards together (each shard ``min(its rows, offset)``).
+
+    >>> epoch_offset([10, 4], 10)  # two steps of 3 rows per shard: 3 + 3, then 3 + 1
+    6
+    """
+    rows, low, high = torch.tensor(shard_rows), 0, max(shard_rows)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if int(rows.clamp(max=middle).sum()) < done else (low, middle)
+    return low
+
+
 def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor:
     """The shuffled row order of one rank's part in one epoch, a pure function of its arguments."""
     state = np.random.SeedSequence([seed, epoch, part]).generate_state(2, dtype=np.uint32)
@@ -199,28 +218,35 @@ class EpochRows:
 class CanonicalRows:
     """A rank's training rows in the run's logical shards, and each epoch's rows of the rank.
 
+    Row ``i`` of logical shard ``j`` has the id ``i * L + j`` in the run.
+
     Args:
-        table: The rows this rank holds: after :func:`to_canonical`, those of ids
-            ``rank, rank + W, ...`` in that order.
-        total: Training rows of all ranks.
-        shards: The run's logical shards (L).
+        table: The rows this rank holds: on L ranks, logical shard ``rank``'s in position
+            order; elsewhere any rows, ``ids`` saying which.
+        shard_rows: Training rows of each logical shard (L of them).
         shard_batch: Rows of each shard per global step.
         seed: The run's seed.
         ranks: This rank and the world.
         budget: Bytes of input rows kept in RAM before they spill (None: never).
+        ids: The run ids of ``table``'s rows (None on L ranks: those of logical shard ``rank``).
     """
 
-    def __init__(self, table: Table, total: int, shards: int, shard_batch: int, seed: int, ranks: Ranks,
-                 budget: int | None = None) -> None:
-        self.table, self.total, self.shards, self.shard_batch = table, total, shards, shard_batch
+    def __init__(self, table: Table, shard_rows: list[int], shard_batch: int, seed: int, ranks: Ranks,
+                 budget: int | None = None, ids: torch.Tensor | None = None) -> None:
+        self.table, self.shard_rows, self.shards = table, list(shard_rows), len(shard_rows)
+        self.shard_batch = shard_batch
         self.seed, self.ranks, self.budget = seed, ranks, budget
-        self.ids = torch.arange(ranks.rank, total, ranks.world_size)  # the run ids of the rows this rank holds
+        if ids is None:
+            if ranks.world_size != self.shards:
+                raise ValueError(f"rows on {ranks.world_size} ranks in {self.shards} logical shards need their ids")
+            ids = torch.arange(self.shard_rows[ranks.rank], dtype=torch.int64) * self.shards + ranks.rank
+        self.ids = ids  # the run ids of the rows this rank holds
         self.moved: Callable[[Table], None] = lambda table: None  # told the table after each move
 
     @property
-    def shard_rows(self) -> list[int]:
-        """Rows of each logical shard."""
-        return [len(range(j, self.total, self.shards)) for j in range(self.shards)]
+    def total(self) -> int:
+        """Training rows of all logical shards."""
+        return sum(self.shard_rows)
 
     def epoch(self, epoch: int, offset: int) -> EpochRows:
         """Collective on W != L ranks: the rows this rank trains in ``epoch`` from ``offset``
@@ -231,7 +257,8 @@ class CanonicalRows:
             return EpochRows(self.table, plan, plan.steps, _order=order)
         pieces, done = self._pieces(plan, epoch)
         world, rank = self.ranks.world_size, self.ranks.rank
-        to_rank, to_position = torch.empty(self.total, dtype=torch.int64), torch.empty(self.total, dtype=torch.int64)
+        space = max(self.shard_rows) * self.shards  # every id below it
+        to_rank, to_position = torch.empty(space, dtype=torch.int64), torch.empty(space, dtype=torch.int64)
         for w in range(world):
             wanted = torch.cat([*(step[w] for step in pieces), done[done % world == w]])
             to_rank[wanted], to_position[wanted] = w, torch.arange(len(wanted))
@@ -258,37 +285,59 @@ class CanonicalRows:
         return pieces, done
 
 
+def near_equal(total: int, shards: int) -> list[int]:
+    """Rows of each of ``shards`` near-equal logical shards of ``total`` rows, the longer first."""
+    return [len(range(j, total, shards)) for j in range(shards)]
+
+
+def _laid_out(table: Table, ids: torch.Tensor, shard_rows: list[int], shard_batch: int, seed: int, ranks: Ranks,
+              budget: int | None, in_place: bool = False) -> CanonicalRows:
+    """Collective on L ranks unless ``in_place``: the rows of run ids ``ids``, moved so that
+    rank ``r`` holds logical shard ``r`` in position order. On W != L ranks they stay where
+    they are (each epoch moves the rows it needs, see :meth:`CanonicalRows.epoch`)."""
+    shards = len(shard_rows)
+    if ranks.world_size != shards:
+        return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget, ids)
+    if not in_place:
+        table = move_rows(table, ids % shards, ids // shards, shard_rows[ranks.rank], ranks, budget)
+    return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget)
+
+
 def to_canonical(table: Table, counts: list[int], shards: int, shard_batch: int, seed: int, ranks: Ranks,
                  budget: int | None = None) -> CanonicalRows:
-    """Collective: places every row in the run's order (:func:`run_ids`) and moves the rows
-    so that this rank holds ids ``rank, rank + W, ...`` in that order.
+    """Collective: places every row in the run's order by hashing it (:func:`run_ids`), for
+    rows whose order no launch can reproduce; on L ranks they move to their logical shards.
 
     Args:
         table: This rank's training rows, in the agreed layouts.
         counts: Training rows of every rank.
     """
     started = time.perf_counter()
-    ids, world, total = run_ids(row_keys(table), ranks), ranks.world_size, sum(counts)
+    ids = run_ids(row_keys(table), ranks)
     placed = time.perf_counter()
-    table = move_rows(table, ids % world, ids // world, len(range(ranks.rank, total, world)), ranks, budget)
-    logger.info("rank %d: the rows' order cannot be reproduced (read through Spark): placed its %d training rows by "
-                "hashing them (%.2fs) and moved them to their logical shards (%.2fs)", ranks.rank, counts[ranks.rank],
-                placed - started, time.perf_counter() - placed)
-    return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
+    canonical = _laid_out(table, ids, near_equal(sum(counts), shards), shard_batch, seed, ranks, budget)
+    logger.info("rank %d: placed its %d training rows in the run by hashing them (%.2fs) and moved them to their "
+                "logical shards (%.2fs)", ranks.rank, counts[ranks.rank], placed - started,
+                time.perf_counter() - placed)
+    return canonical
 
 
 def source_ids(counts: list[int], rank: int, shards: int) -> torch.Tensor:
     """The places in the run of this rank's training rows, when the ranks hold the source's
-    rows in its order (rank 0's first, each rank's in order): the ``k``-th row of the source
-    is in the ``k``-th of ``shards`` near-equal runs of rows (the longer first), ``j``, at
-    position ``i`` of it: place ``i * shards + j``. A pure function of the source's order,
-    whatever the number of ranks.
+    rows in its order (rank 0's first, each rank's in order): see :func:`run_places`. A
+    pure function of the source's order, whatever the number of ranks.
 
     >>> source_ids([3, 2], 1, shards=2).tolist()  # rows 3, 4 of 5: shards of 3 and 2 rows
     [1, 3]
     """
-    total, start = sum(counts), sum(counts[:rank])
-    rows = torch.arange(start, start + counts[rank], dtype=torch.int64)
+    start = sum(counts[:rank])
+    return run_places(torch.arange(start, start + counts[rank], dtype=torch.int64), sum(counts), shards)
+
+
+def run_places(rows: torch.Tensor, total: int, shards: int) -> torch.Tensor:
+    """The run ids of ``rows`` (their places ``k`` in a source of ``total`` rows): the
+    ``k``-th row is in the ``k``-th of ``shards`` near-equal runs of rows (the longer first),
+    ``j``, at position ``i`` of it: id ``i * shards + j``."""
     size, longer = divmod(total, shards)
     first = longer * (size + 1)  # rows in the longer runs
     shard = torch.where(rows < first, rows // (size + 1), longer + (rows - first) // max(size, 1))
@@ -305,19 +354,84 @@ def by_source_order(table: Table, counts: list[int], shards: int, shard_batch: i
         table: This rank's training rows, in the agreed layouts and the source's order.
         counts: Training rows of every rank.
     """
-    world, total = ranks.world_size, sum(counts)
-    size, longer = divmod(total, shards)
-    if world == shards and counts == [size + (w < longer) for w in range(world)]:
-        logger.debug("rank %d: its %d training rows are its logical shard as read: none moves", ranks.rank,
-                     counts[ranks.rank])
-        return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
+    shard_rows = near_equal(sum(counts), shards)
+    in_place = ranks.world_size == shards and counts == shard_rows
     started = time.perf_counter()
-    ids = source_ids(counts, ranks.rank, shards)
-    table = move_rows(table, ids % world, ids // world, len(range(ranks.rank, total, world)), ranks, budget)
-    logger.info("rank %d: moved its %d training rows to their places in %d logical shards on %d ranks, placed by "
-                "the source's order (%.2fs)", ranks.rank, counts[ranks.rank], shards, world,
-                time.perf_counter() - started)
-    return CanonicalRows(table, total, shards, shard_batch, seed, ranks, budget)
+    canonical = _laid_out(table, source_ids(counts, ranks.rank, shards), shard_rows, shard_batch, seed, ranks, budget,
+                          in_place)
+    if in_place or ranks.world_size != shards:
+        logger.debug("rank %d: its %d training rows are placed by the source's order: none moves at launch",
+                     ranks.rank, counts[ranks.rank])
+    else:
+        logger.info("rank %d: moved its %d training rows to their logical shards, placed by the source's order "
+                    "(%.2fs)", ranks.rank, counts[ranks.rank], time.perf_counter() - started)
+    return canonical
+
+
+#: A row's logical partition in a training frame's row id (its position there in the bits below).
+PARTITION_SHIFT = 33  # as Spark's monotonically_increasing_id
+
+
+def by_partition_order(table: Table, counts: list[int], row_ids: torch.Tensor | None, shards: int, shard_batch: int,
+                       seed: int, ranks: Ranks, budget: int | None = None) -> CanonicalRows:
+    """:func:`to_canonical` for rows through Spark whose order every launch reproduces: the
+    training frame's L logical partitions (see :func:`~spark_torch_est.ingest.frames.training_frame`),
+    partition ``j`` being logical shard ``j``, its training rows in the partition's order.
+    Nothing is hashed. On L ranks each rank read its partition whole (``row_ids`` None):
+    nothing moves and there is no collective. On W != L ranks each row came with its
+    partition and position in it (``row_ids``, see :data:`PARTITION_SHIFT`): the ranks share
+    them once to number each shard's training rows, and the rows stay where they are.
+
+    Partitions of very different lengths (a DataFrame of L partitions read as it is) would
+    leave the epoch's last steps to the longest: unless they are :func:`even_enough`, the
+    shards are L near-equal runs of the partitions' rows one after the other (on L ranks
+    the rows that cross a run's end move once, at the launch).
+
+    Args:
+        table: This rank's training rows, in the agreed layouts.
+        counts: Training rows of every rank.
+        row_ids: The training rows' ids in the frame, or None when this rank read logical partition ``rank`` whole.
+
+    Raises:
+        ValueError: Row ids missing on W != L ranks, or of another number of logical partitions.
+    """
+    world, started = ranks.world_size, time.perf_counter()
+    if row_ids is None:
+        if world != shards:
+            raise ValueError(f"rows through Spark on {world} ranks in {shards} logical partitions need their row ids")
+        partition_rows, partition = counts, torch.full((counts[ranks.rank],), ranks.rank, dtype=torch.int64)
+        position = torch.arange(counts[ranks.rank], dtype=torch.int64)
+    else:
+        every = torch.sort(ranks.exchange(row_ids.repeat(world), [len(row_ids)] * world, counts)).values
+        if len(every) and int(every[-1] >> PARTITION_SHIFT) >= shards:
+            raise ValueError(f"rows of logical partition {int(every[-1] >> PARTITION_SHIFT)} in a run of {shards}")
+        partition_rows = torch.bincount(every >> PARTITION_SHIFT, minlength=shards).tolist()
+        partition = row_ids >> PARTITION_SHIFT
+        starts = torch.tensor([sum(partition_rows[:j]) for j in range(shards)], dtype=torch.int64)
+        position = torch.searchsorted(every, row_ids) - starts[partition]
+        del every
+    if even_enough(partition_rows):
+        canonical = _laid_out(table, position * shards + partition, partition_rows, shard_batch, seed, ranks, budget,
+                              in_place=True)
+        moved = ""
+    else:
+        starts = torch.tensor([sum(partition_rows[:j]) for j in range(shards)], dtype=torch.int64)
+        ids = run_places(starts[partition] + position, sum(partition_rows), shards)
+        canonical = _laid_out(table, ids, near_equal(sum(partition_rows), shards), shard_batch, seed, ranks, budget)
+        moved = f", evened out as they hold {min(partition_rows)} to {max(partition_rows)} rows"
+    if world == shards and not moved:
+        logger.debug("rank %d: its %d training rows are logical partition %d as read: none moves", ranks.rank,
+                     counts[ranks.rank], ranks.rank)
+    else:
+        logger.info("rank %d: placed its %d training rows by %d logical partitions on %d ranks%s (%.2fs)", ranks.rank,
+                    counts[ranks.rank], shards, world, moved, time.perf_counter() - started)
+    return canonical
+
+
+def even_enough(rows: list[int]) -> bool:
+    """Whether logical partitions of ``rows`` rows each are the run's logical shards as they
+    are: within 1% (at least 64 rows) of each other, as a round-robin repartition makes them."""
+    return max(rows) - min(rows) <= max(64, min(rows) // 100)
 
 
 def run_ids(keys: torch.Tensor, ranks: Ranks) -> torch.Tensor:

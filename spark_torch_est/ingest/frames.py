@@ -14,14 +14,14 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import types as T
 
 from spark_torch_est.core import jvm
-from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, WEIGHT, input_column
+from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, ROW_ID, WEIGHT, input_column
 from spark_torch_est.core.schema import FEATURES_LAYOUT, INPUTS_LAYOUT, InputColumn, InputSchema
 from spark_torch_est.core.spec import How
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.ingest.spark_types import is_numeric, tensor_dtype
 
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
-           "input_schema", "check_inputs", "weight_column", "training_frame", "frame_outputs"]
+           "input_schema", "check_inputs", "weight_column", "training_columns", "training_frame", "frame_outputs"]
 
 ROW_ORDER = "__ste_row_order"
 
@@ -270,14 +270,9 @@ def weight_column(df: DataFrame, weight_col: str) -> Column:
     return F.col(weight_col).cast("float")
 
 
-def training_frame(df: DataFrame, *, schema: InputSchema, features_col: str | None, feature_cols: list[str] | None,
-                   label_col: str, validation_col: str | None, weight_col: str | None, num_workers: int) -> DataFrame:
-    """The columns the tasks read, in ``num_workers`` partitions, in a reproducible order.
-
-    The shuffle is skipped when the DataFrame already has exactly ``num_workers``
-    partitions (where Spark can tell without running a job). Either way the rows of a
-    rank come in the same order in every job as long as the input's order is stable
-    (files, local data, a cached DataFrame), which exact resume relies on.
+def training_columns(df: DataFrame, *, schema: InputSchema, features_col: str | None, feature_cols: list[str] | None,
+                     label_col: str, validation_col: str | None, weight_col: str | None) -> list[Column]:
+    """The columns the tasks read, as expressions over ``df`` (checked first).
 
     Raises:
         InvalidInputError: A column is missing or has an unusable type.
@@ -294,19 +289,42 @@ def training_frame(df: DataFrame, *, schema: InputSchema, features_col: str | No
     if validation_col is not None:
         check_validation_col(df.schema, validation_col)
         columns.append(F.col(validation_col).alias(IS_VALIDATION))
-    if jvm.barrier_partitions(df) == num_workers:
-        return df.select(*columns)
-    # A shuffle's output order depends on fetch timing; sorting each partition by the rows'
-    # position in the input makes every job (every fit, every relaunch) see the same order.
-    order = F.monotonically_increasing_id().alias(ROW_ORDER)
-    return df.select(*columns, order).repartition(num_workers).sortWithinPartitions(ROW_ORDER).drop(ROW_ORDER)
+    return columns
+
+
+def training_frame(df: DataFrame, columns: list[Column], num_workers: int, partitions: int | None = None) -> DataFrame:
+    """``columns`` (see :func:`training_columns`) of ``df`` in ``num_workers`` partitions.
+
+    With ``partitions`` (L, the run's logical shards; see
+    :mod:`spark_torch_est.ingest.canonical`) the rows are first cut into L logical partitions
+    in an order every job reproduces, as long as the input's order is stable (files, local
+    data, a cached DataFrame): a round-robin repartition, each partition sorted by the rows'
+    positions in the input (a shuffle's output order depends on fetch timing). On L ranks
+    each task reads one logical partition whole; on others each row carries its place there
+    (:data:`~spark_torch_est.core.protocol.ROW_ID`) through one more shuffle into
+    ``num_workers`` partitions. Without ``partitions`` (rows the ranks place by hashing)
+    the rows are repartitioned into ``num_workers``. Either way the shuffle is skipped when
+    the DataFrame already has the partitions asked for (where Spark can tell without
+    running a job).
+    """
+    from pyspark.sql import functions as F
+
+    logical = partitions or num_workers
+    if jvm.barrier_partitions(df) == logical:
+        frame = df.select(*columns)
+    else:
+        order = F.monotonically_increasing_id().alias(ROW_ORDER)
+        frame = df.select(*columns, order).repartition(logical).sortWithinPartitions(ROW_ORDER).drop(ROW_ORDER)
+    if logical == num_workers:
+        return frame
+    return frame.withColumn(ROW_ID, F.monotonically_increasing_id()).repartition(num_workers, ROW_ID)
 
 
 def frame_outputs(df: DataFrame, *, schema: InputSchema, features_col: str | None, feature_cols: list[str] | None,
                   label_col: str, validation_col: str | None,
                   weight_col: str | None) -> list[tuple[str, tuple[str, ...], How]]:
     """The training frame's columns as the ranks build them from a table's own columns
-    when they read its files (see :class:`spec.FileSource`): what :func:`training_frame`
+    when they read its files (see :class:`spec.FileSource`): what :func:`training_columns`
     computes in the JVM, but done per batch in the tasks."""
     if schema.layout == FEATURES_LAYOUT:
         kind = features_kind(df.schema, features_col, feature_cols)

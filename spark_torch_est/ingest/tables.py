@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from spark_torch_est.core.protocol import IS_VALIDATION, LABEL, WEIGHT, input_column
+from spark_torch_est.core.protocol import IS_VALIDATION, LABEL, ROW_ID, WEIGHT, input_column
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
 from spark_torch_est.core.spec import ColumnNames
 from spark_torch_est.errors import InputDataError
@@ -215,6 +215,9 @@ class IngestedRows:
             (see :func:`~spark_torch_est.ingest.agreement.agree_on_rows`).
         reread: Reads the rows as they were read, again (for held rows laid out by an
             earlier fit that this fit cannot use).
+        row_ids: The training rows' ids in the training frame, where it carries them (a
+            job of another number of ranks than the run's logical partitions, see
+            :data:`~spark_torch_est.core.protocol.ROW_ID`), else None.
     """
 
     train: Table | None
@@ -222,6 +225,7 @@ class IngestedRows:
     source: str = ""
     layout: str = ""
     reread: Callable[[], IngestedRows] | None = None
+    row_ids: torch.Tensor | None = None
 
 
 def read_rows(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: ColumnNames = ColumnNames(),
@@ -238,6 +242,7 @@ def read_rows(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: C
     budget = Budget(memory_budget)
     parts = {role: _Builders(schema, budget, rows) for role in ("train", "validation")}
     feature_cols = columns.features if schema.layout == FEATURES_LAYOUT else None
+    row_ids = list[np.ndarray]()
     for batch in batches:
         if batch.num_rows == 0:
             continue
@@ -245,13 +250,17 @@ def read_rows(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: C
                 for i, column in enumerate(schema.columns)],
                arrow_values(batch.column(LABEL), columns.label),
                _weights(batch.column(WEIGHT), columns.weight) if columns.weight is not None else None)
+        ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
         if IS_VALIDATION in batch.schema.names:
             flags = arrow_values(batch.column(IS_VALIDATION), "validationIndicatorCol")[0].astype(bool)
             parts["validation"].append(*_rows_where(row, flags))
-            row = _rows_where(row, ~flags)
+            row, ids = _rows_where(row, ~flags), ids[~flags] if ids is not None else None
         parts["train"].append(*row)
+        if ids is not None:
+            row_ids.append(ids)
     return IngestedRows(parts["train"].finish(schema.padding_value, columns.label),
-                        parts["validation"].finish(schema.padding_value, columns.label))
+                        parts["validation"].finish(schema.padding_value, columns.label),
+                        row_ids=torch.from_numpy(np.concatenate(row_ids)).to(torch.int64) if row_ids else None)
 
 
 _Values = tuple[np.ndarray, "np.ndarray | None", tuple[int, ...]]

@@ -23,7 +23,7 @@ from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.checkpoints.storage import CheckpointDir
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.ranks import Ranks
-from spark_torch_est.core.spec import TaskSpec
+from spark_torch_est.core.spec import TaskSpec, placed_by
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import AgreedRows
 from spark_torch_est.train.hooks import HookSet
@@ -113,13 +113,13 @@ class RunState:
         if done == 0:
             return 0
         rows, source = sum(train_rows), self.spec.data_source
-        if resume.epoch_rows == rows and (_placed_by(resume.data_source) == "files") == (_placed_by(source) == "files"):
-            return done // self.rows.shards
+        if resume.epoch_rows == rows and placed_by(resume.data_source) == placed_by(source):
+            return self.rows.offset(done)
         fraction = done / max(resume.epoch_rows, 1)
         if self.ranks.rank == 0:
             def read(data_source: str) -> str:
-                return {"spark": "read through Spark", "files": "read from the table's files",
-                        "hash": "read from the table's files and placed by hashing"}[_placed_by(data_source)]
+                return {"partitions": "read through Spark in its order", "files": "read from the table's files",
+                        "hash": "placed by hashing"}[placed_by(data_source)]
 
             logger.warning(
                 "the epoch in progress began with %d training rows on %d workers (%s) and continues with %d rows on "
@@ -249,11 +249,3 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
     return a == b
-
-
-def _placed_by(data_source: str) -> str:
-    """How the rows of a fit that read ``data_source`` got their places in the run (see
-    :mod:`spark_torch_est.ingest.canonical`): ``"files"`` (the files' order), ``"spark"``
-    (hashing), or ``"hash"`` (a table's files placed by hashing, as releases before the
-    files' order did: the same places as ``"spark"``)."""
-    return "spark" if data_source == "spark" else "files" if data_source.startswith("files:") else "hash"

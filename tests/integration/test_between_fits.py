@@ -40,7 +40,7 @@ def test_other_data_mid_epoch_continues_from_the_same_fraction_and_says_so(spark
     with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
         est.fit(indexed_df.filter("label < 1000"), duration="1ep")
     assert est.progress.epoch == 1 and est.progress.global_step == 13  # 36% of 1,000 rows: 3 steps
-    assert any("continues with 1000 rows on 2 (read through Spark)" in r.getMessage()
+    assert any("continues with 1000 rows on 2 (read through Spark in its order)" in r.getMessage()
                and "same fraction (64.0%)" in r.getMessage()
                for r in caplog.records)
 

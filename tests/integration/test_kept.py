@@ -45,7 +45,7 @@ SETTINGS = dict(model=lambda config: torch.nn.Linear(4, 1),
 
 def _key(estimator: TorchEstimator, df, workers: int | None = None) -> str | None:
     schema = input_schema_of(estimator, df)
-    frame, _ = plan_frame(estimator, df, schema, workers or estimator.getNumWorkers())
+    frame, _ = plan_frame(estimator, df, schema, workers or estimator.getNumWorkers(), None)
     described = frame_key(frame)
     return described[0] if described is not None else None
 

@@ -527,7 +527,7 @@ class LightningTrainer:
         if self.ranks.rank == 0 and self.progress.batch_in_epoch > 0:
             self._partial = resume.partial_loss
         done = self.progress.sample_in_epoch
-        self.offset = done // self.rows.shards if done else 0
+        self.offset = self.rows.offset(done) if done else 0
         # the steps it took and those left: other than a whole epoch's when the global batch
         # changed with numWorkers in the middle of the epoch
         self.epoch_steps = self.progress.batch_in_epoch + self.rows.steps_left(self.offset)

@@ -16,10 +16,10 @@ import torch
 from spark_torch_est import Checkpoint
 from spark_torch_est.cluster.barrier import LocalBarrier
 from spark_torch_est.core.progress import Target
-from spark_torch_est.core.protocol import FEATURES, LABEL
+from spark_torch_est.core.protocol import FEATURES, IS_VALIDATION, LABEL, ROW_ID
 from spark_torch_est.core.spec import How, Launch
 from spark_torch_est.ingest import parquet_plan
-from spark_torch_est.ingest.canonical import EpochPlan, epoch_order, row_keys
+from spark_torch_est.ingest.canonical import PARTITION_SHIFT, EpochPlan, epoch_order, row_keys
 from spark_torch_est.ingest.columns import DenseColumn
 from spark_torch_est.ingest.tables import Table
 from spark_torch_est.train.creators import Creators
@@ -50,22 +50,50 @@ class _FileBarrier(LocalBarrier):
         return [self._store.get(str(r)).decode() for r in range(self.world_size)]
 
 
-def _rank(rank, world, directory, spec, results, total=ROWS):
+def _partition_batches(rank: int, world: int, bounds: tuple[int, int, int]) -> list[pa.RecordBatch]:
+    """What the training frame of a run of two logical partitions (rows ``bounds[0]`` to
+    ``bounds[1] - 1`` and on to ``bounds[2] - 1``) gives a rank: on two ranks partition
+    ``rank`` whole, in order; on others the rows dealt anew, each with its place in its
+    partition (ROW_ID). Every tenth row is a validation row."""
+    if world == 2:
+        rows = np.arange(bounds[rank], bounds[rank + 1])
+    else:
+        rows = np.random.default_rng(world).permutation(bounds[2])[rank::world]
+    (batch,) = _batches(rows, bounds[2])
+    columns = [batch.column(0), batch.column(1), pa.array(rows % 10 == 9)]
+    names = [FEATURES, LABEL, IS_VALIDATION]
+    if world != 2:
+        partition = (rows >= bounds[1]).astype(np.int64)
+        columns.append(pa.array((partition << PARTITION_SHIFT) | (rows - np.array(bounds)[partition])))
+        names.append(ROW_ID)
+    return [pa.RecordBatch.from_arrays(columns, names)]
+
+
+def _rank(rank, world, directory, spec, results, total=ROWS, partitions=None):
     from spark_torch_est.cluster.worker import run_rank
 
     torch.set_num_threads(1)
-    rows = np.random.default_rng(world).permutation(total)[rank::world]  # each world size deals rows anew
+    if partitions is not None:
+        batches = _partition_batches(rank, world, partitions)
+    else:
+        rows = np.random.default_rng(world).permutation(total)[rank::world]  # each world size deals rows anew
+        batches = _batches(np.sort(rows), total)
     launch = Launch(job_id=f"job{world}", secret=b"s" * 32)
     barrier = _FileBarrier(rank, world, directory + "/barrier")
-    blob = run_rank(spec, launch, iter(_batches(np.sort(rows), total)), barrier)
+    blob = run_rank(spec, launch, iter(batches), barrier)
     if blob is not None:
         results.put(blob)
 
 
 def _run(tmp_path, world: int, target: Target, resume: bytes | None = None, total: int = ROWS,
-         table: str | None = None, hooks: dict | None = None, **fields) -> Checkpoint:
+         table: str | None = None, hooks: dict | None = None, partitions: tuple[int, int, int] | None = None,
+         **fields) -> Checkpoint:
     """Trains on ``world`` ranks (a global batch of 12 rows) on ``total`` rows to ``target``
-    (the ranks reading their parts of the Parquet file ``table`` themselves, if given); the checkpoint."""
+    (the ranks reading their parts of the Parquet file ``table`` themselves, if given; or
+    through Spark in two logical partitions of rows ``partitions[0]`` to ``partitions[1] - 1``
+    and on, see :func:`_partition_batches`); the checkpoint."""
+    if partitions is not None:
+        fields["ordered"] = True
     directory = tmp_path / f"w{world}-{os.urandom(4).hex()}"
     directory.mkdir()
     if table is not None:
@@ -74,7 +102,7 @@ def _run(tmp_path, world: int, target: Target, resume: bytes | None = None, tota
                      resume=resume, **fields)
     context = rank_processes()
     results = context.Queue()
-    processes = [context.Process(target=_rank, args=(r, world, str(directory), spec, results, total))
+    processes = [context.Process(target=_rank, args=(r, world, str(directory), spec, results, total, partitions))
                  for r in range(world)]
     for process in processes:
         process.start()
@@ -162,6 +190,42 @@ def test_a_table_read_in_its_files_order_keeps_each_part_on_its_rank_and_continu
     assert shrunk.hook_states["rows"]["steps"] == steps, "each global step trains the rows it trains undisturbed"
     for epoch in (0, 1):
         assert sorted(v for s in range(9 * epoch + 1, 9 * epoch + 10) for v in steps[str(s)]) == list(range(101))
+
+
+@pytest.mark.parametrize("middle", [130, 200])
+def test_rows_through_spark_in_logical_partitions_stay_put_and_continue_on_any_number_of_ranks(middle, tmp_path):
+    # Two logical partitions (every tenth row validates): rows 0-129 and 130-239 hold 117 and
+    # 99 training rows, even enough to be the run's shards as they are: on two ranks each
+    # trains its own partition's rows, 6 a step, so the epoch's last steps take the longer
+    # one's rows alone (20 steps). Rows 0-199 and 200-239 (180 and 36) are evened out into
+    # two shards of 108 (18 steps). Continued mid-epoch on one, then three ranks (rows dealt
+    # anew, each carrying its place), every global step trains the rows it trains
+    # undisturbed; resumed on two, bitwise the undisturbed run.
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    run = functools.partial(_run, tmp_path, partitions=(0, middle, ROWS))
+    whole = run(2, Target(epoch=2), hooks={"rows": StepRows(), "seen": SeenRows(str(seen))})
+    training = [v for v in range(ROWS) if v % 10 != 9]
+    first = training.index(middle) if middle == 130 else len(training) // 2
+    epoch_steps = 20 if middle == 130 else 18
+    for rank, shard in ((0, training[:first]), (1, training[first:])):
+        for epoch in (0, 1):
+            assert sorted(int(v) for path in seen.glob(f"epoch{epoch}-rank{rank}-*")
+                          for v in path.read_text().split()) == shard, "each rank trains its shard"
+    steps = whole.hook_states["rows"]["steps"]
+    assert sorted(map(int, steps)) == list(range(1, 2 * epoch_steps + 1))
+    for epoch in (0, 1):
+        assert sorted(v for s in range(epoch_steps * epoch + 1, epoch_steps * (epoch + 1) + 1)
+                      for v in steps[str(s)]) == training, "every training row exactly once per epoch"
+    if middle == 130:
+        assert [len(steps[str(s)]) for s in (16, 17, 18, 20)] == [12, 9, 6, 3]
+    part = run(2, Target(epoch=2, global_step=7))
+    shrunk = run(1, Target(epoch=2, global_step=epoch_steps + 6), resume=part.to_bytes())
+    grown = run(3, Target(epoch=2), resume=shrunk.to_bytes())
+    assert grown.hook_states["rows"]["steps"] == steps, "each global step trains the rows it trains undisturbed"
+    assert grown.progress == whole.progress and grown.shards == 2 and grown.data_source == "spark:partitions"
+    resumed = run(2, Target(epoch=2), resume=run(2, Target(epoch=2, global_step=epoch_steps - 2)).to_bytes())
+    assert torch.equal(_weights(resumed), _weights(whole))
 
 
 def test_a_row_key_depends_on_the_values_only():

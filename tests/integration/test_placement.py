@@ -1,0 +1,92 @@
+"""How a fit's rows through Spark get their places in the run: by the order Spark gives them
+where every job reproduces it (nothing hashed, nothing moved at launch), by hashing them where
+it may not, and the fit's log says which and why."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from pyspark.sql import functions as F
+
+from spark_torch_est.core import jvm
+from spark_torch_est.core.protocol import LABEL
+from spark_torch_est.planning import input_schema_of, plan_frame
+from tests.helpers import SeenRows, linear_estimator, seen_rows
+
+pytestmark = pytest.mark.spark
+
+ROWS = 1000
+
+
+@pytest.fixture(scope="module")
+def numbered(spark):
+    """1,000 rows in 3 partitions of a range: 8 seeded random features, the row's number as the label."""
+    return spark.range(0, ROWS, 1, 3).select(F.array(*[F.rand(seed=i) for i in range(8)]).alias("features"),
+                                              F.col("id").cast("double").alias("label"))
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_rows_in_a_reproducible_order_are_not_hashed_and_keep_their_places_on_any_number_of_workers(
+        spark, numbered, tmp_path, caplog):
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    est = linear_estimator(maxEpochs=2, batchSize=32, hooks=[SeenRows(str(seen))])
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+        est.fit(numbered, duration="1ep")
+    assert est.checkpoint.data_source == "spark:partitions"
+    assert not any("hashing" in m for m in _messages(caplog)), "nothing is hashed"
+    frame, _ = plan_frame(est, numbered, input_schema_of(est, numbered), 2, 2)
+    partitions = frame.rdd.glom().map(lambda rows: sorted(int(r[LABEL]) for r in rows)).collect()  # the same plan
+    for rank, rows in enumerate(partitions):
+        assert sorted(int(v) for path in seen.glob(f"epoch0-rank{rank}-*") for v in path.read_text().split()) == \
+            rows, "each rank trains the logical partition it read: none moves"
+    est.setNumWorkers(1).fit(numbered, duration="10ba")  # another number of ranks: rows carry their places
+    est.setNumWorkers(2).fit(numbered)
+    assert est.progress.epoch == 2
+    assert seen_rows(str(seen), 1) == list(range(ROWS)), "every row once in an epoch on 2, 1 and 2 ranks"
+    whole = linear_estimator(maxEpochs=2, batchSize=32)
+    whole.fit(numbered)
+    split = linear_estimator(maxEpochs=2, batchSize=32)
+    split.fit(numbered, duration="9ba")
+    split.fit(numbered)
+    for key, value in whole.checkpoint.model_state.items():
+        assert torch.equal(value, split.checkpoint.model_state[key]), key
+
+
+def test_a_dataframe_whose_order_may_change_between_jobs_is_placed_by_hashing_and_the_log_says_why(
+        spark, numbered, caplog):
+    shuffled = numbered.repartition(4)
+    est = linear_estimator(maxEpochs=1, batchSize=32)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+        est.fit(shuffled)
+    assert est.checkpoint.data_source == "spark"
+    assert any("placed in the run by hashing them" in m and "its plan shuffles" in m for m in _messages(caplog))
+    cached = shuffled.cache()
+    try:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+            linear_estimator(maxEpochs=1, batchSize=32).fit(cached)
+        assert not any("hashing" in m for m in _messages(caplog)), "a cache keeps the order it was first computed in"
+    finally:
+        cached.unpersist()
+
+
+def test_which_plans_reproduce_their_order(spark, numbered, linear_df, tmp_path):
+    path = str(tmp_path / "table")
+    numbered.write.parquet(path)
+    table = spark.read.parquet(path)
+    broadcast_join = table.join(numbered.withColumnRenamed("features", "f"), "label")  # in the big side's order
+    for ordered in (numbered, table, table.filter("label > 3").select("features"), linear_df,
+                    numbered.union(table), numbered.coalesce(1), broadcast_join):
+        assert jvm.order_unstable(ordered) is None, ordered._jdf.queryExecution().executedPlan().toString()
+    rdd = spark.sparkContext.parallelize(range(10), 2)
+    for unordered, why in ((numbered.repartition(2), "shuffles"), (table.groupBy("label").count(), "shuffles"),
+                           (table.join(numbered.withColumnRenamed("features", "f").hint("merge"), "label"),
+                            "shuffles"),
+                           (spark.createDataFrame(rdd.map(lambda i: (i,)).repartition(3), "x long"), "RDD")):
+        assert why in (jvm.order_unstable(unordered) or ""), unordered._jdf.queryExecution().executedPlan().toString()
