@@ -571,7 +571,7 @@ def test_elastic_fewer_slots_and_other_worker_counts_between_fits(lit_df, tmp_pa
 
 
 def test_a_fit_that_goes_on_right_before_a_step_without_rows_for_a_rank_equals_a_straight_fit(lit_df):
-    """9 training rows at 2 a rank on 2 ranks: the shards hold 5 and 4 rows, so rank 1 has no
+    """9 training rows at 2 a rank on 2 ranks: the shards hold 5 and 4 rows, so one rank has no
     row in each epoch's third step. A fit that stops after 2 steps and goes on there trains as
     one straight fit does, bitwise (the stand-in row comes from the rank's own rows)."""
     rows = lit_df.where("NOT is_val").orderBy("id").limit(9).drop("is_val")

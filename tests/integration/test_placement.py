@@ -31,6 +31,7 @@ def _messages(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.compat
 def test_rows_in_a_reproducible_order_are_not_hashed_and_keep_their_places_on_any_number_of_workers(
         spark, numbered, tmp_path, caplog):
     seen = tmp_path / "seen"
@@ -76,6 +77,7 @@ def test_a_dataframe_whose_order_may_change_between_jobs_is_placed_by_hashing_an
         cached.unpersist()
 
 
+@pytest.mark.compat
 def test_which_plans_reproduce_their_order(spark, numbered, linear_df, tmp_path):
     path = str(tmp_path / "table")
     numbered.write.parquet(path)

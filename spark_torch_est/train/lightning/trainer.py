@@ -224,21 +224,15 @@ class _EpochBatches:
         plan = owner.rows.epoch(owner.progress.epoch, owner.offset)
         self.samples.clear()
         self.shares.clear()
-        previous: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None] | None = None
         for step in range(plan.steps):
             inputs, labels, weights = plan.take(step)
             samples = plan.samples(step)
             share = len(labels) * self.owner.ranks.world_size / samples
-            if not len(labels):
-                if previous is None:  # a fit that goes on right before this step: a row the rank holds
-                    if not len(plan.table):
-                        raise InvalidInputError(f"rank {self.owner.ranks.rank} holds no training row: the DataFrame "
-                                                "has fewer rows than numWorkers; lower numWorkers")
-                    previous = plan.table.slice(0, 1)
-                inputs, labels, weights = ([t[:1] for t in previous[0]], previous[1][:1],
-                                           previous[2][:1] if previous[2] is not None else None)
-            else:
-                previous = inputs, labels, weights
+            if not len(labels):  # a stand-in row the rank holds, the same however the fit was split
+                if not len(plan.table):
+                    raise InvalidInputError(f"rank {self.owner.ranks.rank} holds no training row: the DataFrame "
+                                            "has fewer rows than numWorkers; lower numWorkers")
+                inputs, labels, weights = plan.table.slice(0, 1)
             self.samples.append(samples)
             self.shares.append(share)
             yield self.owner.batch(inputs, labels, weights)
