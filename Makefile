@@ -45,7 +45,7 @@ example-submit: $(STAMP)  ## the same example through spark-submit
 # make bench BASELINE=<checkout>: the suite and the launch table also run on that checkout's package, side by side
 AGAINST = $(if $(BASELINE),--baseline $(BASELINE))
 
-bench: $(STAMP)  ## side by side: the suite (plain torch, bare DDP, TorchDistributor, typed inputs, 4M-row ingest), the growth table, the launch table, the hook overhead, tuning, fit many ingest once, a fit's fixed cost on small data (about 20 minutes on 2 idle cores, estimated from its parts, and the launch table's)
+bench: $(STAMP)  ## side by side: the suite (plain torch, bare DDP, TorchDistributor, typed inputs, 4M-row ingest), the growth table, the launch table, the hook overhead, tuning, fit many ingest once, a fit's fixed cost on small data (about 20 minutes on 2 idle cores, estimated from its parts, plus the launch table: 14 minutes with BASELINE at load 2-20)
 	$(RUN) $(BIN)/python -m benchmarks $(AGAINST)
 	$(RUN) $(BIN)/python -m benchmarks.scale
 	$(RUN) $(BIN)/python -m benchmarks.launch $(AGAINST)

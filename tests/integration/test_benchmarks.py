@@ -37,7 +37,7 @@ def test_quick_suite_and_growth_table_run():
     assert "| 200,000 |" in out
 
 
-@pytest.mark.slow  # 13 fresh processes, one of 16 ranks: about 3 minutes on 2 idle cores
+@pytest.mark.slow  # 7 fresh processes, one of 16 ranks: 3.5 minutes on 2 cores at load 5-10
 @pytest.mark.timeout(1200)
 def test_quick_launch_table_prints_every_row_with_a_figure():
     out = _run("benchmarks.launch", "--quick", timeout=1100)
