@@ -86,6 +86,7 @@ def contenders(sizes: tuple[int, ...]) -> dict[str, tuple[str, ...]]:
 
 
 def workloads(sizes: tuple[int, ...], quick: bool) -> dict[str, Workload]:
+    """The ingest table on 2, 1 and :data:`MANY` ranks, and at each of the layout's ``sizes``."""
     ingest = dataclasses.replace(WORKLOADS["ingest"], **QUICK) if quick else WORKLOADS["ingest"]
     return {"ingest": ingest, "ingest_1": dataclasses.replace(ingest, ranks=1),
             "many": dataclasses.replace(ingest, ranks=MANY),
