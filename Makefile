@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | tr -c 'a-zA-Z0-9.' '_
 RUN := PYSPARK_PYTHON=$(abspath $(BIN))/python PYSPARK_DRIVER_PYTHON=$(abspath $(BIN))/python \
        SPARK_LOCAL_IP=127.0.0.1 SPARK_CONF_DIR=$(abspath conf)
 
-.PHONY: test test-slow test-compat test-all example examples example-submit bench bench-scale bench-precision bench-ingest params clean
+.PHONY: test test-slow test-compat test-all example examples example-submit bench bench-scale bench-launch bench-precision bench-ingest params clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,9 +42,13 @@ examples: $(STAMP)  ## all examples: regression, classifier, recommender, text, 
 example-submit: $(STAMP)  ## the same example through spark-submit
 	$(RUN) $(BIN)/spark-submit examples/train_regression.py
 
-bench: $(STAMP)  ## side by side: the suite (plain torch, bare DDP, TorchDistributor, typed inputs, 4M-row ingest), the growth table, the hook overhead, tuning, fit many ingest once, a fit's fixed cost on small data (about 20 minutes on 2 idle cores, estimated from its parts)
-	$(RUN) $(BIN)/python -m benchmarks
+# make bench BASELINE=<checkout>: the suite and the launch table also run on that checkout's package, side by side
+AGAINST = $(if $(BASELINE),--baseline $(BASELINE))
+
+bench: $(STAMP)  ## side by side: the suite (plain torch, bare DDP, TorchDistributor, typed inputs, 4M-row ingest), the growth table, the launch table, the hook overhead, tuning, fit many ingest once, a fit's fixed cost on small data (about 20 minutes on 2 idle cores, estimated from its parts, plus the launch table: 14 minutes with BASELINE at load 2-20)
+	$(RUN) $(BIN)/python -m benchmarks $(AGAINST)
 	$(RUN) $(BIN)/python -m benchmarks.scale
+	$(RUN) $(BIN)/python -m benchmarks.launch $(AGAINST)
 	$(RUN) $(BIN)/python -m benchmarks.hook_overhead
 	$(RUN) $(BIN)/python -m benchmarks.tuning
 	$(RUN) $(BIN)/python -m benchmarks.ingest_once
@@ -55,6 +59,9 @@ bench-ingest: $(STAMP)  ## only fit many, ingest once: first, second and third f
 
 bench-scale: $(STAMP)  ## only the growth table: call to first step against pyarrow's read, 0.5M to 8M rows (about 2 minutes on 2 idle cores)
 	$(RUN) $(BIN)/python -m benchmarks.scale
+
+bench-launch: $(STAMP)  ## only the launch table (issue 43): first fit through Spark against Spark's scan, the peak RSS while rows are laid out (2M and 4M rows, 2 and 3 ranks), 16 ranks cold; BASELINE=<checkout> runs it side by side with another checkout
+	$(RUN) $(BIN)/python -m benchmarks.launch $(AGAINST)
 
 bench-precision: $(STAMP)  ## the loop under precision 32 and bf16-mixed, compiled or not, against plain torch (CPU, about 15 minutes on 2 cores, estimated)
 	$(RUN) $(BIN)/python -m benchmarks.precision

@@ -1,7 +1,7 @@
 """Benchmarks of ``spark_torch_est`` against plain torch, bare DDP, TorchDistributor,
 pyarrow's own read and scikit-learn (see docs/benchmarks.md): ``python -m benchmarks`` (the
-side-by-side suite) and the modules ``scale``, ``hook_overhead``, ``tuning``, ``ingest_once``,
-``fixed_cost``, ``precision`` and ``sharding``.
+side-by-side suite) and the modules ``scale``, ``launch``, ``hook_overhead``, ``tuning``,
+``ingest_once``, ``fixed_cost``, ``precision`` and ``sharding``.
 
 They use ``spark_torch_est`` only through its public API, so they measure any checkout of
 it: ``BENCH_PACKAGE=/path/to/checkout python -m benchmarks`` imports ``spark_torch_est``

@@ -16,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 
 from benchmarks.common import Workload, markdown, run_child, run_header, show, write_data, write_docs
 
@@ -81,15 +82,17 @@ BASELINE = "then_"  # key prefix of the baseline's contenders
 MUST = ("final loss",)
 
 
-def _value(results: dict, pick: tuple[str, ...]) -> float | None:
+def value(results: dict, pick: tuple[str, ...]) -> float | None:
+    """One round's figure ``pick[1]`` of contender ``pick[0]``, or None."""
     return results.get(pick[0], {}).get(pick[1])
 
 
-def _met(value: float | None, target: str) -> str:
-    if not target or value is None:
+def met(figure: float | None, target: str) -> str:
+    """Whether ``figure`` meets ``target`` (``"<=1.3"``, ``">=0.95"``): "yes", "NO", or "-"."""
+    if not target or figure is None:
         return "-"
     bound = float(target[2:])
-    return "yes" if (value <= bound if target.startswith("<=") else value >= bound) else "NO"
+    return "yes" if (figure <= bound if target.startswith("<=") else figure >= bound) else "NO"
 
 
 def comparisons(rounds: list[dict], baseline: str | None = None) -> tuple[str, list[str]]:
@@ -98,46 +101,51 @@ def comparisons(rounds: list[dict], baseline: str | None = None) -> tuple[str, l
     against = [(f"{figure}, against the baseline", (key, field), (BASELINE + key, field, "the baseline"), target)
                for key, figures in AGAINST_BASELINE.items() for figure, field, target in figures] if baseline else []
     for figure, ours, ref, target in COMPARISONS + against:
-        if not any(_value(r, ours) is not None and _value(r, ref) is not None for r in rounds):
+        if not any(value(r, ours) is not None and value(r, ref) is not None for r in rounds):
             continue
-        ratios = [_value(r, ours) / _value(r, ref) for r in rounds if _value(r, ours) and _value(r, ref)]
-        met = _met(statistics.median(ratios), target)
-        if met == "NO" and figure.startswith(MUST):
+        ratios = [value(r, ours) / value(r, ref) for r in rounds if value(r, ours) and value(r, ref)]
+        verdict = met(statistics.median(ratios), target)
+        if verdict == "NO" and figure.startswith(MUST):
             missed.append(figure)
-        rows.append([figure, show([_value(r, ours) for r in rounds]), (ref[2:] or CONTENDERS[ref[0]][2:])[0],
-                     show([_value(r, ref) for r in rounds]), show(ratios, "x"), target and target + "x" or "-", met])
+        rows.append([figure, show([value(r, ours) for r in rounds]), (ref[2:] or CONTENDERS[ref[0]][2:])[0],
+                     show([value(r, ref) for r in rounds]), show(ratios, "x"), target and target + "x" or "-",
+                     verdict])
     header = ["Figure", "TorchEstimator", "Reference", "Reference value", "Ratio", "Target", "Met"]
     return markdown(header, rows), missed
 
 
-def every_figure(rounds: list[dict]) -> str:
+def every_figure(rounds: list[dict], table: dict = CONTENDERS) -> str:
+    """Every figure of every contender of ``table``, over the rounds."""
     rows = []
     keys = dict.fromkeys(key for r in rounds for key in r)
     for key in keys:
-        label = CONTENDERS[key.removeprefix(BASELINE)][2] + (" (baseline)" if key.startswith(BASELINE) else "")
+        label = table[key.removeprefix(BASELINE)][2] + (" (baseline)" if key.startswith(BASELINE) else "")
         fields = dict.fromkeys(field for r in rounds for field in r.get(key, {}) if field != "error")
         rows += [[label, field, show([r.get(key, {}).get(field) for r in rounds])] for field in fields]
     return markdown(["Contender", "Figure", "Value"], rows)
 
 
-def run_rounds(contenders: list[str], workloads: dict[str, Workload], repeat: int, baseline: str | None = None) -> list:
-    """``repeat`` rounds of every contender, each a fresh process; ``{key: figures}`` per round
-    (``{"error": ...}`` for a contender that failed: the others still run). With ``baseline``,
-    each TorchEstimator contender is followed by the same one on that checkout's package."""
+def run_rounds(contenders: list[str], workloads: dict[str, Workload], repeat: int, baseline: str | None = None,
+               table: dict = CONTENDERS, on_baseline: Collection[str] = tuple(AGAINST_BASELINE)) -> list:
+    """``repeat`` rounds of every contender of ``table`` named in ``contenders``, each a fresh
+    process; ``{key: figures}`` per round (``{"error": ...}`` for a contender that failed: the
+    others still run). A contender is ``(name in benchmarks.contenders, workload, label, *its
+    arguments)``. With ``baseline``, each contender in ``on_baseline`` is followed by the same
+    one on that checkout's package."""
     rounds = []
     runs = [(key, None) for key in contenders]
     if baseline:
         runs = [run for key in contenders for run in [(key, None)] + [(BASELINE + key, baseline)] * (
-            key in AGAINST_BASELINE)]
+            key in on_baseline)]
     for number in range(1, repeat + 1):
         results = {}
         for key, package in runs:
-            name, workload, label = CONTENDERS[key.removeprefix(BASELINE)]
+            name, workload, label, *args = table[key.removeprefix(BASELINE)]
             label += " (baseline)" if package else ""
             started = time.perf_counter()
             try:
                 results[key] = run_child("contenders", name, json.dumps(dataclasses.asdict(workloads[workload])),
-                                         package=package)
+                                         *args, package=package)
             except Exception as error:  # noqa: BLE001 - reported, and the run exits non-zero
                 results[key] = {"error": str(error)}
                 print(error, file=sys.stderr)

@@ -208,8 +208,8 @@ def final_loss(model: nn.Module, workload: Workload, rows: int = 20_000) -> floa
 # --------------------------------------------------------------------------- measuring
 
 
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as status:
+def _status_mb(field: str, pid: int | str = "self") -> float:
+    with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith(f"{field}:"))
 
 
@@ -227,10 +227,30 @@ def lifetime_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def reset_peak_rss() -> None:
-    """Sets the peak RSS back to the current RSS (Linux), so a reused worker reports its fit."""
-    with suppress(OSError), open("/proc/self/clear_refs", "w") as clear_refs:
+def reset_peak_rss(pid: int | str = "self") -> None:
+    """Sets the peak RSS of process ``pid`` (default this one) back to its current RSS (Linux),
+    so a reused worker reports its fit."""
+    with suppress(OSError), open(f"/proc/{pid}/clear_refs", "w") as clear_refs:
         clear_refs.write("5")
+
+
+def reset_peaks_below() -> dict[int, float]:
+    """Resets the peak RSS of every process below this one (the JVM, its Python daemon and
+    workers) and returns the RSS in MB of each by process id: what a Python worker holds
+    before the next job gives it a task."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    below, rss = [os.getpid()], {}
+    while below:
+        pid = below.pop()
+        for child in (child for child, parent in parents.items() if parent == pid):
+            below.append(child)
+            reset_peak_rss(child)
+            with suppress(OSError, StopIteration):
+                rss[child] = _status_mb("VmRSS", child)
+    return rss
 
 
 def prefault(workload: Workload) -> None:
@@ -287,9 +307,10 @@ def plain_train(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: tupl
 
 class Probe(Hook):
     """Times a fit from inside its ranks through the public hook API. At ``after_run`` each rank
-    writes to ``<directory>/<tag>-rank<r>.json`` its step stamps, its RSS and lifetime peak RSS at
-    its first step, the time since its last epoch ended (the final checkpoint's), its peak RSS and
-    where it imported ``spark_torch_est`` from. ``last_epoch`` times the last epoch's steps alone."""
+    writes to ``<directory>/<tag>-rank<r>.json`` its step stamps, its process id, its RSS, peak RSS
+    (since the last reset) and lifetime peak RSS at its first step, the time since its last epoch
+    ended (the final checkpoint's), its peak RSS and where it imported ``spark_torch_est`` from.
+    ``last_epoch`` times the last epoch's steps alone."""
 
     def __init__(self, directory: str, tag: str, last_epoch: bool = False) -> None:
         self.directory, self.tag, self.last_epoch = directory, tag, last_epoch
@@ -303,7 +324,8 @@ class Probe(Hook):
         self.clock.step(state.samples)
         if not self.first:
             self.first = self.clock.first
-            self.at_first_step = {"first_step_rss_mb": rss_mb(), "first_step_lifetime_peak_mb": lifetime_peak_rss_mb()}
+            self.at_first_step = {"first_step_rss_mb": rss_mb(), "first_step_lifetime_peak_mb": lifetime_peak_rss_mb(),
+                                  "first_step_peak_mb": peak_rss_mb(), "pid": os.getpid()}
 
     def after_train_epoch(self) -> None:
         self.epoch_end = time.time()

@@ -134,8 +134,14 @@ def timed_fit(workload: Workload, df, probe: Probe, duration: str | None = None,
     called = time.time()
     model = est.fit(df, duration=duration)
     figures = {"wall_s": time.time() - called, **probe.read(workload.ranks, called)}
+    return {**figures, "read": _read(est)}, model
+
+
+def _read(est) -> str:
+    """How the ranks of ``est``'s last fit got the rows: "spark", "files", or "" where its
+    checkpoint does not say (older checkouts)."""
     source = getattr(est.checkpoint, "data_source", None)  # "spark...", or the digest of the files the ranks read
-    return {**figures, "read": "" if source is None else "spark" if source.startswith("spark") else "files"}, model
+    return "" if source is None else "spark" if source.startswith("spark") else "files"
 
 
 def touch(path: str) -> None:
@@ -204,6 +210,94 @@ def ingest(workload: Workload, scratch: str, fits: str = "") -> dict:
     if not fits:  # after the JVM has exited: the plain forward has every core
         result["transform_plain_rows_per_s"] = _plain_forward(model.torch_model(), workload)
     return result
+
+
+def through_spark(workload: Workload, scratch: str) -> dict:
+    """The first fit of a cached, computed DataFrame (``label * 2``, cached and counted) against
+    Spark's own scan of it into Arrow batches in as many Python tasks (:func:`_scan_s`), in one
+    ``local[ranks]`` session (4 GB: the cache stays in memory) whose Python workers have started
+    and imported ``spark_torch_est`` (a fit of 1,000 of the rows). The scan runs before and after
+    the fit; ``scan_s`` is the faster, so the ratio errs against the fit."""
+    from pyspark.sql import functions as F
+
+    common.register_by_value()
+    with common.spark_session(workload.ranks, "bench-through-spark", **{"spark.driver.memory": "4g"}) as spark:
+        df = spark.read.parquet(workload.path).withColumn("label", F.col("label") * 2).cache()
+        df.count()
+        estimator(workload, [], keepIngestedMB=0).fit(df.limit(1000), duration="1ba")
+        _scan_s(df.limit(1000), workload.ranks)
+        common.prefault(workload)
+        before = _scan_s(df, workload.ranks)
+        common.prefault(workload)
+        first, _ = timed_fit(workload, df, Probe(scratch, "first"), f"{workload.steps}ba")
+        after = _scan_s(df, workload.ranks)
+        df.unpersist(blocking=True)
+    if first["read"] not in ("spark", ""):
+        raise RuntimeError("the first fit of the cached DataFrame did not read its rows through Spark")
+    return {"first_step_s": first["first_step_s"], "peak_rss_mb": first["peak_rss_mb"], "scan_s": min(before, after),
+            "scan_before_s": before, "scan_after_s": after}
+
+
+def _scan_s(df, tasks: int) -> float:
+    """Seconds Spark takes to hand every row of ``df`` to ``tasks`` Python tasks as Arrow batches:
+    ``coalesce(tasks)`` (no shuffle), ``mapInArrow`` reading each batch and returning none, into the
+    ``noop`` sink."""
+    started = time.perf_counter()
+    df.coalesce(tasks).mapInArrow(_drain, df.schema).write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def _drain(batches):
+    for _ in batches:  # each batch is read from Spark's stream into the worker
+        pass
+    yield from ()
+
+
+#: The runs of :func:`layout`, by plan: whether the ranks read the files (``directRead``), and
+#: each run's fits by their ``numWorkers``.
+LAYOUTS = {"spark": (False, ((2,), (3,))), "resize": (True, ((2, 3), (3, 2)))}
+
+
+def layout(workload: Workload, scratch: str, plan: str) -> dict:
+    """How far a rank's peak RSS rises above its RSS before the call, while its fit lays out its
+    rows, in shares of the table above one (:func:`_layout_fit`), for the runs of ``plan`` in
+    :data:`LAYOUTS`: ``spark``, a fit through Spark on 2 ranks, then one on 3 (a new run); ``resize``,
+    a run on the files read directly over 2 ranks continued on 3, then one over 3 continued on 2.
+    Before each fit every Python worker drops the rows it holds: a fit of 1,000 rows on every slot."""
+    direct, runs = LAYOUTS[plan]
+    slots = max(max(run) for run in runs)
+    common.register_by_value()
+    result = {}
+    with common.spark_session(slots, "bench-layout") as spark:
+        df = spark.read.parquet(workload.path)
+        clearing = estimator(dataclasses.replace(workload, ranks=slots), [], keepIngestedMB=0)
+        for run in runs:
+            probe = Probe(scratch, "layout")
+            est = estimator(workload, [probe], directRead=direct)
+            for ranks, before in zip(run, (None, *run)):
+                clearing.copy().fit(df.limit(1000), duration="1ba")
+                name = f"{'files' if direct else 'spark'}_{ranks}" + (f"_after_{before}" if before else "")
+                figures = _layout_fit(est.setNumWorkers(ranks), df, probe, workload.table_mb / ranks)
+                if figures.pop("read") not in ("files" if direct else "spark", ""):
+                    raise RuntimeError(f"the {name} fit did not read its rows as planned (directRead={direct})")
+                result.update({f"{name}_{key}": value for key, value in figures.items()})
+    return result
+
+
+def _layout_fit(est, df, probe: Probe, share_mb: float) -> dict:
+    """One more step of ``est``'s run: the largest rise over the ranks from a rank's RSS before
+    the call (its worker's, read by the driver, which resets the worker's peak) to its peak RSS at
+    its first step (read by the rank), in shares (``share_mb``) above one (``above_share``); rank
+    0's call to its first step; how it read the rows."""
+    before = common.reset_peaks_below()
+    called = time.time()
+    est.fit(df, duration="1ba")
+    reports = probe.reports(est.getNumWorkers())
+    if any(r["pid"] not in before for r in reports):
+        raise RuntimeError("a rank ran in a Python worker started during the fit: its RSS before the rows is unknown")
+    rise = max(r["first_step_peak_mb"] - before[r["pid"]] for r in reports)
+    return {"above_share": rise / share_mb - 1, "rise_mb": rise, "before_mb": max(before[r["pid"]] for r in reports),
+            "first_step_s": reports[0]["fit_first"] - called, "read": _read(est)}
 
 
 def _plain_forward(model: torch.nn.Module, workload: Workload) -> float:

@@ -4,6 +4,7 @@ so a change of the package cannot silently break them."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,19 @@ def test_quick_suite_and_growth_table_run():
     assert "n/a" not in out.split("Every figure")[0]
     out = _run("benchmarks.scale", "--quick", timeout=600)
     assert "| 200,000 |" in out
+
+
+@pytest.mark.slow  # 7 fresh processes, one of 16 ranks: 3.5 minutes on 2 cores at load 5-10
+@pytest.mark.timeout(1200)
+def test_quick_launch_table_prints_every_row_with_a_figure():
+    out = _run("benchmarks.launch", "--quick", timeout=1100)
+    table = out.split("| Figure |", 1)[1].split("Every figure", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    starts = ["plain Parquet table", "largest rank's peak RSS", *["first fit through Spark"] * 2,
+              *["peak above one share while the layout is built"] * 6, "16 ranks on local[16]"]
+    assert [row.split(" | ")[0][2:len(start) + 2] for row, start in zip(rows, starts)] == starts
+    assert len(rows) == len(starts)
+    assert all(re.fullmatch(r"-?[\d,.]+( MB| shares| s|x)", row.split(" | ")[1]) for row in rows), table
 
 
 @pytest.mark.slow

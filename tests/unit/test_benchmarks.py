@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import spark_torch_est
+from benchmarks import launch
 from benchmarks.__main__ import comparisons
 from benchmarks.common import Workload, make_model, plain_train, read_rank, write_data
 
@@ -51,6 +52,15 @@ def test_ratios_are_paired_within_rounds_and_the_same_work_is_checked():
     table, missed = comparisons(rounds)
     assert "| fit wall time, warm | 2.00 [1.00-3.00] |" in table and "0.375x [0.250-0.500]" in table
     assert missed == ["final loss, 20k rows (the same work)"]  # 1.5x the bare DDP's loss in the median
+
+
+def test_launch_table_pairs_the_baseline_within_rounds_and_reads_pyarrow_once():
+    loads = launch.workloads(launch.QUICK_SIZES, quick=True)
+    rounds = [{"pyarrow": {"read_s": read}, "files": {"warm_first_step_s": 2.0},
+               "then_files": {"warm_first_step_s": then}} for read, then in ((1.0, 4.0), (2.0, 2.0))]
+    text = launch.table(rounds, launch.figures(launch.QUICK_SIZES, loads), baseline=True)
+    assert "| 1.50x [1.00-2.00] | 2.50x [1.00-4.00] | 0.750x [0.500-1.000] | <=1x | NO |" in text
+    assert "16 ranks" not in text  # a row without figures (its contender not run) is left out
 
 
 def test_bench_package_selects_the_measured_checkout(tmp_path):
