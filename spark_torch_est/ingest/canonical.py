@@ -355,11 +355,13 @@ def by_source_order(table: Table, counts: list[int], shards: int, shard_batch: i
         counts: Training rows of every rank.
     """
     shard_rows = near_equal(sum(counts), shards)
-    in_place = ranks.world_size == shards and counts == shard_rows
+    if ranks.world_size == shards and counts == shard_rows:
+        logger.debug("rank %d: its %d training rows are its logical shard as read: none moves", ranks.rank,
+                     counts[ranks.rank])
+        return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget)
     started = time.perf_counter()
-    canonical = _laid_out(table, source_ids(counts, ranks.rank, shards), shard_rows, shard_batch, seed, ranks, budget,
-                          in_place)
-    if in_place or ranks.world_size != shards:
+    canonical = _laid_out(table, source_ids(counts, ranks.rank, shards), shard_rows, shard_batch, seed, ranks, budget)
+    if ranks.world_size != shards:
         logger.debug("rank %d: its %d training rows are placed by the source's order: none moves at launch",
                      ranks.rank, counts[ranks.rank])
     else:
@@ -399,6 +401,10 @@ def by_partition_order(table: Table, counts: list[int], row_ids: torch.Tensor | 
     if row_ids is None:
         if world != shards:
             raise ValueError(f"rows through Spark on {world} ranks in {shards} logical partitions need their row ids")
+        if even_enough(counts):
+            logger.debug("rank %d: its %d training rows are logical partition %d as read: none moves", ranks.rank,
+                         counts[ranks.rank], ranks.rank)
+            return CanonicalRows(table, counts, shard_batch, seed, ranks, budget)
         partition_rows, partition = counts, torch.full((counts[ranks.rank],), ranks.rank, dtype=torch.int64)
         position = torch.arange(counts[ranks.rank], dtype=torch.int64)
     else:
@@ -419,10 +425,7 @@ def by_partition_order(table: Table, counts: list[int], row_ids: torch.Tensor | 
         ids = run_places(starts[partition] + position, sum(partition_rows), shards)
         canonical = _laid_out(table, ids, near_equal(sum(partition_rows), shards), shard_batch, seed, ranks, budget)
         moved = f", evened out as they hold {min(partition_rows)} to {max(partition_rows)} rows"
-    if world == shards and not moved:
-        logger.debug("rank %d: its %d training rows are logical partition %d as read: none moves", ranks.rank,
-                     counts[ranks.rank], ranks.rank)
-    else:
+    if moved or world != shards:
         logger.info("rank %d: placed its %d training rows by %d logical partitions on %d ranks%s (%.2fs)", ranks.rank,
                     counts[ranks.rank], shards, world, moved, time.perf_counter() - started)
     return canonical
