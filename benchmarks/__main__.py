@@ -18,7 +18,17 @@ import tempfile
 import time
 from collections.abc import Collection
 
-from benchmarks.common import Workload, markdown, run_child, run_header, show, write_data, write_docs
+from benchmarks.common import (
+    Workload,
+    add_baseline,
+    baseline_of,
+    markdown,
+    run_child,
+    run_header,
+    show,
+    write_data,
+    write_docs,
+)
 
 WORKLOADS = {
     "reference": Workload(),
@@ -161,13 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: small tables, 1 epoch, 1 round")
     parser.add_argument("--repeat", type=int, help="interleaved rounds (default 2, --quick 1)")
     parser.add_argument("--only", nargs="+", choices=list(CONTENDERS), help="run only these contenders")
-    parser.add_argument("--baseline", metavar="CHECKOUT",
-                        help="also run each TorchEstimator contender on this checkout's package, side by side")
+    add_baseline(parser)
     parser.add_argument("--write-docs", action="store_true", help="write the tables into docs/benchmarks.md")
     args = parser.parse_args(argv)
-    baseline = args.baseline and os.path.abspath(args.baseline)
-    if baseline and not os.path.isfile(os.path.join(baseline, "spark_torch_est", "__init__.py")):
-        parser.error(f"--baseline {args.baseline}: no spark_torch_est package there")
+    baseline = baseline_of(parser, args)
     repeat = args.repeat or (1 if args.quick else 2)
     contenders = args.only or list(CONTENDERS)
     needed = {CONTENDERS[key][1] for key in contenders}

@@ -8,6 +8,7 @@ they need not have ``benchmarks`` on their path.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -457,3 +458,17 @@ def machine() -> str:
             f"pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}; load average "
             f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; spark_torch_est from "
             f"{os.path.dirname(spark_torch_est.__file__)}")
+
+
+def add_baseline(parser: argparse.ArgumentParser) -> None:
+    """The ``--baseline CHECKOUT`` option (see :func:`baseline_of`)."""
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also run each TorchEstimator contender on this checkout's package, side by side")
+
+
+def baseline_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """``--baseline``'s checkout as an absolute path, or None; a usage error unless it holds the package."""
+    baseline = args.baseline and os.path.abspath(args.baseline)
+    if baseline and not os.path.isfile(os.path.join(baseline, "spark_torch_est", "__init__.py")):
+        parser.error(f"--baseline {args.baseline}: no spark_torch_est package there")
+    return baseline or None

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 
 from benchmarks.__main__ import BASELINE, WORKLOADS, every_figure, met, run_rounds, value
-from benchmarks.common import Workload, markdown, run_header, show, write_data, write_docs
+from benchmarks.common import Workload, add_baseline, baseline_of, markdown, run_header, show, write_data, write_docs
 from benchmarks.scale import RSS_SLACK_MB
 
 SIZES = (2_000_000, 4_000_000)
@@ -165,13 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", help=f"the layout's table sizes (default {SIZES})")
     parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds (default 1)")
     parser.add_argument("--only", nargs="+", metavar="KEY", help="only these contenders (an unknown key lists them)")
-    parser.add_argument("--baseline", metavar="CHECKOUT",
-                        help="also run each TorchEstimator contender on this checkout's package, side by side")
+    add_baseline(parser)
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args(argv)
-    baseline = args.baseline and os.path.abspath(args.baseline)
-    if baseline and not os.path.isfile(os.path.join(baseline, "spark_torch_est", "__init__.py")):
-        parser.error(f"--baseline {args.baseline}: no spark_torch_est package there")
+    baseline = baseline_of(parser, args)
     sizes = tuple(args.rows or (QUICK_SIZES if args.quick else SIZES))
     every = contenders(sizes)
     keys = args.only or list(every)
