@@ -180,7 +180,10 @@ def order_unstable(df: DataFrame) -> str | None:
         file_scan = java.java.lang.Class.forName(_FILE_SCAN)
     except Exception:  # Spark Connect: no JVM handles
         return "Spark Connect does not show the DataFrame's plan"
-    return _unstable_node(plan, file_scan)
+    try:
+        return _unstable_node(plan, file_scan)
+    except Exception as error:  # a node of another Spark release without the methods asked
+        return f"its plan could not be read ({type(error).__name__})"
 
 
 def _unstable_node(plan: Any, file_scan: Any, limit: int = 2000) -> str | None:
