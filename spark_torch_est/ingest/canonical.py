@@ -243,11 +243,6 @@ class CanonicalRows:
         self.ids = ids  # the run ids of the rows this rank holds
         self.moved: Callable[[Table], None] = lambda table: None  # told the table after each move
 
-    @property
-    def total(self) -> int:
-        """Training rows of all logical shards."""
-        return sum(self.shard_rows)
-
     def epoch(self, epoch: int, offset: int) -> EpochRows:
         """Collective on W != L ranks: the rows this rank trains in ``epoch`` from ``offset``
         rows of each shard's order on, exchanged with the other ranks first."""
@@ -316,9 +311,10 @@ def to_canonical(table: Table, counts: list[int], shards: int, shard_batch: int,
     ids = run_ids(row_keys(table), ranks)
     placed = time.perf_counter()
     canonical = _laid_out(table, ids, near_equal(sum(counts), shards), shard_batch, seed, ranks, budget)
-    logger.info("rank %d: placed its %d training rows in the run by hashing them (%.2fs) and moved them to their "
-                "logical shards (%.2fs)", ranks.rank, counts[ranks.rank], placed - started,
-                time.perf_counter() - placed)
+    moved = f" and moved them to their logical shards ({time.perf_counter() - placed:.2f}s)" \
+        if ranks.world_size == shards else ""
+    logger.info("rank %d: placed its %d training rows in the run by hashing them (%.2fs)%s", ranks.rank,
+                counts[ranks.rank], placed - started, moved)
     return canonical
 
 
@@ -413,15 +409,16 @@ def by_partition_order(table: Table, counts: list[int], row_ids: torch.Tensor | 
             raise ValueError(f"rows of logical partition {int(every[-1] >> PARTITION_SHIFT)} in a run of {shards}")
         partition_rows = torch.bincount(every >> PARTITION_SHIFT, minlength=shards).tolist()
         partition = row_ids >> PARTITION_SHIFT
-        starts = torch.tensor([sum(partition_rows[:j]) for j in range(shards)], dtype=torch.int64)
-        position = torch.searchsorted(every, row_ids) - starts[partition]
+        position = torch.searchsorted(every, row_ids)  # in all partitions' rows, one after the other
         del every
+    starts = torch.tensor([sum(partition_rows[:j]) for j in range(shards)], dtype=torch.int64)
+    if row_ids is not None:
+        position -= starts[partition]
     if even_enough(partition_rows):
         canonical = _laid_out(table, position * shards + partition, partition_rows, shard_batch, seed, ranks, budget,
                               in_place=True)
         moved = ""
     else:
-        starts = torch.tensor([sum(partition_rows[:j]) for j in range(shards)], dtype=torch.int64)
         ids = run_places(starts[partition] + position, sum(partition_rows), shards)
         canonical = _laid_out(table, ids, near_equal(sum(partition_rows), shards), shard_batch, seed, ranks, budget)
         moved = f", evened out as they hold {min(partition_rows)} to {max(partition_rows)} rows"
