@@ -34,6 +34,7 @@ from spark_torch_est.cluster.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.core.file_identity import file_stamp
 from spark_torch_est.core.protocol import DELIVERED
 from spark_torch_est.core.spec import Launch, TaskSpec
+from spark_torch_est.core.worker_gc import freeze_older
 from spark_torch_est.ingest import held
 from spark_torch_est.ingest.kept import keep_while_reading, take_kept
 from spark_torch_est.ingest.parquet_read import read_part
@@ -59,6 +60,7 @@ def train_task(spec: TaskSpec | Any, launch: Launch) -> Callable[[Iterator[pa.Re
     ``launcher._shipped``): the function itself then stays small."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_older()
         barrier = SparkBarrier()
         torch.set_num_threads(max(1, barrier.cpus()))
         result = run_rank(spec if isinstance(spec, TaskSpec) else spec.value, launch, batches, barrier)

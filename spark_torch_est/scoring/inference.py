@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
+from spark_torch_est.core.worker_gc import freeze_older
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import shape_labels
 from spark_torch_est.ingest.columns import Column, ColumnBuilder, DenseColumn
@@ -181,6 +182,7 @@ def predict_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iter
     """Returns the ``mapInArrow`` function that appends predictions to every batch."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_older()
         model = load_model(spec)
         for batch in batches:
             inputs = read_inputs([batch.column(name) for name in spec.columns], spec)
@@ -196,6 +198,7 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
     """Returns the ``mapInArrow`` function that accumulates the loss and metrics of a partition."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_older()
         model = load_model(spec)
         creators: Creators = cloudpickle.loads(spec.creators)
         accumulator = MetricAccumulator(Loss(creators.build_loss()), creators.metrics, model_device(model))

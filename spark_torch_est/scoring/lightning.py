@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from spark_torch_est.core.worker_gc import freeze_older
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.scoring.inference import ScoringSpec, load_model, model_device, read_inputs, read_targets
 from spark_torch_est.train.lightning import namespace_of, step_batch, trainer_args
@@ -46,6 +47,7 @@ def validate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
     """Returns the ``mapInArrow`` function that validates a partition's rows."""
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        freeze_older()
         module = load_model(spec)
         namespace = namespace_of(module)
         if namespace is None:  # the driver saw a LightningModule's run

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
+from spark_torch_est.core.worker_gc import freeze_older
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.scoring.inference import ScoringSpec, load_model, output_columns, predict_outputs, read_inputs
 
@@ -35,6 +36,7 @@ def arrow_predict_function(spec: ScoringSpec, as_array: bool = False) -> Callabl
         if len(columns) != len(spec.columns):
             raise InputDataError(f"predict_udf() takes {len(spec.columns)} column(s) (the model's inputs "
                                  f"{list(spec.columns)}, in order), got {len(columns)}")
+        freeze_older()  # per batch: a column function has no task start
         inputs = read_inputs(list(columns), spec)
         ((_, column),) = output_columns(spec, predict_outputs(load_model(spec), inputs, spec))
         return column.field("values") if as_array else column
