@@ -11,6 +11,7 @@ import argparse
 import statistics
 import tempfile
 import time
+import warnings
 
 import numpy as np
 from pyspark.ml.evaluation import RegressionEvaluator
@@ -22,6 +23,7 @@ from spark_torch_est import TorchEstimator
 
 SMALL = Workload(rows=500, features=8, hidden=32, epochs=20, batch_size=32, ranks=1)
 LRS, WIDTHS = (0.001, 0.01, 0.05), (8, 32, 128)
+ROUNDS = 2  # each search twice: the first in the session starts the Python workers its evaluations use beside the fits
 
 
 def _fixed_cost(est: TorchEstimator, df, probe: Probe, fits: int) -> tuple[float, float, float]:
@@ -62,19 +64,27 @@ def main(argv: list[str] | None = None) -> None:
                   f"{before + after:.2f} s")
         grid = ParamGridBuilder().addGrid(est.getParam("config"), [
             {**SMALL.config, "hidden": w, "lr": lr} for w in WIDTHS for lr in LRS]).build()
-        started = time.perf_counter()
-        CrossValidator(estimator=est.setNumWorkers(1).setHooks(None), estimatorParamMaps=grid, numFolds=3,
-                       evaluator=RegressionEvaluator(), seed=0).fit(df)
-        cv_s = time.perf_counter() - started
+        cv_s = []
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            CrossValidator(estimator=est.setNumWorkers(1).setHooks(None), estimatorParamMaps=grid, numFolds=3,
+                           evaluator=RegressionEvaluator(), seed=0).fit(df)
+            cv_s.append(time.perf_counter() - started)
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.model_selection import GridSearchCV
     from sklearn.neural_network import MLPRegressor
 
-    started = time.perf_counter()
-    GridSearchCV(MLPRegressor(solver="sgd", batch_size=SMALL.batch_size, max_iter=SMALL.epochs, random_state=0),
-                 {"hidden_layer_sizes": [(w, w) for w in WIDTHS], "learning_rate_init": LRS}, cv=3).fit(x, y)
-    sk_s = time.perf_counter() - started
-    print(f"  CrossValidator, 9 maps x 3 folds + refit (1 rank): {cv_s:.1f} s; scikit-learn's GridSearchCV on "
-          f"the same maps: {sk_s:.1f} s ({cv_s / sk_s:.1f}x)")
+    warnings.filterwarnings("ignore", category=ConvergenceWarning)  # 20 epochs, as the fits train
+
+    sk_s = []
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        GridSearchCV(MLPRegressor(solver="sgd", batch_size=SMALL.batch_size, max_iter=SMALL.epochs, random_state=0),
+                     {"hidden_layer_sizes": [(w, w) for w in WIDTHS], "learning_rate_init": LRS}, cv=3).fit(x, y)
+        sk_s.append(time.perf_counter() - started)
+    for name, cv, sk in (("first in the session", cv_s[0], sk_s[0]), ("again", cv_s[1], sk_s[1])):
+        print(f"  CrossValidator, 9 maps x 3 folds + refit (1 rank), {name}: {cv:.1f} s; scikit-learn's "
+              f"GridSearchCV on the same maps: {sk:.1f} s ({cv / sk:.1f}x)")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import cloudpickle
 from pyspark import keyword_only
 from pyspark.ml import Estimator
+from pyspark.ml.base import _FitMultipleIterator
 from pyspark.sql import DataFrame
 
 from spark_torch_est import moved
@@ -49,6 +50,7 @@ from spark_torch_est.planning import (
     release_claim,
     resolve_checkpoint,
 )
+from spark_torch_est.together import Together
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import Hook, HookSet, normalize_hooks, storable_state
 
@@ -341,11 +343,13 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         """As in pyspark (``CrossValidator`` calls it once per fold, ``TrainValidationSplit``
         once), and each fit is named for the loggers after its param map and the split, the
         calls counted (``"batchSize=32 (split 2)"``); the tuner's refit with the best map that
-        follows is ``"... (refit)"``."""
+        follows is ``"... (refit)"``. Maps that change only what a rank trains are trained
+        together, in one barrier job, when the first model is asked for; each model is the
+        one its own fit gives (see :mod:`spark_torch_est.together`)."""
         self._folds += 1
         estimator = self.copy()
         estimator._fold = f"split {self._folds}"
-        return super(TorchEstimator, estimator).fitMultiple(dataset, paramMaps)
+        return _FitMultipleIterator(Together(estimator, dataset, list(paramMaps)).model, len(paramMaps))
 
     def _search_name(self, params: ParamMap) -> str:
         """The name of a fit with a param map: the map, and its fold in a tuner's search
@@ -434,17 +438,21 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         except BaseException as error:
             loggers.fail(error)
             raise
+        model = self._fitted(checkpoint)
+        loggers.finish(model, checkpoint)
+        if loggers.stop_error is not None:  # a logger stopped the fit to have it raise this (optuna.TrialPruned)
+            raise loggers.stop_error
+        return model
+
+    def _fitted(self, checkpoint: Checkpoint) -> TorchModel:
+        """Takes a fit's result into the run (its checkpoint, the hooks' states); its model."""
         for name, hook in self._creators.hooks.items():
             if name in checkpoint.hook_states:
                 hook.load_state_dict(checkpoint.hook_states[name])
         self._checkpoint = checkpoint
         self._fresh_hooks = set()
         logger.info("fit done: %s", checkpoint.progress)
-        model = self._model(checkpoint)
-        loggers.finish(model, checkpoint)
-        if loggers.stop_error is not None:  # a logger stopped the fit to have it raise this (optuna.TrialPruned)
-            raise loggers.stop_error
-        return model
+        return self._model(checkpoint)
 
     def _model(self, checkpoint: Checkpoint) -> TorchModel:
         model = TorchModel(creators=self._run_creators, checkpoint=checkpoint)

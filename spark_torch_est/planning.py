@@ -74,7 +74,7 @@ class FitPlan:
 
 def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, duration: str | Duration | None,
              start: Checkpoint | None, fresh_hooks: frozenset[str] | set[str],
-             own: Checkpoint | None = None) -> FitPlan:
+             own: Checkpoint | None = None, like: FitPlan | None = None) -> FitPlan:
     """Checks a fit of ``dataset`` from ``start`` (None: a new run) and plans it.
 
     Args:
@@ -85,6 +85,10 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
         start: The checkpoint the fit continues, or None.
         fresh_hooks: Names of the hooks added since the last fit (they keep their own state).
         own: The estimator's own checkpoint (its run's newest point), or None (see :func:`run_of`).
+        like: The plan of a new run on the same DataFrame whose Params make the same
+            training frame (another map of a tuner's split, see
+            :mod:`spark_torch_est.together`): its input schema and frame are taken
+            as they are, and only the creators are checked.
     """
     check_static(dataset)
     progress = start.progress if start is not None else Progress()
@@ -96,10 +100,14 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
     check_resumable(start)
     target = Target.after(progress, Duration.parse(duration) if duration is not None else None,
                           params.getMaxEpochs())
-    schema = input_schema_of(params, dataset)
-    if start is not None:
-        check_inputs(dataset.schema, start.input_schema, schema)
-    frame, source, ordered = _checked_frame(params, creators, dataset, schema, start)
+    if like is not None:
+        check_creators(params, creators, start)
+        schema, frame, source, ordered = like.schema, like.frame, like.source, like.spec.ordered
+    else:
+        schema = input_schema_of(params, dataset)
+        if start is not None:
+            check_inputs(dataset.schema, start.input_schema, schema)
+        frame, source, ordered = _checked_frame(params, creators, dataset, schema, start)
     run_id, parent = run_of(start, own, params.getCheckpointDir())
     spec = task_spec(params, creators, target, schema, start, source, fresh_hooks, run_id=run_id, parent=parent,
                      ordered=ordered)

@@ -63,9 +63,11 @@ class ChannelServer(AuthenticatingServer):
             0's question; called from its reader thread, it must return within the rank's
             wait (default: never stop).
         handshake_timeout: Seconds a new connection has to authenticate (default 5).
-        max_blob_bytes: Largest blob accepted (default None: any size). One blob per server
-            (a job has one checkpoint to send): a second one, or one announced larger, closes
-            the sender's connection before any of its bytes is read.
+        max_blob_bytes: Largest blob accepted (default None: any size). A blob beyond
+            ``max_blobs``, or one announced larger, closes the sender's connection before any
+            of its bytes is read.
+        max_blobs: Blobs accepted (default 1: a job has one checkpoint to send; a job that
+            trains several runs in turn sends one per run and then its result).
 
     Attributes:
         address: ``(host, port)`` to give the ranks.
@@ -74,9 +76,9 @@ class ChannelServer(AuthenticatingServer):
 
     def __init__(self, host: str, secret: bytes, on_message: Callable[[RankMessage], None],
                  handshake_timeout: float = 5.0, max_blob_bytes: int | None = None,
-                 on_ask: Callable[[int], bool] | None = None) -> None:
+                 on_ask: Callable[[int], bool] | None = None, max_blobs: int = 1) -> None:
         self.max_blob_bytes = max_blob_bytes
-        self._blob_started = False
+        self._blobs_left = max_blobs
         self.on_message = on_message
         self.on_ask = on_ask or (lambda epoch: False)
         self._blobs: dict[tuple[str, str], bytes] = {}  # (key, SHA-256 hex) -> bytes
@@ -145,14 +147,16 @@ class ChannelServer(AuthenticatingServer):
             return [self._failures[rank] for rank in sorted(self._failures)]
 
     def _admit_blob(self, header: dict) -> bool:
-        """Whether to read the blob ``header`` announces: the job's first, within the size limit."""
+        """Whether to read the blob ``header`` announces: one of the job's ``max_blobs`` first,
+        within the size limit."""
         size = int(header["size"])
         with self._lock:
-            refused = self._blob_started or size < 0 or (self.max_blob_bytes is not None and size > self.max_blob_bytes)
-            self._blob_started = True
+            refused = self._blobs_left <= 0 or size < 0 or (self.max_blob_bytes is not None and
+                                                             size > self.max_blob_bytes)
+            self._blobs_left -= 1
         if refused:
-            logger.warning("the driver's channel refused a blob of %d bytes (one per job, at most %s bytes)", size,
-                           self.max_blob_bytes)
+            logger.warning("the driver's channel refused a blob of %d bytes (beyond the job's blobs, or over %s bytes)",
+                           size, self.max_blob_bytes)
         return not refused
 
     def _receive_blob(self, connection: Connection, header: dict) -> None:
@@ -363,6 +367,12 @@ class ProgressReporter:
             return
         self._last_position = now
         self.client.send(RankMessage.for_position(progress, steps_per_epoch))
+
+    def run_done(self, run: int, progress: Progress, delivered: str) -> None:
+        """Reports that the job's run ``run`` ended at ``progress``, its checkpoint delivered
+        (SHA-256) or not (``""``); the next run begins."""
+        if self.client is not None:
+            self.client.send(RankMessage.for_run_done(run, progress, delivered))
 
     def epoch(self, entry: dict) -> None:
         """Reports a finished epoch's history entry."""

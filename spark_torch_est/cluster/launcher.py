@@ -36,7 +36,7 @@ from spark_torch_est.cluster.control import (
     wait_for_slots,
 )
 from spark_torch_est.cluster.failure import StoreUnreachableError, explain_job_failure, is_spark_error, package_bug
-from spark_torch_est.cluster.messages import RankMessage
+from spark_torch_est.cluster.messages import Kind, RankMessage
 from spark_torch_est.cluster.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.cluster.store_gate import StoreGate
 from spark_torch_est.cluster.worker import train_task
@@ -99,12 +99,16 @@ class Launcher:
             by hashing), than ``rows`` (needed with ``min_workers``).
         on_ask: ``on_ask(epoch)``: whether the fit stops at the end of ``epoch``, rank 0's
             question when a driver-side logger may stop the fit (see ``TaskSpec.stop_wait_s``).
+        on_run: ``on_run(run, checkpoint)``: each run's checkpoint as rank 0 delivers it, in
+            a job that trains several in turn (``TaskSpec.together``); called from a channel
+            thread while the job goes on.
     """
 
     def __init__(self, spark: SparkSession, rows: KeptIngest, max_retries: int, slot_wait_s: float,
                  on_message: Callable[[RankMessage], None] | None = None, min_workers: int | None = None,
                  replan: Callable[[int, int | None], tuple[DataFrame, FileSource | None]] | None = None,
-                 on_ask: Callable[[int], bool] | None = None) -> None:
+                 on_ask: Callable[[int], bool] | None = None,
+                 on_run: Callable[[int, bytes], None] | None = None) -> None:
         self._store_unreachable: set[str] = set()  # driver hosts executors could not reach in this fit
         self.spark = spark
         self.rows = rows
@@ -114,6 +118,8 @@ class Launcher:
         self.min_workers = min_workers
         self.replan = replan
         self.on_ask = on_ask
+        self.on_run = on_run
+        self._stop = threading.Event()
         self._frames: dict[tuple[int, int | None], tuple[DataFrame, FileSource | None]] = {}
         self._partitions: int | None = None  # the logical partitions of ``rows``' frame
 
@@ -167,6 +173,11 @@ class Launcher:
                 logger.warning("the relaunch resumes from %s",
                                start if spec.resume is not None else "the start of the run")
                 self.rows.relaunching()
+
+    def stop(self) -> None:
+        """Cancels the running job from another thread, as Ctrl-C in :meth:`run`'s would:
+        :meth:`run` then raises KeyboardInterrupt."""
+        self._stop.set()
 
     def _job(self, job: TaskSpec, launch: Launch, frame: DataFrame, grow: GrowWatch | None) -> Outcome:
         """Runs one job of ``job.world_size`` ranks; how it ended."""
@@ -239,9 +250,10 @@ class Launcher:
         return spec, start
 
     @contextmanager
-    def _driver_services(self, launch: Launch, ranks: int) -> Iterator[tuple[Launch, ChannelServer | None]]:
+    def _driver_services(self, launch: Launch, ranks: int, runs: int) -> Iterator[tuple[Launch, ChannelServer | None]]:
         """The rendezvous store's gate (one connection per rank) and the message channel,
-        both bound to the driver host; yields the launch with their addresses."""
+        both bound to the driver host, for a job of ``runs`` runs; yields the launch with
+        their addresses."""
         host = _driver_host(self.spark)
         store = channel = None
         if host is not None and host not in self._store_unreachable:
@@ -250,9 +262,16 @@ class Launcher:
             except OSError as error:
                 logger.warning("cannot open a rendezvous store on %s (%s); using Spark's allGather", host, error)
         if host is not None:
+            def handle(message: RankMessage) -> None:  # a run's checkpoint first, as its message arrives
+                if message.kind is Kind.RUN_DONE and message.text and self.on_run is not None and channel is not None:
+                    blob = channel.take_blob(f"{launch.job_id}/run{message.run}", message.text)
+                    if blob is not None:
+                        self.on_run(message.run, blob)
+                self.on_message(message)
+
             try:
-                channel = ChannelServer(host, launch.secret, self.on_message, max_blob_bytes=_max_blob(),
-                                        on_ask=self.on_ask)
+                channel = ChannelServer(host, launch.secret, handle, max_blob_bytes=_max_blob(), on_ask=self.on_ask,
+                                        max_blobs=runs + (runs > 1))
             except OSError as error:
                 logger.warning("cannot open the driver's channel on %s (%s); no live progress", host, error)
         launch = dataclasses.replace(launch, store_address=store.address if store is not None else None,
@@ -273,7 +292,7 @@ class Launcher:
         Raises:
             SparkTorchError: The job failed.
         """
-        with self._driver_services(launch, spec.world_size) as (launch, channel):
+        with self._driver_services(launch, spec.world_size, 1 + len(spec.together)) as (launch, channel):
             started = time.perf_counter()
             try:
                 ended = self._collect(spec, launch, frame, grow)
@@ -326,6 +345,8 @@ class Launcher:
         try:
             while thread.is_alive():
                 thread.join(0.2)
+                if self._stop.is_set():
+                    raise KeyboardInterrupt
                 if watch and thread.is_alive() and time.monotonic() - checked >= 1.0:
                     checked = time.monotonic()
                     slots = task_slots(self.spark)

@@ -36,6 +36,7 @@ class Kind(enum.Enum):
     POSITION = "position"  #: rank 0's position after a step whose loss is not read yet
     EPOCH = "epoch"  #: a completed epoch's history entry
     LOG = "log"  #: a rank's log record
+    RUN_DONE = "run_done"  #: rank 0 finished one of the runs a job trains in turn; the next begins
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,18 @@ class RankMessage:
     Attributes:
         kind: What it reports.
         time: When the rank sent it (``time.time()`` on the rank).
-        progress: ``PROGRESS``, ``POSITION``: where the run stands after the step.
+        progress: ``PROGRESS``, ``POSITION``: where the run stands after the step;
+            ``RUN_DONE``: where the finished run ended.
+        run: ``RUN_DONE``: which of the job's runs ended (0 for its own, then
+            ``TaskSpec.together``'s in order).
         steps_per_epoch: ``PROGRESS``, ``POSITION``: optimizer steps in an epoch.
         loss: ``PROGRESS``: the step's loss.
         entry: ``EPOCH``: the history entry, with its 1-based ``"epoch"``.
         rank: ``LOG``: the rank that logged the record.
         level: ``LOG``: the record's level.
         logger: ``LOG``: the name of the logger it was logged on.
-        text: ``LOG``: the record's message.
+        text: ``LOG``: the record's message; ``RUN_DONE``: the SHA-256 (hex) of the run's
+            checkpoint rank 0 delivered over the channel, or ``""`` (it comes with the job's result).
     """
 
     kind: Kind
@@ -62,6 +67,7 @@ class RankMessage:
     loss: float = 0.0
     entry: dict[str, Any] = field(default_factory=dict)
     rank: int = 0
+    run: int = 0
     level: int = logging.INFO
     logger: str = ""
     text: str = ""
@@ -82,6 +88,12 @@ class RankMessage:
         return cls(Kind.EPOCH, time.time(), entry=entry)
 
     @classmethod
+    def for_run_done(cls, run: int, progress: Progress, delivered: str) -> RankMessage:
+        """Rank 0 finished the job's run ``run`` (see ``TaskSpec.together``) at ``progress``;
+        ``delivered``: its checkpoint's SHA-256 when the driver holds it, else ``""``."""
+        return cls(Kind.RUN_DONE, time.time(), progress=progress, run=run, text=delivered)
+
+    @classmethod
     def for_log(cls, rank: int, level: int, logger: str, text: str) -> RankMessage:
         """A log record of ``rank``, sent now."""
         return cls(Kind.LOG, time.time(), rank=rank, level=level, logger=logger, text=text)
@@ -94,6 +106,8 @@ class RankMessage:
                                       "loss": self.loss}
         elif self.kind is Kind.POSITION:
             fields = {**self.progress.to_dict(), "steps_per_epoch": self.steps_per_epoch}
+        elif self.kind is Kind.RUN_DONE:
+            fields = {**self.progress.to_dict(), "run": self.run, "sha256": self.text}
         elif self.kind is Kind.EPOCH:
             fields = {"entry": self.entry}
         else:
@@ -116,6 +130,9 @@ class RankMessage:
             if kind is Kind.POSITION:
                 return cls(kind, sent, progress=Progress.from_dict(data),
                            steps_per_epoch=_integer(data["steps_per_epoch"]))
+            if kind is Kind.RUN_DONE:
+                return cls(kind, sent, progress=Progress.from_dict(data), run=_integer(data["run"]),
+                           text=_text(data["sha256"]))
             if kind is Kind.EPOCH:
                 entry = data["entry"]
                 _integer(entry["epoch"])

@@ -32,7 +32,8 @@ from spark_torch_est.cluster.channel import EXECUTOR_ONLY, ChannelClient, LogFor
 from spark_torch_est.cluster.failure import Failure, RankFailure, describe
 from spark_torch_est.cluster.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.core.file_identity import file_stamp
-from spark_torch_est.core.protocol import DELIVERED
+from spark_torch_est.core.progress import Progress
+from spark_torch_est.core.protocol import DELIVERED, pack_runs
 from spark_torch_est.core.spec import Launch, TaskSpec
 from spark_torch_est.core.worker_gc import freeze_older
 from spark_torch_est.ingest import held
@@ -135,7 +136,10 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         logger.warning("rank %d: %s", rank, note)  # now the driver sees it
     try:
         gc.freeze()  # everything older than the trainer: the teardown's collection skips it
-        failure, blob, ddp = _train(spec, ingested, rank, device, ProgressReporter(channel, rank), phases)
+        deliver = (lambda run, data: channel.send_blob(f"{launch.job_id}/run{run}", data)) \
+            if channel is not None and rank == 0 and spec.together else None
+        failure, blob, ddp = _train_runs(spec, ingested, rank, device, ProgressReporter(channel, rank), phases,
+                                         deliver)
         _teardown(clean=failure is None, ddp=ddp, store=store)
         if failure is not None:
             _report(launch, failure, channel)
@@ -267,12 +271,41 @@ def _open_channel(launch: Launch, rank: int) -> ChannelClient | None:
         return None
 
 
+def _train_runs(spec: TaskSpec, ingested: IngestedRows, rank: int, device: torch.device, reporter: ProgressReporter,
+                phases: dict[str, float], deliver: Callable[[int, bytes], str | None] | None = None
+                ) -> tuple[Failure | None, bytes | None, list[weakref.ref]]:
+    """Trains the job's run, then each run of ``spec.together`` in turn on the same rows and
+    process group; as :func:`_train`. With several runs, rank 0 hands each run's checkpoint
+    to ``deliver`` (the driver's channel: its SHA-256 once the driver holds it, else None)
+    as the run ends and tells the driver, which can use that model while the next trains;
+    its result then packs (:func:`pack_runs`) the checkpoints not delivered, ``b""`` for
+    the others. The first failure ends the job."""
+    if not spec.together:
+        failure, blob, ddp, _ = _train(spec, ingested, rank, device, reporter, phases)
+        return failure, blob, ddp
+    kept: list[bytes] = []
+    refs: list[weakref.ref] = []
+    for index, run in enumerate((spec, *spec.together)):
+        failure, blob, ddp, progress = _train(run, ingested, rank, device, reporter, phases if index == 0 else None)
+        refs.extend(ddp)
+        if failure is not None:
+            return failure, None, refs
+        if blob is not None:  # rank 0
+            delivered = deliver(index, blob) if deliver is not None else None
+            kept.append(b"" if delivered else blob)
+            reporter.run_done(index, progress, delivered or "")
+        del blob
+        gc.collect()  # the finished run's model and DDP wrapper (reference cycles) before the next is built
+    return None, pack_runs(kept) if kept else None, refs
+
+
 def _train(spec: TaskSpec, ingested: IngestedRows, rank: int, device: torch.device, reporter: ProgressReporter,
-           phases: dict[str, float] | None = None) -> tuple[Failure | None, bytes | None, list[weakref.ref]]:
+           phases: dict[str, float] | None = None
+           ) -> tuple[Failure | None, bytes | None, list[weakref.ref], Progress]:
     """Runs the loop; returns plain data only, so no exception or frame keeps the DDP
     model alive into the teardown, and weak references to the DDP model and its Reducer
-    for the teardown to check. ``phases``: seconds of the launch's phases so far, for the
-    loop's line on where the launch went."""
+    for the teardown to check, and where the run ended. ``phases``: seconds of the launch's
+    phases so far, for the loop's line on where the launch went."""
     from spark_torch_est.train.loop import Trainer
 
     trainer: Any = None
@@ -285,7 +318,8 @@ def _train(spec: TaskSpec, ingested: IngestedRows, rank: int, device: torch.devi
             trainer = Trainer(creators, spec, ingested, rank, spec.world_size, device, reporter)
             trainer.phases.update(phases or {})
         blob = trainer.run()
-        return None, blob, _ddp_refs(trainer)
+        state = getattr(trainer, "state", None)
+        return None, blob, _ddp_refs(trainer), state.progress if state is not None else Progress()
     except BaseException as error:  # noqa: B036 - turned into plain data for the driver
         stage = trainer.stage if trainer is not None else "setup"
         hook = trainer.hooks.current_hook if trainer is not None else None
@@ -293,7 +327,7 @@ def _train(spec: TaskSpec, ingested: IngestedRows, rank: int, device: torch.devi
         logger.error("rank %d failed at %s: %s", rank, stage, failure.message,
                      extra={EXECUTOR_ONLY: True})  # the driver raises it: not forwarded
         error.__traceback__ = None
-        return failure, None, _ddp_refs(trainer)
+        return failure, None, _ddp_refs(trainer), Progress()
 
 
 def _ddp_refs(trainer: object) -> list[weakref.ref]:

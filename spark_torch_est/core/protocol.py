@@ -3,7 +3,11 @@ the rows a training job returns."""
 
 from __future__ import annotations
 
-__all__ = ["input_column", "FEATURES", "LABEL", "WEIGHT", "IS_VALIDATION", "ROW_ID", "RESULT_SCHEMA", "DELIVERED"]
+import struct
+from collections.abc import Sequence
+
+__all__ = ["input_column", "FEATURES", "LABEL", "WEIGHT", "IS_VALIDATION", "ROW_ID", "RESULT_SCHEMA", "DELIVERED",
+           "pack_runs", "unpack_runs"]
 
 
 def input_column(index: int) -> str:
@@ -27,3 +31,32 @@ ROW_ID = "__ste_row_id"
 RESULT_SCHEMA = "seq long, data binary"
 DELIVERED = -1
 
+
+_RUNS_MAGIC = b"STE-RUNS"
+_LENGTH = struct.Struct("<Q")
+
+
+def pack_runs(checkpoints: Sequence[bytes]) -> bytes:
+    """The checkpoints of the runs one job trained one after another (``TaskSpec.together``),
+    as rank 0 returns them: a marker, their count and lengths, then each in turn."""
+    head = [_RUNS_MAGIC, _LENGTH.pack(len(checkpoints))] + [_LENGTH.pack(len(c)) for c in checkpoints]
+    return b"".join(head + list(checkpoints))
+
+
+def unpack_runs(data: bytes, count: int) -> list[bytes]:
+    """The ``count`` checkpoints :func:`pack_runs` packed into ``data``.
+
+    Raises:
+        ValueError: ``data`` is not ``count`` packed checkpoints.
+    """
+    start = len(_RUNS_MAGIC) + _LENGTH.size * (count + 1)
+    if len(data) < start or not data.startswith(_RUNS_MAGIC) or _LENGTH.unpack_from(data, len(_RUNS_MAGIC))[0] != count:
+        raise ValueError(f"not the checkpoints of {count} runs trained together")
+    lengths = [_LENGTH.unpack_from(data, len(_RUNS_MAGIC) + _LENGTH.size * (i + 1))[0] for i in range(count)]
+    if start + sum(lengths) != len(data):
+        raise ValueError(f"the checkpoints of {count} runs trained together do not fill their {len(data)} bytes")
+    runs = []
+    for length in lengths:
+        runs.append(data[start:start + length])
+        start += length
+    return runs

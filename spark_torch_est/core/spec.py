@@ -10,7 +10,7 @@ from enum import Enum
 from spark_torch_est.core.progress import Interval, Parent, Target
 from spark_torch_est.core.schema import InputSchema
 
-__all__ = ["TaskSpec", "Launch", "ColumnNames", "FilePart", "FileSource", "How", "KeptPlan", "placed_by"]
+__all__ = ["TaskSpec", "Launch", "ColumnNames", "FilePart", "FileSource", "How", "KeptPlan", "JOB_FIELDS", "placed_by"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,11 @@ class TaskSpec:
             False: the ranks place them by hashing.
         shards: The run's logical shards, as ``resume`` records them; None for a new run
             (as many as the first job's ranks).
+        together: More new runs the job trains after this one, one after another on the
+            same rows and process group (a tuner's maps, see
+            :mod:`spark_torch_est.together`); their fields that make the job
+            (:data:`JOB_FIELDS`) equal this spec's. Rank 0 then returns their checkpoints
+            packed (:func:`spark_torch_est.core.protocol.pack_runs`).
     """
 
     run_id: str
@@ -180,6 +185,7 @@ class TaskSpec:
     lightning: dict | None = None
     ordered: bool = False
     shards: int | None = None
+    together: tuple[TaskSpec, ...] = ()
 
     @property
     def global_rows_per_step(self) -> int:
@@ -208,6 +214,12 @@ class TaskSpec:
         batch_size = -(-self.batch_size * self.world_size // world_size)
         return replace(self, world_size=world_size, batch_size=batch_size, source=source, kept=None,
                        global_batch=self.global_rows_per_step)
+
+
+#: The fields of a :class:`TaskSpec` that make its job (its ranks, the rows they read and
+#: how): the runs a job trains together (``TaskSpec.together``) share them.
+JOB_FIELDS = ("schema", "world_size", "timeout_s", "use_gpu", "columns", "memory_budget", "source", "kept",
+              "ordered", "shards", "strategy", "lightning")
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,19 @@ def test_one_blob_per_job_within_the_size_limit():
         server.close()
 
 
+def test_a_job_of_several_runs_may_send_a_blob_for_each_and_no_more():
+    server = ChannelServer("127.0.0.1", SECRET, lambda message: None, max_blobs=3)
+    try:
+        client = ChannelClient(server.address, SECRET)
+        digests = [client.send_blob(f"job-1/run{run}", bytes([run]) * 10, ack_timeout=5) for run in range(3)]
+        assert all(digests)
+        assert [server.take_blob(f"job-1/run{run}", digests[run]) for run in range(3)] == [
+            bytes([run]) * 10 for run in range(3)]
+        assert ChannelClient(server.address, SECRET).send_blob("job-1", b"z", ack_timeout=5) is None
+    finally:
+        server.close()
+
+
 def test_a_note_from_rank_0_reaches_the_drivers_log_once_and_other_ranks_send_none(rank_channel, caplog):
     import logging
 

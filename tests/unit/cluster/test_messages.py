@@ -17,6 +17,7 @@ from spark_torch_est.core.progress import Progress
                          steps_per_epoch=10),
     RankMessage.for_epoch({"epoch": 2, "train_loss": 0.5, "val_loss": float("nan"), "note": "text"}),
     RankMessage.for_log(1, logging.WARNING, "user", "hello"),
+    RankMessage.for_run_done(2, Progress(epoch=3, global_step=30, samples=960), "ab" * 32),
 ], ids=lambda message: message.kind.value)
 def test_each_kind_arrives_as_it_was_sent(message):
     received = RankMessage.from_dict(json.loads(json.dumps(message.to_dict())))
@@ -24,8 +25,8 @@ def test_each_kind_arrives_as_it_was_sent(message):
     assert (received.progress, received.steps_per_epoch, received.loss) == (
         message.progress, message.steps_per_epoch, message.loss)
     assert json.dumps(received.entry) == json.dumps(message.entry)  # NaN is not equal to itself
-    assert (received.rank, received.level, received.logger, received.text) == (
-        message.rank, message.level, message.logger, message.text)
+    assert (received.rank, received.run, received.level, received.logger, received.text) == (
+        message.rank, message.run, message.level, message.logger, message.text)
 
 
 @pytest.mark.parametrize("data", [
@@ -37,6 +38,9 @@ def test_each_kind_arrives_as_it_was_sent(message):
     {"type": "epoch", "entry": [["epoch", 1]], "time": 0.0},
     {"type": "log", "rank": 0, "level": "WARNING", "logger": "x", "message": "m", "time": 0.0},
     {"type": "log", "rank": 0, "level": 30, "logger": "x", "message": "m"},  # no time
+    {"type": "run_done", "global_step": 3, "sha256": "", "time": 0.0},  # which run ended
+    {"type": "run_done", "global_step": 3, "run": "1", "sha256": "", "time": 0.0},
+    {"type": "run_done", "global_step": 3, "run": 1, "sha256": None, "time": 0.0},
     {"type": "blob", "time": 0.0}, {"type": ["progress"]}, {}, [], "progress", None,
 ])
 def test_what_the_driver_cannot_read_is_a_value_error(data):
