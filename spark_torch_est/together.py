@@ -72,20 +72,24 @@ class Together:
         self.param_maps = param_maps
         self._copies: list[Any] = []
         self._views: RunViews | None = None
-        self._checkpoints: dict[int, Checkpoint] = {}
-        self._models: dict[int, TorchModel] = {}
+        self._checkpoints: dict[int, Checkpoint] = {}  # delivered, not handed out yet
+        self._handed: set[int] = set()  # the maps whose model the job gave
         self._launcher: Launcher | None = None
         self._thread: threading.Thread | None = None
         self._started = self._ended = False
         self._changed = threading.Condition()
 
     def model(self, index: int) -> TorchModel:
-        """The model of map ``index`` (called from a tuner's threads); Ctrl-C while it waits
-        cancels the job."""
+        """The model of map ``index``, once (called from a tuner's threads, as pyspark's
+        ``fitMultiple`` iterator asks); Ctrl-C while it waits cancels the job."""
         with self._changed:
             if not self._started:
                 self._started = True
-                self._start()
+                try:
+                    self._start()
+                except BaseException:  # planning failed: no job, every map is fitted on its own
+                    self._end()
+                    raise
         try:
             with self._changed:
                 while index not in self._checkpoints and not self._ended:
@@ -94,10 +98,13 @@ class Together:
             self._cancel()
             raise
         with self._changed:
-            if index in self._checkpoints:
-                if index not in self._models:
-                    self._models[index] = self._copies[index]._fitted(self._checkpoints[index])
-                return self._models[index]
+            checkpoint = self._checkpoints.pop(index, None)  # the driver holds no model it handed out
+            if checkpoint is not None:
+                self._handed.add(index)
+        if checkpoint is not None:
+            return self._copies[index]._fitted(checkpoint)
+        if index in self._handed:
+            raise ValueError(f"the model of map {index} was handed out already")
         return self.estimator.fit(self.dataset, self.param_maps[index])
 
     def _start(self) -> None:
@@ -117,7 +124,7 @@ class Together:
                 refusal = job_refusal([plan.spec for plan in plans])
         if refusal is not None:
             logger.info("the %d maps of %s are fitted one at a time: %s", len(maps), estimator._fold, refusal)
-            self._ended = True
+            self._end()
             return
         self._copies = copies
         workers = estimator.getNumWorkers()
@@ -154,10 +161,15 @@ class Together:
             logger.warning("training the %d maps of %s together in one job failed (%s: %s); the maps it did not "
                            "train are fitted one at a time", maps, fold, type(error).__name__, error)
         finally:
+            self._end()
+
+    def _end(self) -> None:
+        """No more models will come from a job: the views close, the waiting threads go on."""
+        if self._views is not None:
             self._views.close()
-            with self._changed:
-                self._ended = True
-                self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
 
     def _delivered(self, index: int, blob: bytes) -> None:
         """Map ``index``'s checkpoint (from a channel thread, or with the job's result)."""
@@ -231,8 +243,11 @@ class RunViews:
         with self._lock:
             view = self.views[self._current]
             if message.kind is Kind.RUN_DONE:
-                view.finish(message.progress, [])
-                view.close()
+                if not 0 <= message.run < len(self.views):
+                    return
+                done = self.views[message.run]
+                done.finish(message.progress, [])
+                done.close()
                 if message.run + 1 < len(self.views):
                     self._current = message.run + 1
                     self.views[self._current].phase(f"training map {self._current + 1} of {len(self.views)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -35,3 +36,11 @@ def no_leaked_threads():
     yield
     leaked = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive() and not t.daemon]
     assert not leaked, f"threads leaked by the test: {leaked}"
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_frozen():
+    """A test that runs a task function in this process (a scoring task freezes the objects
+    alive when it starts, as in a Python worker) leaves the collector as it found it."""
+    yield
+    gc.unfreeze()

@@ -63,9 +63,9 @@ class ChannelServer(AuthenticatingServer):
             0's question; called from its reader thread, it must return within the rank's
             wait (default: never stop).
         handshake_timeout: Seconds a new connection has to authenticate (default 5).
-        max_blob_bytes: Largest blob accepted (default None: any size). A blob beyond
-            ``max_blobs``, or one announced larger, closes the sender's connection before any
-            of its bytes is read.
+        max_blob_bytes: Most bytes of blobs held at once (default None: any size). A blob
+            beyond ``max_blobs``, or one announced larger than what is left of this, closes the
+            sender's connection before any of its bytes is read.
         max_blobs: Blobs accepted (default 1: a job has one checkpoint to send; a job that
             trains several runs in turn sends one per run and then its result).
 
@@ -151,8 +151,9 @@ class ChannelServer(AuthenticatingServer):
         within the size limit."""
         size = int(header["size"])
         with self._lock:
+            held = sum(len(blob) for blob in self._blobs.values())  # not taken yet
             refused = self._blobs_left <= 0 or size < 0 or (self.max_blob_bytes is not None and
-                                                             size > self.max_blob_bytes)
+                                                             size + held > self.max_blob_bytes)
             self._blobs_left -= 1
         if refused:
             logger.warning("the driver's channel refused a blob of %d bytes (beyond the job's blobs, or over %s bytes)",

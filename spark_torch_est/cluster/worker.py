@@ -17,6 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -34,7 +35,7 @@ from spark_torch_est.cluster.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.core.file_identity import file_stamp
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.protocol import DELIVERED, pack_runs
-from spark_torch_est.core.spec import Launch, TaskSpec
+from spark_torch_est.core.spec import JOB_FIELDS, Launch, TaskSpec
 from spark_torch_est.core.worker_gc import freeze_older
 from spark_torch_est.ingest import held
 from spark_torch_est.ingest.kept import keep_while_reading, take_kept
@@ -285,8 +286,10 @@ def _train_runs(spec: TaskSpec, ingested: IngestedRows, rank: int, device: torch
         return failure, blob, ddp
     kept: list[bytes] = []
     refs: list[weakref.ref] = []
+    job = {name: getattr(spec, name) for name in JOB_FIELDS}  # as the launcher set them for this job (kept rows)
     for index, run in enumerate((spec, *spec.together)):
-        failure, blob, ddp, progress = _train(run, ingested, rank, device, reporter, phases if index == 0 else None)
+        failure, blob, ddp, progress = _train(replace(run, **job), ingested, rank, device, reporter,
+                                              phases if index == 0 else None)
         refs.extend(ddp)
         if failure is not None:
             return failure, None, refs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import pyarrow as pa
 import torch
 
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
-from spark_torch_est.core.worker_gc import freeze_older
+from spark_torch_est.core.worker_gc import freeze_older, unfreeze_if_alive
 from spark_torch_est.errors import InputDataError
 from spark_torch_est.ingest.agreement import shape_labels
 from spark_torch_est.ingest.columns import Column, ColumnBuilder, DenseColumn
@@ -147,7 +148,7 @@ def load_model(spec: ScoringSpec) -> torch.nn.Module:
         model.to(device)
         _CACHE[key] = model
         while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
+            unfreeze_if_alive(weakref.ref(_CACHE.popitem(last=False)[1]))
     _CACHE.move_to_end(key)
     return model
 

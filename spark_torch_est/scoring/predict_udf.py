@@ -36,7 +36,7 @@ def arrow_predict_function(spec: ScoringSpec, as_array: bool = False) -> Callabl
         if len(columns) != len(spec.columns):
             raise InputDataError(f"predict_udf() takes {len(spec.columns)} column(s) (the model's inputs "
                                  f"{list(spec.columns)}, in order), got {len(columns)}")
-        freeze_older()  # per batch: a column function has no task start
+        freeze_older()  # a column function has no task start: once per task, at its first batch
         inputs = read_inputs(list(columns), spec)
         ((_, column),) = output_columns(spec, predict_outputs(load_model(spec), inputs, spec))
         return column.field("values") if as_array else column
