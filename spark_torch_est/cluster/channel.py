@@ -386,7 +386,7 @@ class ProgressReporter:
         for the network; False on other ranks and without a channel."""
         return self.client is not None and self.client.ask_stop(epoch, wait + _ANSWER_MARGIN_S)
 
-    def note(self, logger_name: str, message: str) -> None:
-        """Logs ``message`` at INFO on the driver, once (rank 0's log forwarder sends warnings only)."""
+    def note(self, logger_name: str, message: str, level: int = logging.INFO) -> None:
+        """Logs ``message`` at ``level`` on the driver, once (rank 0's log forwarder sends warnings only)."""
         if self.client is not None:
-            self.client.send(RankMessage.for_log(0, logging.INFO, logger_name, message))
+            self.client.send(RankMessage.for_log(0, level, logger_name, message))

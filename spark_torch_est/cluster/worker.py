@@ -94,6 +94,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     store: dist.Store | None = None
     failure: Failure | None
     reading: _Beside | None = None
+    arrived: list[float] = []  # when the job's input brought its first rows
     try:
         device = _device(spec, barrier)  # before any thread starts beside this one (see _Beside)
         stage = "ingest"
@@ -104,8 +105,9 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
             for _ in batches:  # the job's input: one row per rank, nothing to train on
                 pass
             reading = _Beside(lambda: _ingest(spec, iter(()), rank))
-        else:
-            ingested = _ingest(spec, batches, rank)
+        else:  # so are the rows the job's input brings: this thread only meets the other ranks
+            batches = _noting_first(batches, arrived)
+            reading = _Beside(lambda: _ingest(spec, batches, rank))
         ingest_done = time.perf_counter()  # the rows are in, or being read beside
         stage = "rendezvous"
         if store is None:
@@ -116,13 +118,15 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         )
         authenticate_peers(launch.secret, rank, spec.world_size, device)
         phases = {"rendezvous": time.perf_counter() - ingest_done}
-        if reading is not None:
+        if reading is not None:  # rows through Spark take what the job's scan takes, as they always did
             stage = "ingest"
-            ingested = reading.result(spec.timeout_s)
-        phases["ingest"] = reading.seconds if reading is not None else ingest_done - started
+            ingested = reading.result(spec.timeout_s if spec.source is not None else None)
+        if arrived and reading is not None:  # Spark's scan and shuffle until the input brought its first rows
+            phases["scan"] = arrived[0] - reading.started
+        phases["ingest"] = (reading.seconds if reading is not None else ingest_done - started) - phases.get("scan", 0.0)
     except BaseException as error:  # noqa: B036 - reported, then re-raised as RankFailure
         if reading is not None:
-            reading.wait(spec.timeout_s)  # the part read beside is the worker's, held or not
+            reading.wait(spec.timeout_s)  # the rows read beside are the worker's, held or not
         failure = describe(error, rank, stage, None)
         del error
         _teardown(clean=False)
@@ -156,6 +160,14 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     if failure is not None:
         raise RankFailure(failure, launch.secret)
     return blob
+
+
+def _noting_first(batches: Iterator[pa.RecordBatch], arrived: list[float]) -> Iterator[pa.RecordBatch]:
+    """``batches``, noting in ``arrived`` when the first came (``time.perf_counter()``)."""
+    for batch in batches:
+        if not arrived:
+            arrived.append(time.perf_counter())
+        yield batch
 
 
 def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> IngestedRows:
@@ -210,8 +222,8 @@ def _part_key(spec: TaskSpec, rank: int) -> str:
 
 
 class _Beside:
-    """Runs ``work`` in a thread beside the rank's rendezvous (reading a table's files
-    releases the GIL for most of its time); :meth:`result` waits for it.
+    """Runs ``work`` in a thread beside the rank's rendezvous (reading a table's files, or the
+    job's input, releases the GIL for most of its time); :meth:`result` waits for it.
 
     It is the only thread beside the rank's own before training, and starts once the rank's
     thread has set up what torch sets up on first use (its device, its NumPy bridge): in a
@@ -224,7 +236,7 @@ class _Beside:
     """
 
     def __init__(self, work: Callable[[], IngestedRows]) -> None:
-        self.seconds = 0.0
+        self.started = self.seconds = 0.0  # when the work started (``time.perf_counter()``), and for how long
         self._value: IngestedRows | None = None
         self._error: BaseException | None = None
         torch.empty(0).numpy()  # torch's NumPy bridge, set up on this thread
@@ -232,21 +244,22 @@ class _Beside:
         self._thread.start()
 
     def _run(self, work: Callable[[], IngestedRows]) -> None:
-        started = time.perf_counter()
+        self.started = time.perf_counter()
         try:
             self._value = work()
         except BaseException as error:  # noqa: B036 - handed to the rank's thread by result()
             self._error = error
-        self.seconds = time.perf_counter() - started
+        self.seconds = time.perf_counter() - self.started
 
-    def wait(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s`` for the work to end; whether it did."""
+    def wait(self, timeout_s: float | None) -> bool:
+        """Waits up to ``timeout_s`` (None: as long as it takes) for the work to end; whether it did."""
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    def result(self, timeout_s: float) -> IngestedRows:
+    def result(self, timeout_s: float | None) -> IngestedRows:
         """The work's value (its exception raised here), within ``timeout_s`` (the ranks'
-        collective timeout: the other ranks wait no longer for these rows either).
+        collective timeout: the other ranks wait no longer for these rows either; None: as
+        long as it takes, for rows that come as fast as the job's scan gives them).
 
         Raises:
             TimeoutError: The work did not end in time.

@@ -192,8 +192,9 @@ class Trainer:
             self._report_compile(time.perf_counter() - started)
         if "first step" not in self.phases:
             self.phases["first step"] = time.perf_counter() - started
-            logger.debug("rank %d: the launch took %s", self.ranks.rank,
-                         ", ".join(f"{name} {seconds:.2f}s" for name, seconds in self.phases.items()))
+            took = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in self.phases.items())
+            logger.debug("rank %d: the launch took %s", self.ranks.rank, took)
+            self.reporter.note(__name__, f"the launch took {took}", logging.DEBUG)  # rank 0's, in the fit's log
         due = self._keep_loss(batch, loss, position)
         self._call("after_train_iter", batch, outputs=outputs, loss=loss)
         if due:

@@ -4,6 +4,7 @@ the loop never imports the network."""
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from spark_torch_est.core.progress import Progress
@@ -30,8 +31,8 @@ class Reporter(Protocol):
     def stop_asked(self, epoch: int, wait: float) -> bool:
         """Whether the driver's loggers ask the fit to stop at the end of ``epoch``."""
 
-    def note(self, logger_name: str, message: str) -> None:
-        """Logs ``message`` at INFO on the driver, once."""
+    def note(self, logger_name: str, message: str, level: int = logging.INFO) -> None:
+        """Logs ``message`` at ``level`` on the driver, once."""
 
 
 class _Silent:
@@ -49,7 +50,7 @@ class _Silent:
     def stop_asked(self, epoch: int, wait: float) -> bool:
         return False
 
-    def note(self, logger_name: str, message: str) -> None:
+    def note(self, logger_name: str, message: str, level: int = logging.INFO) -> None:
         pass
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -42,6 +44,15 @@ def test_array_features_learn_linear_target_and_ranks_agree(spark, linear_df, li
 
 
 @pytest.mark.compat
+def test_the_fits_debug_log_says_where_rank_0s_launch_went(spark, linear_df, caplog):
+    with caplog.at_level(logging.DEBUG, logger="spark_torch_est.worker"):
+        linear_estimator(maxEpochs=1).fit(linear_df, duration="1ba")
+    (line,) = [r.getMessage() for r in caplog.records if "the launch took" in r.getMessage()]
+    spent = dict(re.findall(r"(\w[\w ]*?) (\d+\.\d\d)s", line.split("the launch took ")[1]))
+    assert set(spent) == {"rendezvous", "scan", "ingest", "layout", "setup", "first step"}, line
+    assert line.startswith("[rank 0]")
+
+
 def test_vector_features_dense_and_sparse(spark, linear_data):
     x, y, w, b = linear_data
     rows = [
