@@ -152,7 +152,8 @@ class Together:
             for index, blob in enumerate(unpack_runs(packed, maps)):
                 if blob:
                     self._delivered(index, blob)
-            missing = [index for index in range(maps) if index not in self._checkpoints]
+            with self._changed:
+                missing = [index for index in range(maps) if index not in self._checkpoints.keys() | self._handed]
             if missing:
                 raise TrainingFailedError(f"the job returned no checkpoint for maps {missing}")
         except KeyboardInterrupt:

@@ -65,6 +65,7 @@ def test_a_splits_maps_train_in_one_job_and_each_model_is_bitwise_its_own_fit(sp
         together = dict(est.fitMultiple(small_df, maps))
     assert _launches(caplog) == 1
     assert any("train the 3 maps of split 1 in turn" in r.getMessage() for r in caplog.records)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert est.checkpoint is None  # the tuned estimator is left as it was
 
     for index, params in enumerate(maps):
