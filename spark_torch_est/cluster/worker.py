@@ -105,9 +105,8 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
             for _ in batches:  # the job's input: one row per rank, nothing to train on
                 pass
             reading = _Beside(lambda: _ingest(spec, iter(()), rank))
-        else:  # so are the rows the job's input brings: this thread only meets the other ranks
-            batches = _noting_first(batches, arrived)
-            reading = _Beside(lambda: _ingest(spec, batches, rank))
+        else:  # before the rendezvous: a rank meets the others once its rows are in (see docs/ingest.md)
+            ingested = _ingest(spec, _noting_first(batches, arrived), rank)
         ingest_done = time.perf_counter()  # the rows are in, or being read beside
         stage = "rendezvous"
         if store is None:
@@ -118,15 +117,15 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
         )
         authenticate_peers(launch.secret, rank, spec.world_size, device)
         phases = {"rendezvous": time.perf_counter() - ingest_done}
-        if reading is not None:  # rows through Spark take what the job's scan takes, as they always did
+        if reading is not None:
             stage = "ingest"
-            ingested = reading.result(spec.timeout_s if spec.source is not None else None)
-        if arrived and reading is not None:  # Spark's scan and shuffle until the input brought its first rows
-            phases["scan"] = arrived[0] - reading.started
+            ingested = reading.result(spec.timeout_s)
+        if arrived:  # Spark's scan and shuffle until the job's input brought its first rows
+            phases["scan"] = arrived[0] - started
         phases["ingest"] = (reading.seconds if reading is not None else ingest_done - started) - phases.get("scan", 0.0)
     except BaseException as error:  # noqa: B036 - reported, then re-raised as RankFailure
         if reading is not None:
-            reading.wait(spec.timeout_s)  # the rows read beside are the worker's, held or not
+            reading.wait(spec.timeout_s)  # the part read beside is the worker's, held or not
         failure = describe(error, rank, stage, None)
         del error
         _teardown(clean=False)
@@ -222,8 +221,8 @@ def _part_key(spec: TaskSpec, rank: int) -> str:
 
 
 class _Beside:
-    """Runs ``work`` in a thread beside the rank's rendezvous (reading a table's files, or the
-    job's input, releases the GIL for most of its time); :meth:`result` waits for it.
+    """Runs ``work`` in a thread beside the rank's rendezvous (reading a table's files
+    releases the GIL for most of its time); :meth:`result` waits for it.
 
     It is the only thread beside the rank's own before training, and starts once the rank's
     thread has set up what torch sets up on first use (its device, its NumPy bridge): in a
@@ -236,7 +235,7 @@ class _Beside:
     """
 
     def __init__(self, work: Callable[[], IngestedRows]) -> None:
-        self.started = self.seconds = 0.0  # when the work started (``time.perf_counter()``), and for how long
+        self.seconds = 0.0
         self._value: IngestedRows | None = None
         self._error: BaseException | None = None
         torch.empty(0).numpy()  # torch's NumPy bridge, set up on this thread
@@ -244,22 +243,21 @@ class _Beside:
         self._thread.start()
 
     def _run(self, work: Callable[[], IngestedRows]) -> None:
-        self.started = time.perf_counter()
+        started = time.perf_counter()
         try:
             self._value = work()
         except BaseException as error:  # noqa: B036 - handed to the rank's thread by result()
             self._error = error
-        self.seconds = time.perf_counter() - self.started
+        self.seconds = time.perf_counter() - started
 
-    def wait(self, timeout_s: float | None) -> bool:
-        """Waits up to ``timeout_s`` (None: as long as it takes) for the work to end; whether it did."""
+    def wait(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the work to end; whether it did."""
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    def result(self, timeout_s: float | None) -> IngestedRows:
+    def result(self, timeout_s: float) -> IngestedRows:
         """The work's value (its exception raised here), within ``timeout_s`` (the ranks'
-        collective timeout: the other ranks wait no longer for these rows either; None: as
-        long as it takes, for rows that come as fast as the job's scan gives them).
+        collective timeout: the other ranks wait no longer for these rows either).
 
         Raises:
             TimeoutError: The work did not end in time.
