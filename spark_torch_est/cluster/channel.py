@@ -371,7 +371,8 @@ class ProgressReporter:
 
     def run_done(self, run: int, progress: Progress, delivered: str) -> None:
         """Reports that the job's run ``run`` ended at ``progress``, its checkpoint delivered
-        (SHA-256) or not (``""``); the next run begins."""
+        (SHA-256) or not (``""``); the next run begins, and its first position goes at once."""
+        self._last, self._last_position = 0.0, None
         if self.client is not None:
             self.client.send(RankMessage.for_run_done(run, progress, delivered))
 

@@ -305,3 +305,18 @@ def test_rank_0_sends_its_position_after_the_first_step_at_once_then_at_most_onc
     ProgressReporter(client, rank=1).position(Progress(global_step=1), 100)  # other ranks send nothing
     time.sleep(0.2)
     assert len(received) == 2
+
+
+def test_the_next_runs_first_position_goes_at_once_after_a_run_ends(rank_channel):
+    from spark_torch_est.cluster.channel import ProgressReporter
+    from spark_torch_est.core.progress import Progress
+
+    _, client, received = rank_channel
+    reporter = ProgressReporter(client, rank=0, interval=60.0)
+    reporter.position(Progress(global_step=1), 10)
+    reporter.position(Progress(global_step=2), 10)  # within the interval: not sent
+    reporter.run_done(0, Progress(epoch=1, global_step=10), "")
+    reporter.position(Progress(global_step=1), 10)  # the next run's first step
+    assert _wait_for(lambda: len(received) == 3)
+    assert [(m.kind.value, m.progress.global_step) for m in received] == [
+        ("position", 1), ("run_done", 10), ("position", 1)]
