@@ -15,9 +15,10 @@ runs code::
     world_size      ranks of the fit that wrote it
     shards          the run's logical shards (its first world size; an epoch's order is made of them)
     data_source     which rows each rank read: "files:" and the digest of a table's file parts
-                    (rows placed by the files' order), "spark:partitions" (through Spark, placed
-                    by the training frame's logical partitions) or "spark" (placed by hashing); a
-                    bare digest: file parts whose rows were placed by hashing (older checkpoints)
+                    (rows placed by the files' order), "spark:positions" (through Spark, placed
+                    by the training frame's logical partitions) or "spark" (placed by hashing);
+                    older checkpoints: a bare digest (file parts whose rows were placed by
+                    hashing), "spark:partitions" (logical partitions of Spark's round robin)
     seed            the seed of the epoch orders (the ``seed`` Param)
     optimizer_made  each param group's hyper-parameters as the optimizer creator made them (before
                     the state was restored and before a scheduler changed them)

@@ -195,12 +195,12 @@ class TaskSpec:
     @property
     def data_source(self) -> str:
         """Which rows each rank reads and how they are placed in the run: ``"files:"`` and
-        the digest of the table's file parts (by the files' order), ``"spark:partitions"``
-        (through the Spark job, by the training frame's logical partitions) or ``"spark"``
-        (through the Spark job, by hashing them)."""
+        the digest of the table's file parts (by the files' order), ``"spark:positions"``
+        (through the Spark job, by the training frame's logical partitions, its rows dealt out by
+        their positions) or ``"spark"`` (through the Spark job, by hashing them)."""
         if self.source is not None:
             return f"files:{self.source.digest}"
-        return "spark:partitions" if self.ordered else "spark"
+        return "spark:positions" if self.ordered else "spark"
 
     def shrunk(self, world_size: int, source: FileSource | None) -> TaskSpec:
         """This fit as a job of fewer ranks (``minWorkers``) with the same global batch:
@@ -245,9 +245,11 @@ class Launch:
 def placed_by(data_source: str) -> str:
     """How the rows of a fit that read ``data_source`` got their places in the run (see
     :mod:`spark_torch_est.ingest.canonical`): ``"files"`` (the files' order),
-    ``"partitions"`` (the training frame's logical partitions) or ``"hash"`` (hashing: rows
+    ``"partitions"`` (the training frame's logical partitions), ``"round robin"`` (logical
+    partitions that Spark's own round robin dealt out, ``"spark:partitions"``, in checkpoints
+    written before the rows were dealt out by their positions) or ``"hash"`` (hashing: rows
     through Spark in an order no launch reproduces, or a table's files as releases before
     the files' order placed them)."""
     if data_source.startswith("files:"):
         return "files"
-    return "partitions" if data_source == "spark:partitions" else "hash"
+    return {"spark:positions": "partitions", "spark:partitions": "round robin"}.get(data_source, "hash")

@@ -430,7 +430,7 @@ def by_partition_order(table: Table, counts: list[int], row_ids: torch.Tensor | 
 
 def even_enough(rows: list[int]) -> bool:
     """Whether logical partitions of ``rows`` rows each are the run's logical shards as they
-    are: within 1% (at least 64 rows) of each other, as a round-robin repartition makes them."""
+    are: within 1% (at least 64 rows) of each other, as dealing the rows out by position makes them."""
     return max(rows) - min(rows) <= max(64, min(rows) // 100)
 
 

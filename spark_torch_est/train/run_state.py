@@ -119,6 +119,7 @@ class RunState:
         if self.ranks.rank == 0:
             def read(data_source: str) -> str:
                 return {"partitions": "read through Spark in its order", "files": "read from the table's files",
+                        "round robin": "read through Spark, placed as before the rows were dealt out by position",
                         "hash": "placed by hashing"}[placed_by(data_source)]
 
             logger.warning(

@@ -9,6 +9,7 @@ import pytest
 import torch
 from pyspark.sql import functions as F
 
+from spark_torch_est.checkpoints.checkpoint import Checkpoint
 from spark_torch_est.errors import InvalidInputError, TrainingCompleteError
 from tests.helpers import CountSteps, SeenRows, estimator, seen_rows, spark_jobs_started
 
@@ -43,6 +44,19 @@ def test_other_data_mid_epoch_continues_from_the_same_fraction_and_says_so(spark
     assert any("continues with 1000 rows on 2 (read through Spark in its order)" in r.getMessage()
                and "same fraction (64.0%)" in r.getMessage()
                for r in caplog.records)
+
+
+def test_an_epoch_placed_by_an_older_round_robin_continues_from_the_same_fraction(spark, indexed_df, caplog):
+    est = estimator(batchSize=64, maxEpochs=4)
+    est.fit(indexed_df, duration="10ba")
+    assert est.checkpoint.data_source == "spark:positions"
+    # as checkpoints written before the rows were dealt out by position say
+    est._checkpoint = Checkpoint({**est.checkpoint._state, "data_source": "spark:partitions"})
+    with caplog.at_level(logging.WARNING, logger="spark_torch_est"):
+        est.fit(indexed_df, duration="1ep")
+    assert est.progress.epoch == 1 and est.progress.global_step == 10 + 6  # 36% of each worker's 1,000 rows
+    assert any("(read through Spark, placed as before the rows were dealt out by position) and continues" in m
+               and "same fraction (64.0%)" in m for m in (r.getMessage() for r in caplog.records))
 
 
 def test_fewer_workers_mid_epoch_and_at_an_epoch_end(spark, indexed_df, tmp_path, caplog):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 from pyspark.sql import functions as F
 
 from spark_torch_est.core import jvm
 from spark_torch_est.core.protocol import LABEL
+from spark_torch_est.ingest.frames import _partition_keys, spark_hash_long
 from spark_torch_est.planning import input_schema_of, plan_frame
 from tests.helpers import SeenRows, linear_estimator, seen_rows
 
@@ -39,7 +41,7 @@ def test_rows_in_a_reproducible_order_are_not_hashed_and_keep_their_places_on_an
     est = linear_estimator(maxEpochs=2, batchSize=32, hooks=[SeenRows(str(seen))])
     with caplog.at_level(logging.INFO, logger="spark_torch_est"):
         est.fit(numbered, duration="1ep")
-    assert est.checkpoint.data_source == "spark:partitions"
+    assert est.checkpoint.data_source == "spark:positions"
     assert not any("hashing" in m for m in _messages(caplog)), "nothing is hashed"
     frame, _ = plan_frame(est, numbered, input_schema_of(est, numbered), 2, 2)
     partitions = frame.rdd.glom().map(lambda rows: sorted(int(r[LABEL]) for r in rows)).collect()  # the same plan
@@ -57,6 +59,31 @@ def test_rows_in_a_reproducible_order_are_not_hashed_and_keep_their_places_on_an
     split.fit(numbered)
     for key, value in whole.checkpoint.model_state.items():
         assert torch.equal(value, split.checkpoint.model_state[key]), key
+
+
+@pytest.mark.parametrize("shards", [2, 3, 5])
+def test_the_logical_partitions_deal_out_the_rows_by_position_without_sorting_the_input(spark, numbered, shards):
+    est = linear_estimator(numWorkers=shards)
+    frame, _ = plan_frame(est, numbered, input_schema_of(est, numbered), shards, shards)
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    assert "RoundRobinPartitioning" not in plan, "Spark's round robin sorts every input partition first"
+    partitions = frame.rdd.glom().map(lambda rows: [int(r[LABEL]) for r in rows]).collect()
+    assert len(partitions) == shards and sorted(sum(partitions, [])) == list(range(ROWS))
+    assert all(rows == sorted(rows) for rows in partitions), "each in the input's order"
+    sizes = [len(rows) for rows in partitions]
+    assert max(sizes) - min(sizes) <= numbered.rdd.getNumPartitions(), sizes
+    again, _ = plan_frame(est, numbered, input_schema_of(est, numbered), shards, shards)
+    assert again.rdd.glom().map(lambda rows: [int(r[LABEL]) for r in rows]).collect() == partitions
+
+
+def test_the_partition_keys_are_sent_where_sparks_hash_partitioning_sends_them(spark):
+    values = [0, 1, -1, 2**33 + 5, -(2**63), 2**63 - 1, *np.random.default_rng(0).integers(-2**63, 2**63 - 1, 100)]
+    hashed = spark.createDataFrame([(int(v),) for v in values], "v long").select(F.hash("v")).collect()
+    assert [row[0] for row in hashed] == [spark_hash_long(int(v)) for v in values]
+    keys = _partition_keys(7)
+    placed = spark.createDataFrame([(k,) for k in keys], "k long").repartition(7, "k") \
+        .select("k", F.spark_partition_id().alias("p")).collect()
+    assert sorted((keys.index(row.k), row.p) for row in placed) == [(j, j) for j in range(7)]
 
 
 def test_a_dataframe_whose_order_may_change_between_jobs_is_placed_by_hashing_and_the_log_says_why(

@@ -126,7 +126,7 @@ def test_direct_read_can_be_switched_off_for_fit_transform_evaluate_and_a_saved_
     df = spark.read.parquet(table)
     est = linear_estimator(maxEpochs=1, directRead=False)
     model = est.fit(df)
-    assert est.checkpoint.data_source == "spark:partitions"  # a file scan comes in its order
+    assert est.checkpoint.data_source == "spark:positions"  # a file scan comes in its order
     assert model.getDirectRead() is False and not tasks_read_files(model.transform(df))
     with caplog.at_level(logging.INFO, logger="spark_torch_est.model"):
         model.evaluate(df)

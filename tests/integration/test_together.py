@@ -45,7 +45,7 @@ def source(request, spark, small_df, tmp_path_factory):
     """The rows as each way of placing them gives them: in the cache's order (logical
     partitions), through a shuffle (hashed), or read by the ranks from a table's files."""
     if request.param == "cached":
-        return "spark:partitions", small_df
+        return "spark:positions", small_df
     if request.param == "shuffled":
         return "spark", small_df.repartition(3)
     path = str(tmp_path_factory.mktemp("together") / "table")

@@ -223,7 +223,7 @@ def test_rows_through_spark_in_logical_partitions_stay_put_and_continue_on_any_n
     shrunk = run(1, Target(epoch=2, global_step=epoch_steps + 6), resume=part.to_bytes())
     grown = run(3, Target(epoch=2), resume=shrunk.to_bytes())
     assert grown.hook_states["rows"]["steps"] == steps, "each global step trains the rows it trains undisturbed"
-    assert grown.progress == whole.progress and grown.shards == 2 and grown.data_source == "spark:partitions"
+    assert grown.progress == whole.progress and grown.shards == 2 and grown.data_source == "spark:positions"
     resumed = run(2, Target(epoch=2), resume=run(2, Target(epoch=2, global_step=epoch_steps - 2)).to_bytes())
     assert torch.equal(_weights(resumed), _weights(whole))
 
