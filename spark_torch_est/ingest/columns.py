@@ -16,6 +16,7 @@ A :class:`ColumnBuilder` collects a column batch by batch; builders that share a
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import tempfile
 from typing import BinaryIO
@@ -231,14 +232,60 @@ class Budget:
                 builder.spill()
 
 
+class GrowingBuffer:
+    """Rows of one shape in an anonymous memory map that grows as they come: on Linux a
+    map grows by moving its pages (``mremap``), not by copying them, and only the pages a
+    row reaches take memory, so each row is copied once, as it arrives. (``ndarray.resize``
+    would zero the new part, touching every page.) Elsewhere a larger map is made and the
+    rows copied into it.
+
+    Args:
+        values: Room for this many values at first.
+        inner: Each value's shape.
+        dtype: The values' dtype.
+    """
+
+    def __init__(self, values: int, inner: tuple[int, ...], dtype: np.dtype) -> None:
+        self._inner, self._dtype = inner, np.dtype(dtype)
+        self._value_bytes = self._dtype.itemsize * math.prod(inner)
+        self._map = mmap.mmap(-1, self._size(values), flags=mmap.MAP_PRIVATE)
+        self.array = self._view(values)
+
+    def grow(self, values: int, fit: bool = False) -> np.ndarray:
+        """The array, now with room for at least ``values`` values (twice its room, when that
+        is more, so growing costs a constant per value), or exactly ``values`` with ``fit``.
+        The caller must hold no view of the array: the map may move."""
+        room = values if fit else max(values, 2 * len(self.array))
+        del self.array
+        try:
+            self._map.resize(self._size(room))
+        except (OSError, SystemError):  # no mremap here: a new map, and one copy
+            larger = mmap.mmap(-1, self._size(room), flags=mmap.MAP_PRIVATE)
+            kept = min(len(self._map), len(larger))
+            larger[:kept] = self._map[:kept]
+            self._map.close()
+            self._map = larger
+        self.array = self._view(room)
+        return self.array
+
+    def _size(self, values: int) -> int:
+        return max(values * self._value_bytes, 1)  # a map cannot be empty
+
+    def _view(self, values: int) -> np.ndarray:
+        return np.frombuffer(self._map, dtype=self._dtype, count=values * math.prod(self._inner)) \
+            .reshape(values, *self._inner)
+
+
 class ColumnBuilder:
     """Collects one column of a rank, batch by batch.
 
-    When the rank knows how many rows it will get (``capacity``, e.g. reading a table's
-    files itself), rows of one size go straight into one buffer of that many rows, so no
-    batch is kept past its copy; pages of the buffer that no row reaches are never
-    touched and take no memory. Otherwise, and once rows differ in size, the batches are
-    kept and copied into one tensor at the end, each released once copied.
+    Rows of one size go straight into one buffer, so no batch is kept past its copy: of
+    ``capacity`` rows when the rank knows how many it will get (reading a table's files
+    itself), whose pages that no row reaches are never touched and take no memory;
+    otherwise a buffer that doubles as the rows come, by ``realloc``, which moves a large
+    block's pages rather than copy them, and fits the rows at the end. Once rows differ in
+    size, the batches are kept and copied into one tensor at the end, each released once
+    copied.
 
     Args:
         dtype: The column's tensor dtype.
@@ -258,8 +305,10 @@ class ColumnBuilder:
         self.inner: tuple[int, ...] | None = None
         self.rows = 0
         self.file: BinaryIO | None = None
-        self._buffer: np.ndarray | None = None  # capacity rows' values, filled up to _filled
+        self._buffer: np.ndarray | None = None  # the rows' values so far, filled up to _filled
         self._filled = 0
+        self._growing: GrowingBuffer | None = None  # the buffer's map, when the capacity is not known
+        self._buffering = True  # until rows of another size come
         if budget is not None:
             budget.builders.append(self)
 
@@ -298,24 +347,33 @@ class ColumnBuilder:
             self.width = int(lengths[0])
 
     def _buffered(self, values: np.ndarray, lengths: np.ndarray | None) -> bool:
-        """Copies ``values`` into the capacity buffer when they fit it (making the buffer
-        on the first rows); False when they cannot go there."""
-        if self.capacity is None:
+        """Copies ``values`` into the buffer (making it on the first rows, growing it as they
+        come when the capacity is not known); False when they cannot go there."""
+        if not self._buffering:
             return False
         per_row = 1 if lengths is None else int(lengths[0]) if len(lengths) else 0
         uniform = lengths is None or (lengths == per_row).all()
-        if self._buffer is None and not self.parts and uniform:
+        if self._buffer is None and uniform:
             inner = self.inner or ()  # append set it before
-            self._buffer = np.empty((self.capacity * per_row, *inner), dtype=self._numpy)
+            if self.capacity is not None:
+                self._buffer = np.empty((self.capacity * per_row, *inner), dtype=self._numpy)
+            else:
+                self._growing = GrowingBuffer(len(values), inner, self._numpy)
+                self._buffer = self._growing.array
             self._per_row = per_row
-        if self._buffer is not None and uniform and per_row == self._per_row \
-                and self._filled + len(values) <= len(self._buffer):
-            self._buffer[self._filled:self._filled + len(values)] = values
-            self._filled += len(values)
-            return True
-        if self._buffer is not None:  # rows of another size: from here on, batches are kept
+        end = self._filled + len(values)
+        if self._buffer is not None and uniform and per_row == self._per_row:
+            if end > len(self._buffer) and self._growing is not None:
+                self._buffer = None  # the map cannot move while a view of it lives
+                self._buffer = self._growing.grow(end)
+            if end <= len(self._buffer):
+                self._buffer[self._filled:end] = values
+                self._filled = end
+                return True
+        self._buffering = False  # rows of another size, or more than the capacity: batches are kept
+        if self._buffer is not None:
             self.parts.append(self._buffer[:self._filled])
-            self._buffer, self.capacity = None, None
+            self._buffer, self._growing = None, None
         return False
 
     def spill(self) -> None:
@@ -324,11 +382,12 @@ class ColumnBuilder:
             return
         self.file = spill_file()
         self._written = 0
+        self._buffering = False
         if self._buffer is not None:
             self.parts.insert(0, self._buffer[:self._filled])
-            self._buffer, self.capacity = None, None
-        for part in self.parts:
-            self.file.write(np.ascontiguousarray(part).tobytes())
+            self._buffer, self._growing = None, None
+        for part in self.parts:  # written from where it lies: the buffer may be most of the budget
+            self.file.write(np.ascontiguousarray(part).reshape(-1).view(np.uint8).data)
             self._written += len(part)
         self.parts = []
 
@@ -365,12 +424,16 @@ class ColumnBuilder:
         return rows
 
     def _values(self, inner: tuple[int, ...]) -> DenseColumn | SpilledColumn:
-        """Every value collected, as rows of ``inner`` shape: the capacity buffer as it is,
-        or one copy of the kept batches into a tensor, releasing each once copied."""
+        """Every value collected, as rows of ``inner`` shape: the buffer (a grown one fitted
+        to the rows), or one copy of the kept batches into a tensor, releasing each once
+        copied."""
         if self.file is not None:
             self.file.flush()
             return SpilledColumn(self.file, self._written, inner, self.dtype)
         if self._buffer is not None:
+            if self._growing is not None:
+                self._buffer = None
+                self._buffer, self._growing = self._growing.grow(self._filled, fit=True), None
             return DenseColumn(torch.from_numpy(self._buffer[:self._filled]))
         total = sum(len(part) for part in self.parts)
         out = np.empty((total, *inner), dtype=self._numpy)

@@ -104,6 +104,30 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
     assert spilled["growth_mb"] < in_memory["growth_mb"] / 3
 
 
+def test_rows_whose_number_is_not_known_in_advance_are_held_once():
+    """Rows through Spark come without their count: a 256 MB partition, each batch made as
+    it comes and dropped once copied (as the job's stream gives them), in a fresh process."""
+    probe = textwrap.dedent("""
+        import json, sys
+        sys.path.insert(0, ".")
+        from tests.helpers import features_batches, features_schema
+        from spark_torch_est.ingest.tables import read_rows
+        def hwm():
+            return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
+        base = hwm()
+        features = read_rows(features_batches(500_000, width=128, per_batch=5000), features_schema(128)).train.inputs[0]
+        print(json.dumps({"growth_mb": hwm() - base, "sum": float(features.tensor[::1000].sum())}))
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    print("peak RSS growth for 256 MB of rows of unknown number:", measured)
+    assert measured["growth_mb"] < 256 + 48, "the rows once, a batch in flight, allocator slack: not a second copy"
+    expected = sum(float(batch.column(0).flatten().to_numpy().reshape(-1, 128)[i].sum())
+                   for j, batch in enumerate(features_batches(500_000, width=128, per_batch=5000))
+                   for i in range(-(j * 5000) % 1000, batch.num_rows, 1000))
+    assert measured["sum"] == pytest.approx(expected, rel=1e-5), "every row where it belongs"
+
+
 def test_spilled_rows_can_be_cut_and_extended_in_place():
     spilled = read_rows(features_batches(2000), features_schema(16), memory_budget=16 * 1024).train.inputs[0]
     head = spilled.head(100)
