@@ -184,12 +184,14 @@ def _rows_per_s(frame, rows: int) -> float:
     return rows / (time.perf_counter() - started)
 
 
-def ingest(workload: Workload, scratch: str, fits: str = "") -> dict:
-    """The fits of :data:`INGEST_FITS` (those named in ``fits``), then ``transform``."""
+def ingest(workload: Workload, scratch: str, fits: str = "", daemon: str = "") -> dict:
+    """The fits of :data:`INGEST_FITS` (those named in ``fits``), then ``transform``; with
+    ``daemon``, in a session whose Python workers that module forks (``spark.python.daemon.module``)."""
     common.register_by_value()
     chosen = [fit for fit in INGEST_FITS if not fits or fit[0] in fits.split(",")]
     result, model = {}, None
-    with common.spark_session(workload.ranks, "bench-torchestimator-ingest") as spark:
+    conf = {"spark.python.daemon.module": daemon} if daemon else {}
+    with common.spark_session(workload.ranks, "bench-torchestimator-ingest", **conf) as spark:
         df = spark.read.parquet(workload.path)
         result["partitions"] = df.rdd.getNumPartitions()
         for name, cached, direct, expect, touch_first in chosen:

@@ -31,7 +31,9 @@ ingest table (4M rows x 32 float32; ``--quick``: 200k rows). The figures:
   the model, the first step; the reference rows show how much); goal: one round of the move,
   about 2 MB per other rank.
 - **16 ranks on local[16], cold**: the ``ingest`` contender's cold fit (a fresh session and
-  Python workers, the files read directly) with ``numWorkers=16``; goal 20 s.
+  Python workers, the files read directly) with ``numWorkers=16``; goal 20 s. Again with
+  ``spark.python.daemon.module=spark_torch_est.daemon`` (the workers forked with torch
+  imported), not run on the baseline, which has no such module.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ SIZES = (2_000_000, 4_000_000)
 QUICK_SIZES = (200_000,)
 QUICK = {"rows": 200_000, "row_group": 50_000}
 MANY = 16
+PRELOADING_DAEMON = "spark_torch_est.daemon"  # spark.python.daemon.module: workers start with torch imported
 ROUND_MB = 2  # a round of the rows' move, per other rank
 
 #: The layout table's fits: (contender key prefix, fit in ``contenders.layout``'s figures, how).
@@ -82,6 +85,8 @@ def contenders(sizes: tuple[int, ...]) -> dict[str, tuple[str, ...]]:
         table[f"moved_{size}"] = ("layout", f"rows_{size}", f"TorchEstimator, {size:,} rows through Spark", "spark")
         table[f"resized_{size}"] = ("layout", f"rows_{size}", f"TorchEstimator, {size:,} rows on other ranks", "resize")
     table["many"] = ("ingest", "many", f"TorchEstimator, {MANY} ranks on local[{MANY}]", "cold")
+    table["preloaded"] = ("ingest", "many", f"TorchEstimator, {MANY} ranks on local[{MANY}], workers forked from "
+                          f"{PRELOADING_DAEMON}", "cold", PRELOADING_DAEMON)
     return table
 
 
@@ -114,6 +119,8 @@ def figures(sizes: tuple[int, ...], loads: dict[str, Workload]) -> list[Figure]:
                          ROUND_MB * (ranks - 1) / (loads[f"rows_{size}"].table_mb / ranks)))
     rows.append((f"{MANY} ranks on local[{MANY}], cold (fresh session and workers): call to first step",
                  _figure("many", "cold_first_step_s"), " s", 20.0))
+    rows.append((f"same, the workers forked from {PRELOADING_DAEMON} (spark.python.daemon.module)",
+                 _figure("preloaded", "cold_first_step_s"), " s", 20.0))
     return rows
 
 
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="spark-torch-est-launch-") as directory:
         written = _written({name: load for name, load in loads.items() if name in needed}, directory)
         rounds = run_rounds(keys, written, args.repeat, baseline, table=every,
-                            on_baseline=[key for key in keys if key != "pyarrow"])
+                            on_baseline=[key for key in keys if key not in ("pyarrow", "preloaded")])
     report = f"{header}\n\n{table(rounds, figures(sizes, loads), bool(baseline))}"
     end = (f"Total {(time.perf_counter() - started) / 60:.1f} min; load average at the end "
            f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}.")
