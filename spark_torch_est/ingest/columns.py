@@ -114,7 +114,7 @@ class SpilledColumn:
     def take(self, positions: torch.Tensor) -> torch.Tensor:
         """The rows at ``positions``: one ``pread`` per row, nothing else enters memory."""
         out = np.empty((len(positions), *self.row_shape), dtype=self._numpy)
-        view, size, descriptor = out.data.cast("B"), self._row_bytes, self._file.fileno()
+        view, size, descriptor = _bytes_of(out), self._row_bytes, self._file.fileno()
         for i, row in enumerate(positions.tolist()):
             os.preadv(descriptor, [view[i * size:(i + 1) * size]], row * size)
         return torch.from_numpy(out)
@@ -124,7 +124,7 @@ class SpilledColumn:
         start, stop = max(start, 0), min(stop, len(self))
         out = np.empty((max(stop - start, 0), *self.row_shape), dtype=self._numpy)
         if out.size:
-            os.preadv(self._file.fileno(), [out.data.cast("B")], start * self._row_bytes)
+            os.preadv(self._file.fileno(), [_bytes_of(out)], start * self._row_bytes)
         return torch.from_numpy(out)
 
     def head(self, rows: int) -> SpilledColumn:
@@ -230,6 +230,12 @@ class Budget:
             self.exceeded = True
             for builder in self.builders:
                 builder.spill()
+
+
+def _bytes_of(array: np.ndarray) -> memoryview:
+    """A C-contiguous array's bytes, writable in place (also with no rows, which numpy
+    before 2.0 cannot ``cast`` a memoryview of)."""
+    return array.reshape(-1).view(np.uint8).data
 
 
 class GrowingBuffer:
@@ -387,7 +393,7 @@ class ColumnBuilder:
             self.parts.insert(0, self._buffer[:self._filled])
             self._buffer, self._growing = None, None
         for part in self.parts:  # written from where it lies: the buffer may be most of the budget
-            self.file.write(np.ascontiguousarray(part).reshape(-1).view(np.uint8).data)
+            self.file.write(_bytes_of(np.ascontiguousarray(part)))
             self._written += len(part)
         self.parts = []
 

@@ -128,6 +128,18 @@ def test_rows_whose_number_is_not_known_in_advance_are_held_once():
     assert measured["sum"] == pytest.approx(expected, rel=1e-5), "every row where it belongs"
 
 
+@pytest.mark.compat
+def test_a_spilled_column_gives_no_rows_for_no_positions():
+    """A shard with fewer rows than another has none in an epoch's last step (numpy before
+    2.0 cannot cast a memoryview of an empty array)."""
+    spilled = read_rows(features_batches(100), features_schema(16), memory_budget=1024).train.inputs[0]
+    assert isinstance(spilled, SpilledColumn)
+    assert spilled.take(torch.tensor([], dtype=torch.int64)).shape == (0, 16)
+    assert spilled.slice(5, 5).shape == (0, 16)
+    rows = torch.stack([spilled.slice(3, 4)[0], spilled.slice(1, 2)[0]])
+    assert torch.equal(spilled.take(torch.tensor([3, 1])), rows)
+
+
 def test_spilled_rows_can_be_cut_and_extended_in_place():
     spilled = read_rows(features_batches(2000), features_schema(16), memory_budget=16 * 1024).train.inputs[0]
     head = spilled.head(100)
