@@ -268,7 +268,8 @@ class GrowingBuffer:
         except (OSError, SystemError):  # no mremap here: a new map, and one copy
             larger = mmap.mmap(-1, self._size(room), flags=mmap.MAP_PRIVATE)
             kept = min(len(self._map), len(larger))
-            larger[:kept] = self._map[:kept]
+            with memoryview(self._map) as old:
+                larger[:kept] = old[:kept]
             self._map.close()
             self._map = larger
         self.array = self._view(room)
@@ -288,8 +289,8 @@ class ColumnBuilder:
     Rows of one size go straight into one buffer, so no batch is kept past its copy: of
     ``capacity`` rows when the rank knows how many it will get (reading a table's files
     itself), whose pages that no row reaches are never touched and take no memory;
-    otherwise a buffer that doubles as the rows come, by ``realloc``, which moves a large
-    block's pages rather than copy them, and fits the rows at the end. Once rows differ in
+    otherwise a :class:`GrowingBuffer`, which doubles as the rows come by moving its pages
+    rather than copying them, fitted to the rows at the end. Once rows differ in
     size, the batches are kept and copied into one tensor at the end, each released once
     copied.
 

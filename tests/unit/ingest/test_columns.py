@@ -4,6 +4,7 @@ arrays of different lengths padded per batch."""
 from __future__ import annotations
 
 import json
+import mmap
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from spark_torch_est.ingest.columns import Budget, ColumnBuilder, DenseColumn, RaggedColumn, SpilledColumn
+from spark_torch_est.ingest.columns import (
+    Budget,
+    ColumnBuilder,
+    DenseColumn,
+    GrowingBuffer,
+    RaggedColumn,
+    SpilledColumn,
+)
 from spark_torch_est.ingest.tables import read_rows
 from tests.helpers import features_batches, features_schema
 
@@ -126,6 +134,24 @@ def test_rows_whose_number_is_not_known_in_advance_are_held_once():
                    for j, batch in enumerate(features_batches(500_000, width=128, per_batch=5000))
                    for i in range(-(j * 5000) % 1000, batch.num_rows, 1000))
     assert measured["sum"] == pytest.approx(expected, rel=1e-5), "every row where it belongs"
+
+
+def test_a_growing_buffer_keeps_its_rows_where_a_map_cannot_be_moved():
+    """Where ``mremap`` is missing (macOS) the buffer grows by a new map and one copy."""
+
+    class Unmovable(mmap.mmap):
+        def resize(self, newsize):
+            raise SystemError("mmap: resizing not available--no mremap()")
+
+    buffer = GrowingBuffer(4, (2,), np.float32)
+    del buffer.array
+    buffer._map = Unmovable(-1, 4 * 2 * 4, flags=mmap.MAP_PRIVATE)
+    buffer.array = buffer._view(4)
+    buffer.array[:] = np.arange(8, dtype=np.float32).reshape(4, 2)
+    grown = buffer.grow(9)
+    assert grown.shape == (9, 2) and np.array_equal(grown[:4], np.arange(8).reshape(4, 2))
+    del grown
+    assert np.array_equal(buffer.grow(3, fit=True), np.arange(6).reshape(3, 2))
 
 
 @pytest.mark.compat
