@@ -105,9 +105,10 @@ def read_inputs(arrays: list[pa.Array], spec: ScoringSpec) -> list[Column]:
     inputs = []
     for array, name, column in zip(arrays, spec.columns, schema.columns):
         values, lengths, inner = arrow_values(array, name)
-        builder = ColumnBuilder(TORCH_DTYPES[column.dtype])
         if schema.layout == FEATURES_LAYOUT and lengths is None:  # one number per row: one feature
             lengths = np.ones(len(values), dtype=np.int64)
+        # the batch's rows are known: one buffer of that many, as the batch's one copy
+        builder = ColumnBuilder(TORCH_DTYPES[column.dtype], capacity=len(array))
         builder.append(values, lengths, inner)
         rows = builder.finish(schema.padding_value)
         if rows is None:
