@@ -254,7 +254,9 @@ def package_bug(error: BaseException) -> TrainingFailedError:
                                f"{_BUG}" + (f" (raised at {where})" if where else ""))
 
 _RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
-_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+_MISSING_MODULE = re.compile(r"No module named '?([\w.]+)'?")  # python -m names the module unquoted
+#: The executors' PySpark daemon did not start (``spark.python.daemon.module``).
+_DAEMON_FAILED = re.compile(r"reading the port number from ([\w.]+)'s stdout")
 #: Spark could not read the input's files (a corrupt file, a column type it cannot convert): a relaunch
 #: reads them again.
 _READ_FAILED = re.compile(r"\[(?:FAILED_READ_FILE|CANNOT_READ_FILE_FOOTER)[.\w]*\][^\n]*?(?=\s+SQLSTATE|\n|$)")
@@ -291,11 +293,14 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
         )
     missing = _MISSING_MODULE.search(text)
     if missing:
-        return TrainingFailedError(
-            f"the executors' Python cannot import {missing.group(1)!r}: point PYSPARK_PYTHON at an environment "
-            "with torch and spark_torch_est, or ship the package (--py-files / --archives)",
-            remote_traceback=text[-4000:],
-        )
+        daemon = _DAEMON_FAILED.search(text)
+        fix = (f"it is the Python workers' daemon, spark.python.daemon.module={daemon.group(1)}: install "
+               "spark_torch_est in the executors' Python (the daemon starts before any file a job ships) or "
+               "leave the setting out" if daemon else
+               "point PYSPARK_PYTHON at an environment with torch and spark_torch_est, or ship the package "
+               "(--py-files / --archives)")
+        return TrainingFailedError(f"the executors' Python cannot import {missing.group(1)!r}: {fix}",
+                                   remote_traceback=text[-4000:])
     unsupported = _BARRIER_UNSUPPORTED.search(text)
     if unsupported:  # e.g. dynamic allocation, or more slots than the cluster has
         return InvalidInputError(f"Spark cannot run the barrier job: {unsupported.group(0).strip()}")

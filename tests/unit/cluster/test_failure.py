@@ -126,6 +126,12 @@ def test_result_size_missing_modules_and_unsupported_barrier_jobs():
     assert "spark.driver.maxResultSize (1024.0 KiB)" in too_large.message and not too_large.retryable
     missing = explain_job_failure("ModuleNotFoundError: No module named 'torch'", [], SECRET)
     assert "'torch'" in missing.message and "PYSPARK_PYTHON" in missing.message and not missing.retryable
+    no_daemon = explain_job_failure(
+        "org.apache.spark.SparkException: \nError from python worker:\n  /env/bin/python: No module named "
+        "spark_torch_est.daemonx\nPYTHONPATH was:\n  /spark/python/lib/pyspark.zip\norg.apache.spark.SparkException: "
+        "EOFException occurred while reading the port number from spark_torch_est.daemonx's stdout.", [], SECRET)
+    assert "'spark_torch_est.daemonx'" in no_daemon.message and not no_daemon.retryable
+    assert "spark.python.daemon.module=spark_torch_est.daemonx" in no_daemon.message
     unsupported = explain_job_failure(
         "org.apache.spark.SparkException: [SPARK-24820][SPARK-24821]: Barrier execution mode does not allow the "
         "following pattern of RDD chain within a barrier stage:\n1. Ancestor RDDs that have different number of "
