@@ -25,6 +25,8 @@ __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_colum
            "input_schema", "check_inputs", "weight_column", "training_columns", "training_frame", "frame_outputs"]
 
 ROW_ORDER = "__ste_row_order"
+_PARTITION_KEY = "__ste_partition_key"  # the hash partitioning's key of a row's residue (see _by_position)
+_MASK32 = (1 << 32) - 1
 
 
 def _field(schema: T.StructType, name: str, param: str) -> T.DataType:
@@ -343,9 +345,6 @@ def _by_position(frame: DataFrame, partitions: int) -> DataFrame:
             .drop(_PARTITION_KEY, ROW_ORDER))
 
 
-_PARTITION_KEY = "__ste_partition_key"
-
-
 @functools.lru_cache(maxsize=64)
 def _partition_keys(partitions: int) -> tuple[int, ...]:
     """The smallest non-negative longs ``k_j`` with ``pmod(murmur3(k_j), partitions) == j``
@@ -374,9 +373,6 @@ def spark_hash_long(value: int, seed: int = 42) -> int:
     h = ((h ^ (h >> 13)) * 0xC2B2AE35) & _MASK32
     h ^= h >> 16
     return h - (1 << 32) if h >= 1 << 31 else h
-
-
-_MASK32 = (1 << 32) - 1
 
 
 def frame_outputs(df: DataFrame, *, schema: InputSchema, features_col: str | None, feature_cols: list[str] | None,
