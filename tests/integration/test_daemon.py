@@ -16,7 +16,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "preloaded_fit.py"
 
 
 @pytest.mark.compat
-def test_workers_forked_from_the_package_daemon_have_torch_from_their_first_task_and_train():
+def test_workers_forked_from_the_package_daemon_have_torch_from_their_first_task_and_train_and_score():
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -24,3 +24,4 @@ def test_workers_forked_from_the_package_daemon_have_torch_from_their_first_task
     assert result["preloaded"] == [True, True], "the first job's workers had torch before their task ran"
     losses = result["losses"]
     assert len(losses) == 3 and losses[-1] < losses[0] / 2, losses
+    assert result["scored"] == 256 and result["evaluated"] == pytest.approx(result["mse"], rel=1e-4)

@@ -1,6 +1,7 @@
 """Run by test_daemon.py: a session whose Python workers are forked from
 ``spark_torch_est.daemon``. Prints one JSON line: whether the first job's workers had torch
-before their task imported anything, and the losses of a fit on two ranks."""
+before their task imported anything, the losses of a fit on two ranks, and its model's
+predictions and evaluation there."""
 
 import json
 import os
@@ -30,7 +31,10 @@ try:
     df = spark.createDataFrame([([float(i % 7), 1.0], 2.0 * (i % 7)) for i in range(256)], ["features", "label"])
     est = TorchEstimator(model=torch.nn.Linear(2, 1), optimizer=lambda m, c: torch.optim.SGD(m.parameters(), lr=0.01),
                          loss=torch.nn.MSELoss(), maxEpochs=3, numWorkers=2, batchSize=16, showProgress=False)
-    est.fit(df)
-    print(json.dumps({"preloaded": preloaded, "losses": [epoch["train_loss"] for epoch in est.history]}))
+    model = est.fit(df)
+    scored = model.transform(df).select("label", "prediction").collect()
+    mse = sum((row.label - row.prediction) ** 2 for row in scored) / len(scored)
+    print(json.dumps({"preloaded": preloaded, "losses": [epoch["train_loss"] for epoch in est.history],
+                      "scored": len(scored), "mse": mse, "evaluated": model.evaluate(df)["loss"]}))
 finally:
     spark.stop()
