@@ -24,9 +24,11 @@ On L ranks (the usual case) rank ``r`` holds logical shard ``r`` and trains its 
 step, exactly the loop of a fixed world size: no exchange after the one at the launch.
 On W != L ranks (a shrink, a grow, a later fit with another ``numWorkers``) the rows of
 each step are cut into W runs of near-equal length, rank ``w`` training the ``w``-th; at
-the start of each epoch the ranks move (all to all, tensors only: :func:`move_rows`) the
-rows each needs for it, so every rank holds about ``1/W`` of the rows. At the launch the
-rows stay where they were read: the first epoch's move is the only one.
+the start of each epoch the ranks move (all to all, tensors only: :func:`stream_rows`) the
+rows each needs for it, so every rank holds about ``1/W`` of the rows: streamed, the memory
+of rows sent given back as they go, the rows received kept in the order they came and
+trained through an index. At the launch the rows stay where they were read: the first
+epoch's move is the only one.
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ from spark_torch_est.ingest.tables import Table
 
 __all__ = ["EpochPlan", "epoch_order", "epoch_offset", "row_keys", "CanonicalRows", "EpochRows", "to_canonical",
            "by_source_order", "by_partition_order", "source_ids", "run_places", "near_equal", "even_enough",
-           "PARTITION_SHIFT"]
+           "PARTITION_SHIFT", "move_rows", "stream_rows"]
 
 logger = logging.getLogger(__name__)
 
 _CHUNK_VALUES = 1 << 18  # values hashed, or sent by a rank in one round, at once (2 MB temporaries each)
+_CHUNK_ROWS = 1 << 16  # rows whose places a move works out at once, or sends in one round at most
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -178,11 +181,12 @@ def epoch_offset(shard_rows: list[int], done: int) -> int:
     return low
 
 
-def epoch_order(num_rows: int, seed: int, epoch: int, part: int) -> torch.Tensor:
-    """The shuffled row order of one rank's part in one epoch, a pure function of its arguments."""
+def epoch_order(num_rows: int, seed: int, epoch: int, part: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """The shuffled row order of one rank's part in one epoch, a pure function of its
+    arguments (the same order in any integer ``dtype`` that holds it)."""
     state = np.random.SeedSequence([seed, epoch, part]).generate_state(2, dtype=np.uint32)
     generator = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-    return torch.randperm(num_rows, generator=generator)
+    return torch.randperm(num_rows, generator=generator, dtype=dtype)
 
 
 @dataclass
@@ -200,15 +204,16 @@ class EpochRows:
     steps: int
     _order: torch.Tensor | None = None
     _bounds: torch.Tensor | None = None
+    _slots: torch.Tensor | None = None
 
     def take(self, step: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
         """This rank's rows of ``step`` (counted from the plan's start): ``(inputs, labels, weights)``."""
         if self._order is not None:
             return self.table.take(self.plan.positions(self._order, step))
-        bounds = self._bounds
-        if bounds is None:
-            raise ValueError("EpochRows needs the rank's order or the bounds of its steps")
-        return self.table.slice(int(bounds[step]), int(bounds[step + 1]))
+        bounds, slots = self._bounds, self._slots
+        if bounds is None or slots is None:
+            raise ValueError("EpochRows needs the rank's order, or the bounds of its steps and its rows' slots")
+        return self.table.take(slots[int(bounds[step]):int(bounds[step + 1])].long())
 
     def samples(self, step: int) -> int:
         """Rows all ranks together train on at ``step``."""
@@ -250,34 +255,65 @@ class CanonicalRows:
         if self.ranks.world_size == self.shards:
             order = epoch_order(len(self.table), self.seed, epoch, self.ranks.rank)
             return EpochRows(self.table, plan, plan.steps, _order=order)
-        pieces, done = self._pieces(plan, epoch)
-        world, rank = self.ranks.world_size, self.ranks.rank
-        space = max(self.shard_rows) * self.shards  # every id below it
-        to_rank, to_position = torch.empty(space, dtype=torch.int64), torch.empty(space, dtype=torch.int64)
-        for w in range(world):
-            wanted = torch.cat([*(step[w] for step in pieces), done[done % world == w]])
-            to_rank[wanted], to_position[wanted] = w, torch.arange(len(wanted))
-            if w == rank:
-                mine = wanted
-        self.table = move_rows(self.table, to_rank[self.ids], to_position[self.ids], len(mine), self.ranks,
-                               self.budget)
-        self.ids = mine
+        rank = self.ranks.rank
+        to_rank, to_position, pieces, sizes = self._destinations(plan, epoch)
+        self.table, arrived, self.ids = stream_rows(self.table, to_rank, to_position, int(sizes[rank]), self.ranks,
+                                                    self.budget, self.ids)
         self.moved(self.table)
-        lengths = torch.tensor([len(step[self.ranks.rank]) for step in pieces], dtype=torch.int64)
-        bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
-        return EpochRows(self.table, plan, plan.steps, _bounds=bounds)
+        slots = torch.empty_like(arrived)  # where the table holds each position's row
+        for start in range(0, len(arrived), _CHUNK_ROWS):
+            stop = min(start + _CHUNK_ROWS, len(arrived))
+            slots[arrived[start:stop].long()] = torch.arange(start, stop, dtype=slots.dtype)
+        bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(pieces[:, rank], 0)])
+        return EpochRows(self.table, plan, plan.steps, _bounds=bounds, _slots=slots)
 
-    def _pieces(self, plan: EpochPlan, epoch: int) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
-        """Every step's row ids cut into W runs (one per rank), and the ids of rows the epoch
-        already trained before ``plan.offset``."""
-        orders = [epoch_order(n, self.seed, epoch, j) * self.shards + j for j, n in enumerate(self.shard_rows)]
-        world, pieces = self.ranks.world_size, []
-        for step in range(plan.steps):
-            ids = torch.cat([plan.positions(order, step) for order in orders if len(order)])
-            cuts = [len(ids) * w // world for w in range(world + 1)]
-            pieces.append([ids[cuts[w]:cuts[w + 1]] for w in range(world)])
-        done = torch.cat([order[:min(plan.offset, len(order))] for order in orders])
-        return pieces, done
+    def _destinations(self, plan: EpochPlan, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor]:
+        """Where this rank's rows go for the epoch of ``plan``: ``(to_rank, to_position,
+        pieces, sizes)``, the rank and position of each of its rows, every step's rows per
+        rank (``[steps, W]``) and every rank's rows in all.
+
+        Step ``s`` trains the rows at places ``offset + s * b`` onwards of each shard's order
+        (``b`` of them, fewer at a shard's end), shard 0's first, cut into W near-equal
+        runs, rank ``w`` training the ``w``-th: a rank's rows are its runs of every step in
+        turn, then the rows it will hold that the epoch trained before ``offset`` (those of
+        id ``w`` modulo W, by shard and place). Each shard's order is drawn once, and only
+        this rank's rows are looked up in it: the rank holds no list of all ids."""
+        world, shards, b, offset = self.ranks.world_size, self.shards, self.shard_batch, plan.offset
+        starts = offset + torch.arange(plan.steps, dtype=torch.int64) * b
+        per_shard = (torch.tensor(self.shard_rows)[None, :] - starts[:, None]).clamp(0, b)  # [s, j]
+        in_step = per_shard.sum(1)
+        shards_before = torch.cumsum(per_shard, 1) - per_shard
+        cuts = in_step[:, None] * torch.arange(world + 1)[None, :] // world  # [s, w + 1]: the runs' starts
+        pieces = cuts[:, 1:] - cuts[:, :-1]
+        steps_before = torch.cumsum(pieces, 0) - pieces
+        held = pieces.sum(0)  # [w]: each rank's rows so far (its runs, then those trained before the offset)
+        to_rank, to_position = (torch.empty(len(self.ids), dtype=torch.int32) for _ in range(2))
+        for j, count in enumerate(self.shard_rows):
+            order = epoch_order(count, self.seed, epoch, j, dtype=torch.int32)  # half the memory of int64
+            trained = ((order[:min(offset, count)].long() * shards + j) % world).int()  # their ranks
+            trained_at = torch.empty_like(trained)
+            for w in range(world):
+                going = trained == w
+                trained_at[going] = int(held[w]) + torch.arange(int(going.sum()), dtype=torch.int32)
+                held[w] += int(going.sum())
+            place = torch.empty_like(order)
+            for start in range(0, count, _CHUNK_ROWS):  # the inverse of the order, a chunk of rows at a time
+                place[order[start:start + _CHUNK_ROWS].long()] = torch.arange(start, min(start + _CHUNK_ROWS, count),
+                                                                             dtype=torch.int32)
+            del order
+            for start in range(0, len(self.ids), _CHUNK_ROWS):
+                ids = self.ids[start:start + _CHUNK_ROWS]
+                own = torch.nonzero(ids % shards == j).squeeze(1)
+                q = place[ids[own] // shards].long()  # these rows' places in the shard's order
+                own += start
+                done = q < offset
+                to_rank[own[done]], to_position[own[done]] = trained[q[done]], trained_at[q[done]]
+                own, q = own[~done], q[~done] - offset
+                step, at = q // b, shards_before[q // b, j] + q % b  # the row's step and place in it
+                run = ((at + 1) * world + in_step[step] - 1) // in_step[step] - 1  # the run (rank) it falls in
+                to_rank[own], to_position[own] = run.int(), (steps_before[step, run] + at - cuts[step, run]).int()
+        return to_rank, to_position, pieces, held
 
 
 def near_equal(total: int, shards: int) -> list[int]:
@@ -463,42 +499,100 @@ def move_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, si
     """Collective: this rank's new table of ``size`` rows, row ``i`` of every rank's
     ``table`` going to row ``to_position[i]`` of rank ``to_rank[i]``'s.
 
-    The rows travel one column at a time, in rounds of about :data:`_CHUNK_VALUES` values
-    from each rank, straight into the new column: a rank holds its old rows, its new ones
-    and one round. Input columns spilled to disk stay on disk, and so do those that would
-    pass ``budget`` (bytes of input rows in RAM).
+    The rows travel one column at a time, in rounds of about :data:`_CHUNK_VALUES` values (at
+    most :data:`_CHUNK_ROWS` rows) from each rank, straight to their places in the new column:
+    a rank holds its old rows, its new ones and one round. Input columns spilled to disk stay
+    on disk, and so do those that would pass ``budget`` (bytes of input rows in RAM).
 
     Raises:
         ValueError: The ranks' positions do not fill this rank's ``size`` rows once each.
     """
+    return _move(table, to_rank, to_position, size, ranks, budget, streamed=False)[0]
+
+
+def stream_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, size: int, ranks: Ranks,
+                budget: int | None, ids: torch.Tensor) -> tuple[Table, torch.Tensor, torch.Tensor]:
+    """Collective: :func:`move_rows`, holding the old rows and the new ones together only a
+    round at a time: ``(new table, positions, their ids)``, the new rows in the order they
+    arrive, row ``k`` being the one for position ``positions[k]`` with id ``ids[k]`` (``ids``:
+    one per row of ``table``, sent with it). Each rank sends its rows in the order it holds
+    them and gives each round's memory back once it is sent (``table`` is not read again),
+    and each new column fills from its start (one front per sender), so a rank's memory
+    holds its rows not yet sent, those received and one round.
+
+    Raises:
+        ValueError: The ranks' positions do not fill this rank's ``size`` rows once each.
+    """
+    moved, route, places = _move(table, to_rank, to_position, size, ranks, budget, streamed=True)
+    return moved, places, route.arrive(ids)
+
+
+def _move(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, size: int, ranks: Ranks,
+          budget: int | None, streamed: bool) -> tuple[Table, _Route, torch.Tensor]:
+    """:func:`move_rows` (the new rows at their positions), or :func:`stream_rows`: the new
+    table, the route its rows took and the positions of the rows in the order they arrived."""
     route = _Route(to_rank, ranks)
-    places = route.arrive(to_position)
-    if len(places) != size or not bool((torch.bincount(places, minlength=size) == 1).all()):
+    places = route.arrive(to_position)  # of the arriving rows, by sender, each sender's in the order it holds them
+    if not _fills_once(places, size):
         raise ValueError(f"rank {ranks.rank}: the ranks' rows do not fill its {size} rows once each")
+
+    def slots(numbers: torch.Tensor) -> torch.Tensor:  # where arriving rows go
+        return numbers if streamed else places[numbers].long()
+
+    released = _releasable(table) if streamed else set()
     in_ram, columns = 0, list[Column]()
     for c, column in enumerate(table.columns()):
         spillable = budget is not None and c < len(table.inputs)
         if isinstance(column, RaggedColumn):
             own_lengths, lengths = column.lengths(), torch.empty(size, dtype=torch.int64)
-            lengths[places] = route.arrive(own_lengths)
+            lengths[slots(torch.arange(size))] = route.arrive(own_lengths)
             offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
             target = _Target(int(offsets[-1]), (), column.dtype, isinstance(column.values, SpilledColumn)
                              or spillable and in_ram + _nbytes(int(offsets[-1]), (), column.dtype) > (budget or 0))
             width = route.mean(len(column.values))
-            for rows, numbers in route.rounds(_CHUNK_VALUES // width):
-                at = places[numbers]
+            for rows, numbers, sent in route.rounds(_CHUNK_VALUES // width):
+                at = slots(numbers)
                 got = ranks.exchange(_flat(column, rows, own_lengths[rows]), route.sending(own_lengths[rows]),
                                      route.arriving(lengths[at]))
                 target.write(_spans(offsets[at], lengths[at]), got)
+                if c in released and isinstance(column.values, DenseColumn):
+                    column.values.release(int(column.offsets[sent]))
             columns.append(RaggedColumn(target.rows(), offsets, column.padding))
         else:
             target = _Target(size, column.row_shape, column.dtype, isinstance(column, SpilledColumn)
                              or spillable and in_ram + _nbytes(size, column.row_shape, column.dtype) > (budget or 0))
-            for rows, numbers in route.rounds(_CHUNK_VALUES // max(1, math.prod(column.row_shape))):
-                target.write(places[numbers], ranks.exchange(column.take(rows), route.sending(), route.arriving()))
+            for rows, numbers, sent in route.rounds(_CHUNK_VALUES // max(1, math.prod(column.row_shape))):
+                target.write(slots(numbers), ranks.exchange(column.take(rows), route.sending(), route.arriving()))
+                if c in released and isinstance(column, DenseColumn):
+                    column.release(sent)
             columns.append(target.rows())
         in_ram += 0 if target.file is not None else target.nbytes
-    return table.with_columns(columns)
+    return table.with_columns(columns), route, places
+
+
+def _fills_once(places: torch.Tensor, size: int) -> bool:
+    """Whether ``places`` name each of ``size`` positions once (as many of them, none twice)."""
+    if len(places) != size or (size and int(places.min()) < 0):
+        return False
+    filled = torch.zeros(size, dtype=torch.bool)
+    try:
+        for start in range(0, size, _CHUNK_ROWS):
+            filled[places[start:start + _CHUNK_ROWS].long()] = True
+    except IndexError:  # a place past the last
+        return False
+    return bool(filled.all())
+
+
+def _releasable(table: Table) -> set[int]:
+    """The columns (by place in ``table.columns()``) whose rows in RAM no other column's
+    share, whose memory a move may give back as it sends them."""
+    spans = {}
+    for c, column in enumerate(table.columns()):
+        rows = column.values if isinstance(column, RaggedColumn) else column
+        if isinstance(rows, DenseColumn) and rows.tensor.nbytes:
+            spans[c] = (rows.tensor.data_ptr(), rows.tensor.data_ptr() + rows.tensor.nbytes)
+    return {c for c, (begin, end) in spans.items()
+            if not any(b < end and begin < e for d, (b, e) in spans.items() if d != c)}
 
 
 class _Route:
@@ -510,38 +604,55 @@ class _Route:
     """
 
     def __init__(self, to_rank: torch.Tensor, ranks: Ranks) -> None:
-        self.ranks, world = ranks, ranks.world_size
-        self.going = torch.sort(to_rank, stable=True).indices  # this rank's rows, by the rank they go to
-        self.matrix = ranks.counts(torch.bincount(to_rank, minlength=world))  # [s, w]: rows rank s sends rank w
-        self.sent = self.matrix[ranks.rank].tolist()
-        self.received = self.matrix[:, ranks.rank].tolist()
-        self._sent_at = [sum(self.sent[:w]) for w in range(world)]
+        self.ranks, self.to_rank, world = ranks, to_rank, ranks.world_size
+        matrix = ranks.counts(torch.bincount(to_rank, minlength=world)).tolist()  # [s][w]: rows s sends w
+        self.sent, self.received = matrix[ranks.rank], [sent[ranks.rank] for sent in matrix]
         self._received_at = [sum(self.received[:w]) for w in range(world)]
-        self._most = int(self.matrix.max())
+        self._most = max(sum(sent) for sent in matrix)  # rows of the rank that holds most
+        self._rows = sum(map(sum, matrix))  # of all ranks
 
     def arrive(self, values: torch.Tensor) -> torch.Tensor:
         """Collective: one value per row of this rank (``values``) sent with the rows; those
-        of the rows arriving here, by sender (the order :meth:`rounds` numbers them in)."""
-        return self.ranks.exchange(values[self.going], self.sent, self.received)
+        of the rows arriving here, by sender, each sender's in the order it holds them (the
+        numbers :meth:`rounds` gives them). Grouped by the rank they go to a chunk at a time."""
+        grouped, at = torch.empty_like(values), [sum(self.sent[:w]) for w in range(self.ranks.world_size)]
+        for start in range(0, len(values), _CHUNK_ROWS):
+            going = self.to_rank[start:start + _CHUNK_ROWS]
+            part = values[start:start + _CHUNK_ROWS][torch.sort(going, stable=True).indices]
+            taken = 0
+            for w, n in enumerate(torch.bincount(going, minlength=len(at)).tolist()):
+                grouped[at[w]:at[w] + n] = part[taken:taken + n]
+                at[w], taken = at[w] + n, taken + n
+        return self.ranks.exchange(grouped, self.sent, self.received)
 
     def mean(self, local: int) -> int:
         """Collective: ``local`` summed over the ranks, per row of all ranks (at least 1)."""
         total = int(self.ranks.all_reduce(torch.tensor([local], dtype=torch.int64))[0])
-        return max(1, total // max(1, int(self.matrix.sum())))
+        return max(1, total // max(1, self._rows))
 
-    def rounds(self, values: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The same rounds on every rank, each moving up to ``values // W`` rows (at least
-        one) from each rank to each: ``(rows, numbers)``, this rank's rows sent in the
-        round (by the rank they go to) and the numbers of those arriving (see :meth:`arrive`)."""
-        chunk = max(1, values // self.ranks.world_size)
-        for start in range(0, self._most, chunk):
-            self._round = [(min(max(n - start, 0), chunk), min(max(m - start, 0), chunk))
-                           for n, m in zip(self.sent, self.received)]
-            rows = torch.cat([self.going[at + start:at + start + n]
-                              for at, (n, _) in zip(self._sent_at, self._round)])
-            arriving = torch.cat([torch.arange(at + start, at + start + m)
-                                  for at, (_, m) in zip(self._received_at, self._round)])
-            yield rows, arriving
+    def rounds(self, values: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+        """Collective: the same rounds on every rank, each sending the next ``values`` rows
+        (at least one) a rank holds, in the order it holds them: ``(rows, numbers, sent)``,
+        this rank's rows sent in the round (by the rank they go to), the numbers of those
+        arriving (see :meth:`arrive`) and how many of its first rows are sent once it ends."""
+        world, chunk, held = self.ranks.world_size, max(1, min(values, _CHUNK_ROWS)), len(self.to_rank)
+        count = -(-self._most // chunk)
+        mine = torch.zeros(count * world, dtype=torch.int64)  # [k, w]: rows sent to w in round k
+        for start in range(0, held, _CHUNK_ROWS):
+            part = self.to_rank[start:start + _CHUNK_ROWS]
+            mine += torch.bincount(torch.arange(start, start + len(part)) // chunk * world + part,
+                                   minlength=count * world)
+        mine = mine.reshape(count, world)
+        arriving = self.ranks.exchange(mine.T.reshape(-1), [count] * world, [count] * world).reshape(world, count)
+        sends, arrivals = torch.stack([mine, arriving.T]).tolist()  # [k][w] sent, [k][s] arriving
+        arrived = list(self._received_at)  # the number of the next row arriving from each rank
+        for k in range(count):
+            self._round = list(zip(sends[k], arrivals[k]))
+            first = min(k * chunk, held)
+            rows = first + torch.sort(self.to_rank[first:first + chunk], stable=True).indices
+            numbers = torch.cat([torch.arange(at, at + m) for at, m in zip(arrived, arrivals[k])])
+            arrived = [at + m for at, m in zip(arrived, arrivals[k])]
+            yield rows, numbers, min(first + chunk, held)
 
     def sending(self, sizes: torch.Tensor | None = None) -> list[int]:
         """How many values this round sends each rank: one per row, or ``sizes`` (per row sent)."""

@@ -15,9 +15,11 @@ A :class:`ColumnBuilder` collects a column batch by batch; builders that share a
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import os
+import sys
 import tempfile
 from typing import BinaryIO
 
@@ -29,6 +31,7 @@ __all__ = ["DenseColumn", "SpilledColumn", "RaggedColumn", "Column", "Budget", "
            "spill_file"]
 
 _RELEASE_EVERY = 32 << 20  # bytes of copied batches after which Arrow returns freed memory
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # for madvise
 
 
 def spark_local_dir() -> str:
@@ -55,6 +58,7 @@ class DenseColumn:
 
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
+        self._released = 0  # where the memory given back ends (see release)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -79,6 +83,20 @@ class DenseColumn:
     def head(self, rows: int) -> DenseColumn:
         """The first ``rows`` rows."""
         return DenseColumn(self.tensor[:rows].contiguous())
+
+    def release(self, stop: int) -> None:
+        """Gives the memory of the rows before ``stop`` back to the system (on Linux, the
+        whole pages they fill: ``madvise(MADV_DONTNEED)``), for rows nothing reads again:
+        they read as zeros after. Nothing happens to rows not held in one block of memory."""
+        tensor = self.tensor
+        if _LIBC is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
+            return
+        first, page = tensor.data_ptr(), mmap.PAGESIZE
+        begin = max(-(-first // page) * page, self._released)
+        end = (first + min(max(stop, 0), len(tensor)) * (tensor.nbytes // max(len(tensor), 1))) // page * page
+        if end > begin:
+            _LIBC.madvise(ctypes.c_void_p(begin), ctypes.c_size_t(end - begin), mmap.MADV_DONTNEED)
+            self._released = end
 
     def extend(self, rows: torch.Tensor) -> DenseColumn:
         """These rows followed by ``rows``."""

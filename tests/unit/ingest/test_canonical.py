@@ -352,6 +352,87 @@ def test_three_ranks_place_and_move_rows_as_one_sort_of_all_rows_would(tmp_path)
         assert got[rank][2][2] == "DenseColumnDenseColumn"
 
 
+def _streaming_rank(rank: int, world: int, path: str, streamed: bool, results) -> None:
+    """Moves 300,000 rows x 64 float32 of this rank (77 MB, filled with each row's number)
+    to places drawn at random, streamed or into their places, measuring the peak RSS it adds."""
+    import torch.distributed as dist
+
+    from spark_torch_est.core.ranks import Ranks
+    from spark_torch_est.ingest.canonical import move_rows, stream_rows
+
+    def status(field: str) -> int:
+        return int(next(line for line in open("/proc/self/status") if line.startswith(field)).split()[1]) // 1024
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(path, world), rank=rank, world_size=world)
+    try:
+        ranks, rows = Ranks(rank, world, torch.device("cpu")), 300_000
+        numbers = torch.arange(rank * rows, (rank + 1) * rows)
+        table = Table([DenseColumn(numbers.float().unsqueeze(1).repeat(1, 64))], DenseColumn(numbers.float()))
+        destination = torch.from_numpy(np.random.default_rng(5).permutation(rows * world))  # row g goes to place [g]
+        mine = destination[numbers]
+        size = len(range(rank, rows * world, world))
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # the peak starts again from here
+        before = status("VmRSS")
+        if streamed:
+            moved, positions, ids = stream_rows(table, mine % world, mine // world, size, ranks, None, numbers)
+        else:
+            moved, positions = move_rows(table, mine % world, mine // world, size, ranks, None), torch.arange(size)
+            ids = None
+        growth = status("VmHWM") - before
+        expected = torch.argsort(destination)[positions * world + rank]  # the row for each place
+        inputs = moved.inputs[0].tensor
+        right = bool((inputs == expected.float().unsqueeze(1)).all()) and torch.equal(moved.labels.tensor,
+                                                                                    expected.float())
+        right = right and (ids is None or torch.equal(ids, expected))
+        results.put((rank, growth, right, sorted(positions.tolist()) == list(range(size))))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rows_streamed_to_other_ranks_hold_the_old_and_new_rows_together_a_round_at_a_time(tmp_path):
+    """An epoch's move on another number of ranks than logical shards: each rank's 77 MB of
+    rows reach their places whole, and the rank's peak rises by a round and the move's
+    indexes, not by its new rows as when they are written into their places."""
+    world, growth = 2, {}
+    for streamed in (True, False):
+        context = rank_processes()
+        results = context.Queue()
+        processes = [context.Process(target=_streaming_rank,
+                                     args=(r, world, str(tmp_path / f"store-{streamed}"), streamed, results))
+                     for r in range(world)]
+        for process in processes:
+            process.start()
+        got = [results.get(timeout=120) for _ in range(world)]
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+        assert all(right and once for _, _, right, once in got), got
+        growth[streamed] = max(mb for _, mb, _, _ in got)
+    print("peak RSS a 77 MB move adds, streamed / into place:", growth[True], "/", growth[False], "MB")
+    assert growth[False] > 70, "written into their places, the new rows take memory before the old ones go"
+    assert growth[True] < 0.4 * 77, "streamed: the move's indexes (5 of 8 bytes a row: 12 MB), a round, slack"
+    assert growth[True] < growth[False] / 3
+
+
+def test_a_streamed_move_keeps_columns_that_share_their_memory_whole():
+    """Columns that share memory (labels viewing the inputs' first values) are sent whole:
+    the inputs' memory is not given back while the labels still need it."""
+    from spark_torch_est.core.ranks import Ranks
+    from spark_torch_est.ingest.canonical import stream_rows
+
+    rows = 100_000
+    block = torch.arange(rows * 65, dtype=torch.float32).reshape(rows, 65)
+    table = Table([DenseColumn(block)], DenseColumn(block.reshape(-1)[:rows]))
+    expected_inputs, expected_labels = block.clone(), block.reshape(-1)[:rows].clone()
+    order = torch.from_numpy(np.random.default_rng(1).permutation(rows))
+    moved, positions, _ = stream_rows(table, torch.zeros(rows, dtype=torch.int64), order, rows,
+                                      Ranks(0, 1, torch.device("cpu")), None, torch.arange(rows))
+    assert torch.equal(moved.inputs[0].tensor, expected_inputs[torch.argsort(order)[positions]])
+    assert torch.equal(moved.labels.tensor, expected_labels[torch.argsort(order)[positions]])
+
+
 def _held_rank(rank: int, world: int, directory: str, forget: bool, results) -> None:
     """Two fits of a run from the start on this worker, reading a part of a Parquet file
     (rank 0: 9 rows, rank 1: 15); with ``forget`` rank 0's worker lets its rows go between them."""
@@ -411,6 +492,63 @@ def test_held_rows_stay_laid_out_once_and_a_later_fit_trains_alike(forget, tmp_p
     assert second.hook_states["rows"]["steps"] == first.hook_states["rows"]["steps"]
     assert sorted(v for s in range(1, 5) for v in first.hook_states["rows"]["steps"][str(s)]) == list(range(24))
     assert torch.equal(_weights(second), _weights(first))
+
+
+def _each_ranks_rows(shard_rows: list[int], batch: int, offset: int, world: int) -> list[torch.Tensor]:
+    """Every rank's rows of an epoch on ``world`` ranks, in the order it trains them, as the
+    contract says: each step's rows of every shard's order (shard 0's first) cut into
+    ``world`` near-equal runs, a rank taking its run of each step in turn; then the rows the
+    epoch trained before ``offset`` whose id is the rank's modulo ``world``."""
+    plan, shards = EpochPlan(shard_rows, batch, offset), len(shard_rows)
+    orders = [epoch_order(n, 7, 2, j) * shards + j for j, n in enumerate(shard_rows)]
+    runs: list[list[torch.Tensor]] = [[] for _ in range(world)]
+    for step in range(plan.steps):
+        ids = torch.cat([plan.positions(order, step) for order in orders])
+        for w in range(world):
+            runs[w].append(ids[len(ids) * w // world:len(ids) * (w + 1) // world])
+    done = torch.cat([order[:offset] for order in orders])
+    return [torch.cat([*runs[w], done[done % world == w]]) for w in range(world)]
+
+
+@pytest.mark.parametrize("shard_rows, batch, offset, world", [
+    ([7, 6], 2, 0, 3), ([7, 6], 3, 4, 3), ([5, 5, 4], 2, 3, 2), ([10, 3], 4, 2, 4), ([9, 9], 1, 8, 5),
+    ([40, 39, 39], 5, 11, 2), ([4, 4], 3, 0, 1),
+])
+@pytest.mark.parametrize("chunk", [3, 1 << 16])
+def test_each_rank_looks_up_where_its_rows_go_as_the_epoch_plan_says(shard_rows, batch, offset, world, chunk,
+                                                                      monkeypatch):
+    """On W != L ranks a rank finds where each of its rows goes (rank, position) without
+    listing every id, a chunk of its rows at a time: what it finds equals the contract's
+    lists, for rows held anywhere."""
+    from spark_torch_est.core.ranks import Ranks
+    from spark_torch_est.ingest import canonical
+    from spark_torch_est.ingest.canonical import CanonicalRows
+
+    monkeypatch.setattr(canonical, "_CHUNK_ROWS", chunk)
+
+    shards = len(shard_rows)
+    ids = torch.cat([torch.arange(n) * shards + j for j, n in enumerate(shard_rows)])
+    ids = ids[torch.from_numpy(np.random.default_rng(0).permutation(len(ids)))]  # held in any order
+    table = Table([DenseColumn(torch.zeros(len(ids), 1))], DenseColumn(torch.zeros(len(ids))))
+    rows = CanonicalRows(table, shard_rows, batch, 7, Ranks(0, world, torch.device("cpu")), None, ids)
+    to_rank, to_position, pieces, sizes = rows._destinations(EpochPlan(shard_rows, batch, offset), epoch=2)
+    expected = _each_ranks_rows(shard_rows, batch, offset, world)
+    assert sizes.tolist() == [len(e) for e in expected]
+    for w in range(world):
+        got = torch.empty(int(sizes[w]), dtype=torch.int64)
+        got[to_position[to_rank == w].long()] = ids[to_rank == w]
+        assert got.tolist() == expected[w].tolist()
+    plan = EpochPlan(shard_rows, batch, offset)
+    assert pieces.sum(1).tolist() == [plan.samples(step) for step in range(plan.steps)]
+
+
+@pytest.mark.compat
+def test_an_epoch_order_is_the_same_in_int32():
+    """A move looks its rows up in orders drawn as int32 (half the memory): the same orders
+    as the int64 ones every rank trains by, on this torch."""
+    for rows in (0, 1, 2, 7, 1000, (1 << 16) + 3, 1 << 20):
+        for part in range(3):
+            assert torch.equal(epoch_order(rows, 11, 4, part, dtype=torch.int32).long(), epoch_order(rows, 11, 4, part))
 
 
 def test_epoch_order_depends_on_seed_epoch_and_part_only():
