@@ -111,7 +111,9 @@ def agree_on_rows(ingested: IngestedRows, spec: TaskSpec, ranks: Ranks, shards: 
     Training rows the worker holds for later fits (:mod:`~spark_torch_est.ingest.held`) stay
     laid out (``ingested.train`` is replaced, so the rows are held once): when every rank of a
     later fit holds its part of the same layout (the same sources, ranks and logical shards),
-    nothing is hashed or moved; when only some do, those read their rows again first.
+    nothing is hashed or moved; when only some do, those read their rows again first. A
+    layout that moves rows gives the memory of the rows sent back as it goes, so held rows
+    whose layout a failure cut short are read again too.
 
     Raises:
         InputDataError: Ranks hold rows that cannot take one layout, rows do not fit
@@ -163,18 +165,26 @@ def agree_on_rows(ingested: IngestedRows, spec: TaskSpec, ranks: Ranks, shards: 
     shard_batch = -(-spec.global_rows_per_step // shards)
     if laid:
         logger.info("rank %d: training on rows this worker holds laid out from an earlier fit", ranks.rank)
-        canonical = CanonicalRows(train, counts, shard_batch, spec.seed, ranks, spec.memory_budget)
-    elif spec.source is not None:  # a table's files read directly come in their order
-        canonical = by_source_order(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
-    elif spec.ordered:  # rows through Spark in an order every launch reproduces
-        canonical = by_partition_order(train, counts, ingested.row_ids, shards, shard_batch, spec.seed, ranks,
-                                       spec.memory_budget)
+        canonical = CanonicalRows(train, counts, shard_batch, spec.seed, ranks, spec.memory_budget,
+                                  slots=ingested.slots)
     else:
-        canonical = to_canonical(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
-        logger.debug("rank %d: laid %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
-    ingested.train, ingested.layout = canonical.table, layout if ingested.source else ""
+        ingested.layout, ingested.slots = _LAYING_OUT, None  # held rows a failed layout left are read again
+        canonical = _lay_out(train, counts, ingested.row_ids, spec, ranks, shards, shard_batch)
+    ingested.train, ingested.slots = canonical.table, canonical.slots
+    ingested.layout = layout if ingested.source else ""
     canonical.moved = lambda table: setattr(ingested, "train", table)  # rows moved for an epoch on W != L ranks
     return AgreedRows(canonical, validation, int(info[:, 1, 0].sum()))
+
+
+def _lay_out(train: Table, counts: list[int], row_ids: torch.Tensor | None, spec: TaskSpec, ranks: Ranks,
+             shards: int, shard_batch: int) -> CanonicalRows:
+    """Collective: the training rows placed in the run's logical shards, by how they came."""
+    if spec.source is not None:  # a table's files read directly come in their order
+        return by_source_order(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
+    if spec.ordered:  # rows through Spark in an order every launch reproduces
+        return by_partition_order(train, counts, row_ids, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
+    logger.debug("rank %d: laying %s training rows per rank out in %d logical shards", ranks.rank, counts, shards)
+    return to_canonical(train, counts, shards, shard_batch, spec.seed, ranks, spec.memory_budget)
 
 
 def _held_layout(ingested: IngestedRows, spec: TaskSpec, ranks: Ranks, shards: int) -> tuple[str, bool]:
@@ -222,6 +232,7 @@ def _check_enough(counts: list[int]) -> None:
 
 #: Values describing one column on one rank (see :func:`layout`).
 LAYOUT_SIZE = 8
+_LAYING_OUT = "laying out"  # the layout of held rows while a fit lays them out: none a later fit uses
 _MAX_DIMS = LAYOUT_SIZE - 4
 
 

@@ -49,7 +49,7 @@ from spark_torch_est.ingest.tables import Table
 
 __all__ = ["EpochPlan", "epoch_order", "epoch_offset", "row_keys", "CanonicalRows", "EpochRows", "to_canonical",
            "by_source_order", "by_partition_order", "source_ids", "run_places", "near_equal", "even_enough",
-           "PARTITION_SHIFT", "move_rows", "stream_rows"]
+           "PARTITION_SHIFT", "move_rows", "stream_rows", "slots_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,11 +234,14 @@ class CanonicalRows:
         ranks: This rank and the world.
         budget: Bytes of input rows kept in RAM before they spill (None: never).
         ids: The run ids of ``table``'s rows (None on L ranks: those of logical shard ``rank``).
+        slots: On L ranks, where ``table`` holds the row of each position of the logical
+            shard (rows laid out by :func:`stream_rows`); None: row ``i`` is position ``i``.
     """
 
     def __init__(self, table: Table, shard_rows: list[int], shard_batch: int, seed: int, ranks: Ranks,
-                 budget: int | None = None, ids: torch.Tensor | None = None) -> None:
-        self.table, self.shard_rows, self.shards = table, list(shard_rows), len(shard_rows)
+                 budget: int | None = None, ids: torch.Tensor | None = None,
+                 slots: torch.Tensor | None = None) -> None:
+        self.table, self.shard_rows, self.shards, self.slots = table, list(shard_rows), len(shard_rows), slots
         self.shard_batch = shard_batch
         self.seed, self.ranks, self.budget = seed, ranks, budget
         if ids is None:
@@ -254,18 +257,17 @@ class CanonicalRows:
         plan = EpochPlan(self.shard_rows, self.shard_batch, offset)
         if self.ranks.world_size == self.shards:
             order = epoch_order(len(self.table), self.seed, epoch, self.ranks.rank)
+            if self.slots is not None:
+                order = self.slots[order].long()
             return EpochRows(self.table, plan, plan.steps, _order=order)
         rank = self.ranks.rank
         to_rank, to_position, pieces, sizes = self._destinations(plan, epoch)
-        self.table, arrived, self.ids = stream_rows(self.table, to_rank, to_position, int(sizes[rank]), self.ranks,
-                                                    self.budget, self.ids)
+        self.table, arrived, carry = stream_rows(self.table, to_rank, to_position, int(sizes[rank]), self.ranks,
+                                                 self.budget)
+        self.ids = carry(self.ids)
         self.moved(self.table)
-        slots = torch.empty_like(arrived)  # where the table holds each position's row
-        for start in range(0, len(arrived), _CHUNK_ROWS):
-            stop = min(start + _CHUNK_ROWS, len(arrived))
-            slots[arrived[start:stop].long()] = torch.arange(start, stop, dtype=slots.dtype)
         bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(pieces[:, rank], 0)])
-        return EpochRows(self.table, plan, plan.steps, _bounds=bounds, _slots=slots)
+        return EpochRows(self.table, plan, plan.steps, _bounds=bounds, _slots=slots_of(arrived))
 
     def _destinations(self, plan: EpochPlan, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                   torch.Tensor]:
@@ -324,14 +326,17 @@ def near_equal(total: int, shards: int) -> list[int]:
 def _laid_out(table: Table, ids: torch.Tensor, shard_rows: list[int], shard_batch: int, seed: int, ranks: Ranks,
               budget: int | None, in_place: bool = False) -> CanonicalRows:
     """Collective on L ranks unless ``in_place``: the rows of run ids ``ids``, moved so that
-    rank ``r`` holds logical shard ``r`` in position order. On W != L ranks they stay where
-    they are (each epoch moves the rows it needs, see :meth:`CanonicalRows.epoch`)."""
+    rank ``r`` holds logical shard ``r`` (streamed: in the order they arrive, with each
+    position's slot). On W != L ranks they stay where they are (each epoch moves the rows
+    it needs, see :meth:`CanonicalRows.epoch`)."""
     shards = len(shard_rows)
     if ranks.world_size != shards:
         return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget, ids)
-    if not in_place:
-        table = move_rows(table, ids % shards, ids // shards, shard_rows[ranks.rank], ranks, budget)
-    return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget)
+    if in_place:
+        return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget)
+    table, positions, _ = stream_rows(table, (ids % shards).int(), (ids // shards).int(), shard_rows[ranks.rank],
+                                      ranks, budget)
+    return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget, slots=slots_of(positions))
 
 
 def to_canonical(table: Table, counts: list[int], shards: int, shard_batch: int, seed: int, ranks: Ranks,
@@ -511,20 +516,31 @@ def move_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, si
 
 
 def stream_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, size: int, ranks: Ranks,
-                budget: int | None, ids: torch.Tensor) -> tuple[Table, torch.Tensor, torch.Tensor]:
+                budget: int | None) -> tuple[Table, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """Collective: :func:`move_rows`, holding the old rows and the new ones together only a
-    round at a time: ``(new table, positions, their ids)``, the new rows in the order they
-    arrive, row ``k`` being the one for position ``positions[k]`` with id ``ids[k]`` (``ids``:
-    one per row of ``table``, sent with it). Each rank sends its rows in the order it holds
-    them and gives each round's memory back once it is sent (``table`` is not read again),
-    and each new column fills from its start (one front per sender), so a rank's memory
-    holds its rows not yet sent, those received and one round.
+    round at a time: ``(new table, positions, carry)``, the new rows in the order they
+    arrive, row ``k`` being the one for position ``positions[k]`` (see :func:`slots_of`);
+    ``carry(values)`` (collective) sends one value per row of ``table`` the same way, in the
+    new rows' order. Each rank sends its rows in the order it holds them and gives each
+    round's memory back once it is sent (``table`` is not read again), and each new column
+    fills from its start (one front per sender), so a rank's memory holds its rows not yet
+    sent, those received and one round.
 
     Raises:
         ValueError: The ranks' positions do not fill this rank's ``size`` rows once each.
     """
     moved, route, places = _move(table, to_rank, to_position, size, ranks, budget, streamed=True)
-    return moved, places, route.arrive(ids)
+    return moved, places, route.arrive
+
+
+def slots_of(positions: torch.Tensor) -> torch.Tensor:
+    """Where a table whose row ``k`` is the one for position ``positions[k]`` (a permutation)
+    holds each position's row: the inverse permutation, worked out a chunk at a time."""
+    slots = torch.empty_like(positions)
+    for start in range(0, len(positions), _CHUNK_ROWS):
+        stop = min(start + _CHUNK_ROWS, len(positions))
+        slots[positions[start:stop].long()] = torch.arange(start, stop, dtype=slots.dtype)
+    return slots
 
 
 def _move(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, size: int, ranks: Ranks,

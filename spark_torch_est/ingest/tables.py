@@ -218,6 +218,8 @@ class IngestedRows:
         row_ids: The training rows' ids in the training frame, where it carries them (a
             job of another number of ranks than the run's logical partitions, see
             :data:`~spark_torch_est.core.protocol.ROW_ID`), else None.
+        slots: Of training rows laid out by a move: where ``train`` holds the row of each
+            position in the rank's logical shard (None: row ``i`` is position ``i``).
     """
 
     train: Table | None
@@ -226,6 +228,7 @@ class IngestedRows:
     layout: str = ""
     reread: Callable[[], IngestedRows] | None = None
     row_ids: torch.Tensor | None = None
+    slots: torch.Tensor | None = None
 
 
 def read_rows(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: ColumnNames = ColumnNames(),

@@ -260,11 +260,12 @@ def test_the_layout_keeps_every_row_whole_whatever_its_columns_hold(budget, tmp_
     ragged = RaggedColumn(DenseColumn(torch.arange(int(lengths.sum()), dtype=torch.float32)), offsets, -1.0)
     dense = DenseColumn(torch.arange(16, dtype=torch.int64).reshape(8, 2))
     table = Table([ragged, dense], DenseColumn(torch.arange(8, dtype=torch.float32)))
-    laid = to_canonical(table, [8], 1, 4, 0, Ranks(0, 1, torch.device("cpu")), budget).table
-    ids = laid.labels.tensor.long()
+    canonical = to_canonical(table, [8], 1, 4, 0, Ranks(0, 1, torch.device("cpu")), budget)
+    laid, slots = canonical.table, canonical.slots.long()  # the row of each position in the logical shard
+    ids = laid.labels.take(slots).long()
     assert sorted(ids.tolist()) == list(range(8)) and ids.tolist() != list(range(8))
-    assert torch.equal(laid.inputs[1].slice(0, 8), dense.tensor[ids])
-    assert torch.equal(laid.inputs[0].take(torch.arange(8)), ragged.take(ids))
+    assert torch.equal(laid.inputs[1].take(slots), dense.tensor[ids])
+    assert torch.equal(laid.inputs[0].take(slots), ragged.take(ids))
 
 
 def _layout_inputs(world: int) -> tuple[list[torch.Tensor], list[Table]]:
@@ -376,7 +377,8 @@ def _streaming_rank(rank: int, world: int, path: str, streamed: bool, results) -
             clear.write("5")  # the peak starts again from here
         before = status("VmRSS")
         if streamed:
-            moved, positions, ids = stream_rows(table, mine % world, mine // world, size, ranks, None, numbers)
+            moved, positions, carry = stream_rows(table, mine % world, mine // world, size, ranks, None)
+            ids = carry(numbers)
         else:
             moved, positions = move_rows(table, mine % world, mine // world, size, ranks, None), torch.arange(size)
             ids = None
@@ -428,7 +430,7 @@ def test_a_streamed_move_keeps_columns_that_share_their_memory_whole():
     expected_inputs, expected_labels = block.clone(), block.reshape(-1)[:rows].clone()
     order = torch.from_numpy(np.random.default_rng(1).permutation(rows))
     moved, positions, _ = stream_rows(table, torch.zeros(rows, dtype=torch.int64), order, rows,
-                                      Ranks(0, 1, torch.device("cpu")), None, torch.arange(rows))
+                                      Ranks(0, 1, torch.device("cpu")), None)
     assert torch.equal(moved.inputs[0].tensor, expected_inputs[torch.argsort(order)[positions]])
     assert torch.equal(moved.labels.tensor, expected_labels[torch.argsort(order)[positions]])
 
@@ -492,6 +494,77 @@ def test_held_rows_stay_laid_out_once_and_a_later_fit_trains_alike(forget, tmp_p
     assert second.hook_states["rows"]["steps"] == first.hook_states["rows"]["steps"]
     assert sorted(v for s in range(1, 5) for v in first.hook_states["rows"]["steps"][str(s)]) == list(range(24))
     assert torch.equal(_weights(second), _weights(first))
+
+
+def _interrupted_rank(rank: int, world: int, directory: str, results) -> None:
+    """Three fits of a run from the start, each reading this rank's part of a Parquet file
+    anew (rank 0: 9,000 rows, rank 1: 15,000): the second fails in the middle of laying the
+    rows out (after the first round of moving a column), with the rows as read held."""
+    import pyarrow.parquet as pq
+
+    from spark_torch_est.cluster import worker
+    from spark_torch_est.cluster.failure import RankFailure
+    from spark_torch_est.core.spec import FilePart, FileSource, How
+    from spark_torch_est.ingest import canonical, held
+    from tests.helpers import features_schema
+
+    torch.set_num_threads(1)
+    path = os.path.join(directory, "rows.parquet")
+    if rank == 0:
+        x = np.random.default_rng(0).normal(size=(24_000, 8)).astype(np.float32)
+        pq.write_table(pa.table({"f": pa.array(list(x), pa.list_(pa.float32())), "y": np.arange(24_000.0)}),
+                       path + ".tmp")
+        os.rename(path + ".tmp", path)
+    while not os.path.exists(path):
+        pass
+    source = FileSource(outputs=((FEATURES, ("f",), How.AS_IS), (LABEL, ("y",), How.AS_IS)),
+                        parts=((FilePart(path, 0, 0, 9_000),), (FilePart(path, 0, 9_000, 24_000),)), digest="d")
+    spec = task_spec(Target(epoch=1), schema=features_schema(8), source=source, world_size=world, batch_size=1000)
+    write = canonical._Target.write
+    for fit in range(3):
+        if fit < 2:
+            held.forget()  # the first two fits read the part (the third finds what the second left held)
+        writes = []
+
+        def failing(self, positions, rows, fit=fit, writes=writes):
+            write(self, positions, rows)
+            writes.append(len(rows))
+            if fit == 1 and len(writes) == 2:
+                raise RuntimeError("the rank's layout stops here")
+
+        canonical._Target.write = failing
+        launch = Launch(job_id=f"fit{fit}", secret=b"s" * 32)
+        try:
+            blob = worker.run_rank(spec, launch, iter([]), _FileBarrier(rank, world, f"{directory}/barrier{fit}"))
+        except RankFailure:
+            blob = b""
+        finally:
+            canonical._Target.write = write
+        if fit == 1:  # the held rows as read, their memory given back where the layout sent them
+            zeros = int((held.held(worker._part_key(spec, rank)).train.inputs[0].tensor == 0).all(1).sum())
+            blob = zeros.to_bytes(8, "little")
+        results.put((fit, rank, blob))
+
+
+def test_held_rows_a_failed_layout_cut_short_are_read_again(tmp_path):
+    """A layout gives the memory of the rows it sent back as it goes: when it fails midway,
+    the rows the worker holds are partly gone, and the next fit reads them again and trains
+    as the first did (not on zeros)."""
+    world = 2
+    context = rank_processes()
+    results = context.Queue()
+    processes = [context.Process(target=_interrupted_rank, args=(r, world, str(tmp_path), results))
+                 for r in range(world)]
+    for process in processes:
+        process.start()
+    got = {(fit, rank): blob for fit, rank, blob in (results.get(timeout=180) for _ in range(3 * world))}
+    for process in processes:
+        process.join(60)
+        assert process.exitcode == 0
+    zeroed = sum(int.from_bytes(got[1, rank], "little") for rank in range(world))
+    assert zeroed > 1000, "the failed layout gave back the memory of rows it sent"
+    first, third = (Checkpoint.from_bytes(got[fit, 0] or got[fit, 1]) for fit in (0, 2))
+    assert torch.equal(_weights(third), _weights(first))
 
 
 def _each_ranks_rows(shard_rows: list[int], batch: int, offset: int, world: int) -> list[torch.Tensor]:
