@@ -334,8 +334,11 @@ def _laid_out(table: Table, ids: torch.Tensor, shard_rows: list[int], shard_batc
         return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget, ids)
     if in_place:
         return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget)
-    table, positions, _ = stream_rows(table, (ids % shards).int(), (ids // shards).int(), shard_rows[ranks.rank],
-                                      ranks, budget)
+    to_rank, to_position = (torch.empty(len(ids), dtype=torch.int32) for _ in range(2))
+    for start in range(0, len(ids), _CHUNK_ROWS):  # a chunk at a time: a few temporaries of its size
+        to_rank[start:start + _CHUNK_ROWS] = ids[start:start + _CHUNK_ROWS] % shards
+        to_position[start:start + _CHUNK_ROWS] = ids[start:start + _CHUNK_ROWS] // shards
+    table, positions, _ = stream_rows(table, to_rank, to_position, shard_rows[ranks.rank], ranks, budget)
     return CanonicalRows(table, shard_rows, shard_batch, seed, ranks, budget, slots=slots_of(positions))
 
 
@@ -377,8 +380,12 @@ def run_places(rows: torch.Tensor, total: int, shards: int) -> torch.Tensor:
     ``j``, at position ``i`` of it: id ``i * shards + j``."""
     size, longer = divmod(total, shards)
     first = longer * (size + 1)  # rows in the longer runs
-    shard = torch.where(rows < first, rows // (size + 1), longer + (rows - first) // max(size, 1))
-    return (rows - shard * size - torch.clamp(shard, max=longer)) * shards + shard
+    ids = torch.empty_like(rows)
+    for start in range(0, len(rows), _CHUNK_ROWS):  # a chunk at a time: a few temporaries of its size
+        part = rows[start:start + _CHUNK_ROWS]
+        shard = torch.where(part < first, part // (size + 1), longer + (part - first) // max(size, 1))
+        ids[start:start + _CHUNK_ROWS] = (part - shard * size - torch.clamp(shard, max=longer)) * shards + shard
+    return ids
 
 
 def by_source_order(table: Table, counts: list[int], shards: int, shard_batch: int, seed: int, ranks: Ranks,
@@ -442,31 +449,33 @@ def by_partition_order(table: Table, counts: list[int], row_ids: torch.Tensor | 
             logger.debug("rank %d: its %d training rows are logical partition %d as read: none moves", ranks.rank,
                          counts[ranks.rank], ranks.rank)
             return CanonicalRows(table, counts, shard_batch, seed, ranks, budget)
-        partition_rows, partition = counts, torch.full((counts[ranks.rank],), ranks.rank, dtype=torch.int64)
-        position = torch.arange(counts[ranks.rank], dtype=torch.int64)
+        partition_rows, first = counts, sum(counts[:ranks.rank])
+        placed = torch.arange(first, first + counts[ranks.rank])  # in all partitions' rows, one after the other
     else:
         every = torch.sort(ranks.exchange(row_ids.repeat(world), [len(row_ids)] * world, counts)).values
         if len(every) and int(every[-1] >> PARTITION_SHIFT) >= shards:
             raise ValueError(f"rows of logical partition {int(every[-1] >> PARTITION_SHIFT)} in a run of {shards}")
         partition_rows = torch.bincount(every >> PARTITION_SHIFT, minlength=shards).tolist()
-        partition = row_ids >> PARTITION_SHIFT
-        position = torch.searchsorted(every, row_ids)  # in all partitions' rows, one after the other
+        placed = torch.searchsorted(every, row_ids)
         del every
-    starts = torch.tensor([sum(partition_rows[:j]) for j in range(shards)], dtype=torch.int64)
-    if row_ids is not None:
-        position -= starts[partition]
-    if even_enough(partition_rows):
-        canonical = _laid_out(table, position * shards + partition, partition_rows, shard_batch, seed, ranks, budget,
-                              in_place=True)
-        moved = ""
-    else:
-        ids = run_places(starts[partition] + position, sum(partition_rows), shards)
-        canonical = _laid_out(table, ids, near_equal(sum(partition_rows), shards), shard_batch, seed, ranks, budget)
-        moved = f", evened out as they hold {min(partition_rows)} to {max(partition_rows)} rows"
-    if moved or world != shards:
-        logger.info("rank %d: placed its %d training rows by %d logical partitions on %d ranks%s (%.2fs)", ranks.rank,
-                    counts[ranks.rank], shards, world, moved, time.perf_counter() - started)
+        if even_enough(partition_rows):  # each partition is its logical shard: nothing moves
+            starts = torch.tensor([sum(partition_rows[:j]) for j in range(shards)], dtype=torch.int64)
+            partition = row_ids >> PARTITION_SHIFT
+            canonical = _laid_out(table, (placed - starts[partition]) * shards + partition, partition_rows,
+                                  shard_batch, seed, ranks, budget, in_place=True)
+            _log_placed(ranks, counts, shards, "", started)
+            return canonical
+    ids = run_places(placed, sum(partition_rows), shards)
+    del placed
+    canonical = _laid_out(table, ids, near_equal(sum(partition_rows), shards), shard_batch, seed, ranks, budget)
+    _log_placed(ranks, counts, shards, f", evened out as they hold {min(partition_rows)} to {max(partition_rows)} rows",
+                started)
     return canonical
+
+
+def _log_placed(ranks: Ranks, counts: list[int], shards: int, moved: str, started: float) -> None:
+    logger.info("rank %d: placed its %d training rows by %d logical partitions on %d ranks%s (%.2fs)", ranks.rank,
+                counts[ranks.rank], shards, ranks.world_size, moved, time.perf_counter() - started)
 
 
 def even_enough(rows: list[int]) -> bool:
