@@ -204,7 +204,8 @@ class EpochRows:
     steps: int
     _order: torch.Tensor | None = None
     _bounds: torch.Tensor | None = None
-    _slots: torch.Tensor | None = None
+    _slots: torch.Tensor | None = None  # on W != L ranks: where the table holds the row of each position
+    _kept: torch.Tensor | None = None  # where the table holds the row of each position, if not in order
 
     def take(self, step: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
         """This rank's rows of ``step`` (counted from the plan's start): ``(inputs, labels, weights)``."""
@@ -219,6 +220,12 @@ class EpochRows:
         """Rows all ranks together train on at ``step``."""
         return self.plan.samples(step)
 
+    def stand_in(self) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
+        """The row at this rank's first position (the same row whatever order the table
+        holds its rows in), for a step in which the rank trains none."""
+        first = int(self._kept[0]) if self._kept is not None and len(self._kept) else 0
+        return self.table.slice(first, first + 1)
+
 
 class CanonicalRows:
     """A rank's training rows in the run's logical shards, and each epoch's rows of the rank.
@@ -226,8 +233,8 @@ class CanonicalRows:
     Row ``i`` of logical shard ``j`` has the id ``i * L + j`` in the run.
 
     Args:
-        table: The rows this rank holds: on L ranks, logical shard ``rank``'s in position
-            order; elsewhere any rows, ``ids`` saying which.
+        table: The rows this rank holds: on L ranks, logical shard ``rank``'s (in position
+            order, or where ``slots`` says); elsewhere any rows, ``ids`` saying which.
         shard_rows: Training rows of each logical shard (L of them).
         shard_batch: Rows of each shard per global step.
         seed: The run's seed.
@@ -259,7 +266,7 @@ class CanonicalRows:
             order = epoch_order(len(self.table), self.seed, epoch, self.ranks.rank)
             if self.slots is not None:
                 order = self.slots[order].long()
-            return EpochRows(self.table, plan, plan.steps, _order=order)
+            return EpochRows(self.table, plan, plan.steps, _order=order, _kept=self.slots)
         rank = self.ranks.rank
         to_rank, to_position, pieces, sizes = self._destinations(plan, epoch)
         self.table, arrived, carry = stream_rows(self.table, to_rank, to_position, int(sizes[rank]), self.ranks,
@@ -267,7 +274,8 @@ class CanonicalRows:
         self.ids = carry(self.ids)
         self.moved(self.table)
         bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(pieces[:, rank], 0)])
-        return EpochRows(self.table, plan, plan.steps, _bounds=bounds, _slots=slots_of(arrived))
+        slots = slots_of(arrived)
+        return EpochRows(self.table, plan, plan.steps, _bounds=bounds, _slots=slots, _kept=slots)
 
     def _destinations(self, plan: EpochPlan, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                   torch.Tensor]:
@@ -533,7 +541,7 @@ def stream_rows(table: Table, to_rank: torch.Tensor, to_position: torch.Tensor, 
     new rows' order. Each rank sends its rows in the order it holds them and gives each
     round's memory back once it is sent (``table`` is not read again), and each new column
     fills from its start (one front per sender), so a rank's memory holds its rows not yet
-    sent, those received and one round.
+    sent, those received and one round (up to a chunk from each rank).
 
     Raises:
         ValueError: The ranks' positions do not fill this rank's ``size`` rows once each.
@@ -614,8 +622,10 @@ def _releasable(table: Table) -> set[int]:
     spans = {}
     for c, column in enumerate(table.columns()):
         rows = column.values if isinstance(column, RaggedColumn) else column
-        if isinstance(rows, DenseColumn) and rows.tensor.nbytes:
-            spans[c] = (rows.tensor.data_ptr(), rows.tensor.data_ptr() + rows.tensor.nbytes)
+        if isinstance(rows, DenseColumn) and rows.tensor.numel():
+            tensor = rows.tensor  # the bytes it reads, however strided
+            last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+            spans[c] = (tensor.data_ptr(), tensor.data_ptr() + (last + 1) * tensor.element_size())
     return {c for c, (begin, end) in spans.items()
             if not any(b < end and begin < e for d, (b, e) in spans.items() if d != c)}
 
@@ -657,7 +667,8 @@ class _Route:
 
     def rounds(self, values: int) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
         """Collective: the same rounds on every rank, each sending the next ``values`` rows
-        (at least one) a rank holds, in the order it holds them: ``(rows, numbers, sent)``,
+        (at least one, at most :data:`_CHUNK_ROWS`) a rank holds, in the order it holds them
+        (a rank may receive up to W times that in a round): ``(rows, numbers, sent)``,
         this rank's rows sent in the round (by the rank they go to), the numbers of those
         arriving (see :meth:`arrive`) and how many of its first rows are sent once it ends."""
         world, chunk, held = self.ranks.world_size, max(1, min(values, _CHUNK_ROWS)), len(self.to_rank)

@@ -204,9 +204,10 @@ class IngestedRows:
     may be None when the partition has none).
 
     A worker may hold them for a later fit (:mod:`~spark_torch_est.ingest.held`); once a fit
-    laid the training rows out in the run's order, the held rows stay that way (one copy of
-    the rows, not two), so a later fit on the same rows and ranks trains on them without
-    laying them out again.
+    laid the training rows out in the run's logical shards (in position order, or with
+    ``slots`` where a move kept them in the order they arrived), the held rows stay that way
+    (one copy of the rows, not two), so a later fit on the same rows and ranks trains on them
+    without laying them out again.
 
     Attributes:
         source: What the rows were read from, for rows a later fit may find held; "" for

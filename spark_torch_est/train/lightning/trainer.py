@@ -232,7 +232,7 @@ class _EpochBatches:
                 if not len(plan.table):
                     raise InvalidInputError(f"rank {self.owner.ranks.rank} holds no training row: the DataFrame "
                                             "has fewer rows than numWorkers; lower numWorkers")
-                inputs, labels, weights = plan.table.slice(0, 1)
+                inputs, labels, weights = plan.stand_in()
             self.samples.append(samples)
             self.shares.append(share)
             yield self.owner.batch(inputs, labels, weights)

@@ -418,21 +418,41 @@ def test_rows_streamed_to_other_ranks_hold_the_old_and_new_rows_together_a_round
     assert growth[True] < growth[False] / 3
 
 
-def test_a_streamed_move_keeps_columns_that_share_their_memory_whole():
-    """Columns that share memory (labels viewing the inputs' first values) are sent whole:
-    the inputs' memory is not given back while the labels still need it."""
+@pytest.mark.parametrize("labels", ["the inputs' first values", "a strided view of the inputs' memory"])
+def test_a_streamed_move_keeps_columns_that_share_their_memory_whole(labels):
+    """Columns that share memory (labels viewing the inputs' values, contiguous or strided)
+    are sent whole: the inputs' memory is not given back while the labels still need it."""
     from spark_torch_est.core.ranks import Ranks
     from spark_torch_est.ingest.canonical import stream_rows
 
     rows = 100_000
-    block = torch.arange(rows * 65, dtype=torch.float32).reshape(rows, 65)
-    table = Table([DenseColumn(block)], DenseColumn(block.reshape(-1)[:rows]))
-    expected_inputs, expected_labels = block.clone(), block.reshape(-1)[:rows].clone()
+    if labels == "the inputs' first values":
+        block = torch.arange(rows * 65, dtype=torch.float32).reshape(rows, 65)
+        inputs, viewed = block, block.reshape(-1)[:rows]
+    else:  # the inputs are the second half of the memory, the labels every other value of it all
+        memory = torch.arange(rows * 2, dtype=torch.float32)
+        inputs, viewed = memory[rows:].reshape(rows, 1), memory.reshape(rows, 2)[:, 0]
+    table = Table([DenseColumn(inputs)], DenseColumn(viewed))
+    expected_inputs, expected_labels = inputs.clone(), viewed.clone()
     order = torch.from_numpy(np.random.default_rng(1).permutation(rows))
     moved, positions, _ = stream_rows(table, torch.zeros(rows, dtype=torch.int64), order, rows,
                                       Ranks(0, 1, torch.device("cpu")), None)
     assert torch.equal(moved.inputs[0].tensor, expected_inputs[torch.argsort(order)[positions]])
     assert torch.equal(moved.labels.tensor, expected_labels[torch.argsort(order)[positions]])
+
+
+def test_a_rank_stands_in_for_a_step_without_rows_with_the_row_at_its_first_position():
+    """A step in which a rank trains no row (Lightning) runs the row at the rank's first
+    position: the same row whatever order the rows came in and were kept in."""
+    from spark_torch_est.core.ranks import Ranks
+    from spark_torch_est.ingest.canonical import to_canonical
+
+    stand_ins = []
+    for order in (torch.arange(8), torch.tensor([5, 2, 7, 0, 3, 6, 1, 4])):
+        table = Table([DenseColumn(torch.arange(8.0)[order].unsqueeze(1))], DenseColumn(torch.arange(8.0)[order]))
+        rows = to_canonical(table, [8], 1, 4, 0, Ranks(0, 1, torch.device("cpu")))
+        stand_ins.append(float(rows.epoch(0, 0).stand_in()[1]))
+    assert stand_ins[0] == stand_ins[1]
 
 
 def _held_rank(rank: int, world: int, directory: str, forget: bool, results) -> None:
