@@ -414,8 +414,8 @@ def test_rows_streamed_to_other_ranks_hold_the_old_and_new_rows_together_a_round
         growth[streamed] = max(mb for _, mb, _, _ in got)
     print("peak RSS a 77 MB move adds, streamed / into place:", growth[True], "/", growth[False], "MB")
     assert growth[False] > 70, "written into their places, the new rows take memory before the old ones go"
-    assert growth[True] < 0.4 * 77, "streamed: the move's indexes (5 of 8 bytes a row: 12 MB), a round, slack"
-    assert growth[True] < growth[False] / 3
+    assert growth[True] < 0.5 * 77, "streamed: the move's indexes (6 of 8 bytes a row: 14 MB), a round, slack"
+    assert growth[True] < growth[False] / 2.5
 
 
 @pytest.mark.parametrize("labels", ["the inputs' first values", "a strided view of the inputs' memory"])
