@@ -204,8 +204,7 @@ class EpochRows:
     steps: int
     _order: torch.Tensor | None = None
     _bounds: torch.Tensor | None = None
-    _slots: torch.Tensor | None = None  # on W != L ranks: where the table holds the row of each position
-    _kept: torch.Tensor | None = None  # where the table holds the row of each position, if not in order
+    _slots: torch.Tensor | None = None  # where the table holds the row of each position (None: in order)
 
     def take(self, step: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
         """This rank's rows of ``step`` (counted from the plan's start): ``(inputs, labels, weights)``."""
@@ -223,7 +222,7 @@ class EpochRows:
     def stand_in(self) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor | None]:
         """The row at this rank's first position (the same row whatever order the table
         holds its rows in), for a step in which the rank trains none."""
-        first = int(self._kept[0]) if self._kept is not None and len(self._kept) else 0
+        first = int(self._slots[0]) if self._slots is not None and len(self._slots) else 0
         return self.table.slice(first, first + 1)
 
 
@@ -266,7 +265,7 @@ class CanonicalRows:
             order = epoch_order(len(self.table), self.seed, epoch, self.ranks.rank)
             if self.slots is not None:
                 order = self.slots[order].long()
-            return EpochRows(self.table, plan, plan.steps, _order=order, _kept=self.slots)
+            return EpochRows(self.table, plan, plan.steps, _order=order, _slots=self.slots)
         rank = self.ranks.rank
         to_rank, to_position, pieces, sizes = self._destinations(plan, epoch)
         self.table, arrived, carry = stream_rows(self.table, to_rank, to_position, int(sizes[rank]), self.ranks,
@@ -275,7 +274,7 @@ class CanonicalRows:
         self.moved(self.table)
         bounds = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(pieces[:, rank], 0)])
         slots = slots_of(arrived)
-        return EpochRows(self.table, plan, plan.steps, _bounds=bounds, _slots=slots, _kept=slots)
+        return EpochRows(self.table, plan, plan.steps, _bounds=bounds, _slots=slots)
 
     def _destinations(self, plan: EpochPlan, epoch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                   torch.Tensor]:
