@@ -21,7 +21,8 @@ def test_workers_forked_from_the_package_daemon_have_torch_from_their_first_task
     out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["preloaded"] == [True, True], "the first job's workers had torch before their task ran"
+    assert result["preloaded"] == [[True, True]] * 2, "the first job's workers had torch and torch._dynamo before " \
+        "their task ran"
     losses = result["losses"]
     assert len(losses) == 3 and losses[-1] < losses[0] / 2, losses
     assert result["scored"] == 256 and result["evaluated"] == pytest.approx(result["mse"], rel=1e-4)
