@@ -409,7 +409,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
                      name: str | None, view: DriverView) -> TorchModel:
         plan = plan_fit(self, self._run_creators, dataset, duration, start, self._fresh_hooks, own=self._checkpoint)
         progress = plan.progress
-        rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB())
+        rows = KeptIngest(dataset.sparkSession, plan.frame, plan.source, self.getNumWorkers(), self.getKeepIngestedMB(),
+                          plan.staging)
         loggers = LoggerDispatch(self._loggers, plan.spec.run_id, progress)
         spec = _with_stop_wait(plan.spec, loggers.stop_wait_s)
         loggers.start({p.name: v for p, v in self.extractParamMap().items() if p.name != "config"}, self.getConfig(),
@@ -438,6 +439,8 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         except BaseException as error:
             loggers.fail(error)
             raise
+        finally:
+            rows.close()
         model = self._fitted(checkpoint)
         loggers.finish(model, checkpoint)
         if loggers.stop_error is not None:  # a logger stopped the fit to have it raise this (optuna.TrialPruned)

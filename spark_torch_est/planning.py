@@ -31,7 +31,14 @@ from spark_torch_est.core.running import fit_logger
 from spark_torch_est.core.schema import InputSchema
 from spark_torch_est.core.spec import ColumnNames, FileSource, TaskSpec, placed_by
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
-from spark_torch_est.ingest.frames import check_inputs, frame_outputs, input_schema, training_columns, training_frame
+from spark_torch_est.ingest.frames import (
+    check_inputs,
+    frame_outputs,
+    input_schema,
+    staging_frame,
+    training_columns,
+    training_frame,
+)
 from spark_torch_est.ingest.parquet_plan import parquet_source
 from spark_torch_est.model import TorchModel
 from spark_torch_est.params.base import EstimatorParams
@@ -62,6 +69,9 @@ class FitPlan:
         frame: The job's DataFrame (one empty-handed row per rank when ``source`` is set).
         source: The Parquet files the ranks read themselves, or None.
         spec: The frozen spec every task gets.
+        staging: The training columns in the DataFrame's own partitions, which a staging
+            job may write out for the ranks instead of the frame's shuffle (see
+            :func:`frames.staging_frame`), or None.
     """
 
     progress: Progress
@@ -70,6 +80,7 @@ class FitPlan:
     frame: DataFrame
     source: FileSource | None
     spec: TaskSpec
+    staging: DataFrame | None = None
 
 
 def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, duration: str | Duration | None,
@@ -102,16 +113,16 @@ def plan_fit(params: EstimatorParams, creators: Creators, dataset: DataFrame, du
                           params.getMaxEpochs())
     if like is not None:
         check_creators(params, creators, start)
-        schema, frame, source, ordered = like.schema, like.frame, like.source, like.spec.ordered
+        schema, frame, source, ordered, staging = like.schema, like.frame, like.source, like.spec.ordered, like.staging
     else:
         schema = input_schema_of(params, dataset)
         if start is not None:
             check_inputs(dataset.schema, start.input_schema, schema)
-        frame, source, ordered = _checked_frame(params, creators, dataset, schema, start)
+        frame, source, ordered, staging = _checked_frame(params, creators, dataset, schema, start)
     run_id, parent = run_of(start, own, params.getCheckpointDir())
     spec = task_spec(params, creators, target, schema, start, source, fresh_hooks, run_id=run_id, parent=parent,
                      ordered=ordered)
-    return FitPlan(progress, target, schema, frame, source, spec)
+    return FitPlan(progress, target, schema, frame, source, spec, staging)
 
 
 def check_static(dataset: DataFrame) -> None:
@@ -426,30 +437,32 @@ def in_order(dataset: DataFrame, start: Checkpoint | None) -> bool:
 
 
 def _checked_frame(params: EstimatorParams, creators: Creators, dataset: DataFrame, schema: InputSchema,
-                   start: Checkpoint | None) -> tuple[DataFrame, FileSource | None, bool]:
+                   start: Checkpoint | None) -> tuple[DataFrame, FileSource | None, bool, DataFrame | None]:
     """Checks the creators and plans the training frame side by side: the JVM plans the
     frame (slow in a fresh session) while Python builds the model and optimizer (the first
     optimizer in a process imports ``torch._dynamo``, which is slow too). A creator error
     wins over a column error. Under Spark Connect the client plans nothing, so both run in
     turn. A plain Parquet table is read by the ranks themselves (see
     :mod:`spark_torch_est.ingest.parquet_plan`): the job's frame is then one empty-handed row
-    per rank. Also says whether rows through Spark come in order (see :func:`in_order`)."""
-    def plan() -> tuple[DataFrame, FileSource | None, bool]:
+    per rank. Also says whether rows through Spark come in order (see :func:`in_order`), and
+    what a staging job may write instead of the frame's shuffle (see :func:`frames.staging_frame`)."""
+    def plan() -> tuple[DataFrame, FileSource | None, bool, DataFrame | None]:
         workers = params.getNumWorkers()
         columns = training_columns(dataset, **_frame_columns(params, schema))
         source = _direct_source(params, dataset, schema, workers)
         if source is not None:
-            return dataset.sparkSession.range(0, workers, 1, workers), source, False
+            return dataset.sparkSession.range(0, workers, 1, workers), source, False, None
         ordered = in_order(dataset, start)
         partitions = (start.shards if start is not None else workers) if ordered else None
-        return training_frame(dataset, columns, workers, partitions), None, ordered
+        staging = None if is_remote() else staging_frame(dataset, columns, workers, partitions)  # files need hosts
+        return training_frame(dataset, columns, workers, partitions), None, ordered, staging
 
     if is_remote():
         check_creators(params, creators, start)
         return plan()
     as_caller = jvm.in_caller_properties(dataset.sparkSession.sparkContext)  # the caller's job group, pool, ...
 
-    def plan_here() -> tuple[DataFrame, FileSource | None, bool]:
+    def plan_here() -> tuple[DataFrame, FileSource | None, bool, DataFrame | None]:
         as_caller()
         return plan()
 

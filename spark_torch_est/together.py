@@ -129,7 +129,8 @@ class Together:
         self._copies = copies
         workers = estimator.getNumWorkers()
         spec = dataclasses.replace(plans[0].spec, together=tuple(plan.spec for plan in plans[1:]))
-        rows = KeptIngest(self.dataset.sparkSession, first.frame, first.source, workers, estimator.getKeepIngestedMB())
+        rows = KeptIngest(self.dataset.sparkSession, first.frame, first.source, workers, estimator.getKeepIngestedMB(),
+                          first.staging)
         self._views = RunViews([DriverView(c.getShowProgress(), plan.progress, plan.target, workers * c.getBatchSize(),
                                            estimator._search_name(params))
                                 for c, plan, params in zip(copies, plans, maps)])
@@ -162,6 +163,7 @@ class Together:
             logger.warning("training the %d maps of %s together in one job failed (%s: %s); the maps it did not "
                            "train are fitted one at a time", maps, fold, type(error).__name__, error)
         finally:
+            self._launcher.rows.close()  # the staged rows, if any
             self._end()
 
     def _end(self) -> None:

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from pyspark import SparkContext
@@ -295,6 +295,7 @@ class Launcher:
         with self._driver_services(launch, spec.world_size, 1 + len(spec.together)) as (launch, channel):
             started = time.perf_counter()
             try:
+                spec, frame = self._staged(spec, launch, frame)
                 ended = self._collect(spec, launch, frame, grow)
             except SparkTorchError:
                 raise
@@ -309,6 +310,16 @@ class Launcher:
             logger.info("training job %s finished on %d ranks in %.1fs", launch.job_id, spec.world_size,
                         time.perf_counter() - started)
             return Finished(_checkpoint_bytes(ended, channel, launch.job_id))
+
+    def _staged(self, spec: TaskSpec, launch: Launch, frame: DataFrame) -> tuple[TaskSpec, DataFrame]:
+        """The job, its rows staged first where it would read them through the rows'
+        shuffle and they may be (see :meth:`KeptIngest.stage`)."""
+        def run(job: DataFrame) -> pa.Table:
+            return cast(pa.Table, self._run_job(job, launch, 0))  # no slots to lose, none to grow back to
+
+        if frame is not self.rows.training_frame or not self.rows.stage(run):
+            return spec, frame
+        return self.rows.spec(spec), self.rows.frame
 
     def _collect(self, spec: TaskSpec, launch: Launch, frame: DataFrame,
                  grow: GrowWatch | None = None) -> pa.Table | SlotsLost | GrowBack:

@@ -40,6 +40,7 @@ from spark_torch_est.core.worker_gc import freeze_older
 from spark_torch_est.ingest import held
 from spark_torch_est.ingest.kept import keep_while_reading, take_kept
 from spark_torch_est.ingest.parquet_read import read_part
+from spark_torch_est.ingest.staged import staged_batches
 from spark_torch_est.ingest.tables import IngestedRows, read_rows
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.devices import cpu_despite_gpus, task_device
@@ -106,6 +107,10 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
                 pass
             reading = _Beside(lambda: _ingest(spec, iter(()), rank))
         else:  # before the rendezvous: a rank meets the others once its rows are in (see docs/ingest.md)
+            if spec.staged is not None:  # its logical partition, from the staged files
+                for _ in batches:  # the job's input: one row per rank, nothing to train on
+                    pass
+                batches = staged_batches(spec.staged, rank, spec.world_size)
             ingested = _ingest(spec, _noting_first(batches, arrived), rank)
         ingest_done = time.perf_counter()  # the rows are in, or being read beside
         stage = "rendezvous"

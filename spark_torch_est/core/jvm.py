@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import threading
 import weakref
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from spark_torch_est.core.support import installed
 __all__ = [
     "CHECKED_ON", "collect_arrow", "sql_settings", "task_slots", "broadcast_threshold", "plan_size_bytes",
     "barrier_partitions", "order_unstable", "parquet_scan", "describe_plan", "cache_alive", "local_dirs",
-    "in_caller_properties", "deny_log_records", "context_setting",
+    "in_caller_properties", "deny_log_records", "context_setting", "one_host",
 ]
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,25 @@ def task_slots(spark: SparkSession) -> int | None:
         return int(jsc.maxNumConcurrentTasks(profile))
     except Exception:  # Connect sessions have no SparkContext; Spark's own barrier check remains
         return None
+
+
+def one_host(spark: SparkSession) -> bool:
+    """Whether the driver and every executor run on one host (local mode, a cluster on one
+    machine): a file one of them writes, the others can read. False where Spark cannot say
+    (Spark Connect)."""
+    try:
+        context = spark.sparkContext._jsc.sc()
+        if context.isLocal():
+            return True
+        hosts = {str(info.host()) for info in context.statusTracker().getExecutorInfos()}  # the driver's too
+    except Exception:  # Connect sessions have no SparkContext
+        return False
+    if len(hosts) > 1:  # the driver may be "localhost" and its executors 127.0.0.1
+        try:
+            hosts = {socket.gethostbyname(host) for host in hosts}
+        except OSError:
+            return False
+    return len(hosts) == 1
 
 
 def broadcast_threshold(spark: SparkSession) -> int:

@@ -10,7 +10,8 @@ from enum import Enum
 from spark_torch_est.core.progress import Interval, Parent, Target
 from spark_torch_est.core.schema import InputSchema
 
-__all__ = ["TaskSpec", "Launch", "ColumnNames", "FilePart", "FileSource", "How", "KeptPlan", "JOB_FIELDS", "placed_by"]
+__all__ = ["TaskSpec", "Launch", "ColumnNames", "FilePart", "FileSource", "How", "KeptPlan", "StagedRows", "JOB_FIELDS",
+           "placed_by"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,19 @@ class KeptPlan:
 
 
 @dataclass(frozen=True)
+class StagedRows:
+    """The training frame's rows, written by a staging job (see :mod:`spark_torch_est.ingest.staged`).
+
+    Attributes:
+        directory: The fit's folder of staged files, on the host of every executor.
+        parts: ``(input partition, rows)`` of every input partition, in order.
+    """
+
+    directory: str
+    parts: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """What one fit trains; picklable, holds no Spark or torch objects.
 
@@ -136,6 +150,8 @@ class TaskSpec:
         shard_modules: Class names of the submodules sharded before the root (``shardModules``),
             or None for every direct child holding parameters.
         kept: The rows kept between fits, or None (``keepIngestedMB``, see :mod:`spark_torch_est.ingest.kept`).
+        staged: The training frame's rows, written beside the job by a staging job: the job's
+            input is then one row per rank (see :mod:`spark_torch_est.ingest.staged`); or None.
         stop_wait_s: Seconds the driver takes at most to answer rank 0's question, at each
             epoch end, whether a driver-side logger asks the fit to stop; None when no logger
             may ask (rank 0 then never asks).
@@ -179,6 +195,7 @@ class TaskSpec:
     strategy: str = "ddp"
     shard_modules: tuple[str, ...] | None = None
     kept: KeptPlan | None = None
+    staged: StagedRows | None = None
     stop_wait_s: float | None = None
     parent: Parent | None = None
     global_batch: int | None = None
@@ -213,13 +230,13 @@ class TaskSpec:
         """
         batch_size = -(-self.batch_size * self.world_size // world_size)
         return replace(self, world_size=world_size, batch_size=batch_size, source=source, kept=None,
-                       global_batch=self.global_rows_per_step)
+                       staged=None, global_batch=self.global_rows_per_step)
 
 
 #: The fields of a :class:`TaskSpec` that make its job (its ranks, the rows they read and
 #: how): the runs a job trains together (``TaskSpec.together``) share them.
 JOB_FIELDS = ("schema", "world_size", "timeout_s", "use_gpu", "columns", "memory_budget", "source", "kept",
-              "ordered", "shards", "strategy", "lightning")
+              "staged", "ordered", "shards", "strategy", "lightning")
 
 
 @dataclass(frozen=True)

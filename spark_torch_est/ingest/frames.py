@@ -22,7 +22,8 @@ from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.ingest.spark_types import is_numeric, tensor_dtype
 
 __all__ = ["features_kind", "label_kind", "check_validation_col", "feature_column", "label_column",
-           "input_schema", "check_inputs", "weight_column", "training_columns", "training_frame", "frame_outputs"]
+           "input_schema", "check_inputs", "weight_column", "training_columns", "training_frame", "staging_frame",
+           "frame_outputs"]
 
 ROW_ORDER = "__ste_row_order"
 _PARTITION_KEY = "__ste_partition_key"  # the hash partitioning's key of a row's residue (see _by_position)
@@ -321,6 +322,17 @@ def training_frame(df: DataFrame, columns: list[Column], num_workers: int, parti
     if logical == num_workers:
         return frame
     return frame.withColumn(ROW_ID, F.monotonically_increasing_id()).repartition(num_workers, ROW_ID)
+
+
+def staging_frame(df: DataFrame, columns: list[Column], num_workers: int, partitions: int | None) -> DataFrame | None:
+    """``columns`` of ``df`` in its own partitions, where :func:`training_frame` shuffles
+    them into as many logical partitions as ranks, dealt out by their positions: a staging
+    job may then write them out for the ranks to read (see
+    :mod:`spark_torch_est.ingest.staged`) instead of the shuffle. None otherwise: no
+    shuffle, rows placed by hashing, or a run continued on another number of ranks."""
+    if partitions is None or partitions != num_workers or jvm.barrier_partitions(df) == partitions:
+        return None
+    return df.select(*columns)
 
 
 def _by_position(frame: DataFrame, partitions: int) -> DataFrame:

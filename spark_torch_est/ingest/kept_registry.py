@@ -29,18 +29,22 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import pyarrow as pa
 from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_torch_est.core import jvm
 from spark_torch_est.core.running import fit_logger
-from spark_torch_est.core.spec import FileSource, KeptPlan, TaskSpec
+from spark_torch_est.core.spec import FileSource, KeptPlan, StagedRows, TaskSpec
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.ingest.kept import KEPT_FOLDER, MISSING
+from spark_torch_est.ingest.staged import STAGED_MISSING, stage
 
 __all__ = ["KeptIngest", "frame_key"]
 
@@ -81,7 +85,9 @@ def frame_key(frame: DataFrame) -> tuple[str, tuple[int, ...]] | None:
 
 class KeptIngest:
     """One fit's rows: the training frame through Spark, keeping what each rank receives,
-    or the parts the executors kept of it; the launcher asks before each job.
+    or the parts the executors kept of it, or the rows a staging job wrote out for the
+    ranks instead of the frame's shuffle (see :mod:`spark_torch_est.ingest.staged`); the
+    launcher asks before each job.
 
     Args:
         spark: The session.
@@ -90,10 +96,13 @@ class KeptIngest:
             are the rows, read at pyarrow's speed), or None.
         workers: The ranks (``numWorkers``).
         limit_mb: ``keepIngestedMB``; 0 keeps nothing.
+        staging: The training columns in the DataFrame's own partitions, when the frame
+            shuffles them into as many logical partitions as ranks (see
+            :func:`frames.staging_frame`); None: the frame is read as it is.
     """
 
     def __init__(self, spark: SparkSession, frame: DataFrame, source: FileSource | None, workers: int,
-                 limit_mb: float) -> None:
+                 limit_mb: float, staging: DataFrame | None = None) -> None:
         self.spark = spark
         self.training_frame = frame
         self.workers = workers
@@ -101,6 +110,9 @@ class KeptIngest:
         self._planned = source is not None or limit_mb <= 0  # nothing is kept: no plan to make
         self._limit_mb = limit_mb
         self._caches: tuple[int, ...] = ()
+        self._staging = staging
+        self._staged: StagedRows | None = None
+        self._folder: str | None = None  # the staged files' folder, removed by close()
 
     @property
     def plan(self) -> KeptPlan | None:
@@ -135,28 +147,68 @@ class KeptIngest:
     @property
     def frame(self) -> DataFrame:
         """What the next job reads: the training frame, or one row per rank when the ranks
-        take the parts they kept."""
-        if self.plan is not None and self.plan.mode == "read":
+        take the parts they kept or read the staged rows."""
+        if (self.plan is not None and self.plan.mode == "read") or self._staged is not None:
             return self.spark.range(0, self.workers, 1, self.workers)
         return self.training_frame
 
     def spec(self, spec: TaskSpec) -> TaskSpec:
-        """``spec`` with the next job's plan for kept rows."""
-        return replace(spec, kept=self.plan)
+        """``spec`` with the next job's plan for kept rows and the staged rows."""
+        return replace(spec, kept=self.plan, staged=self._staged)
+
+    def stage(self, run: Callable[[DataFrame], pa.Table]) -> bool:
+        """Writes the rows out for the next job's ranks through the job ``run`` runs, where
+        they would come through the frame's shuffle and every executor runs on the driver's
+        host (once a fit); whether the next job reads them staged.
+
+        Raises:
+            Exception: The staging job's error (the DataFrame's own, as the shuffle's would be).
+        """
+        if self._staged is not None:
+            return True
+        if self._staging is None or (self.plan is not None and self.plan.mode == "read"):
+            return False
+        if not jvm.one_host(self.spark):
+            logger.info("the rows come through Spark's shuffle: the executors run on more than one host")
+            self._staging = None
+            return False
+        roots = jvm.local_dirs(self.spark.sparkContext)
+        self._folder = tempfile.mkdtemp(prefix="spark_torch_est-staged-", dir=roots[0] if roots else None)
+        started = time.perf_counter()
+        self._staged = stage(self._staging, self._folder, run)
+        logger.info("staged %d rows of %d partitions in %.1fs: the ranks read them without a shuffle",
+                    sum(rows for _, rows in self._staged.parts), len(self._staged.parts),
+                    time.perf_counter() - started)
+        return True
+
+    def close(self) -> None:
+        """Removes the staged rows (the fit ended)."""
+        self._staged = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
     def missing(self, error: Exception) -> bool:
-        """Whether ``error`` is the ranks finding a kept part gone (then :meth:`read_again`)."""
-        return self.plan is not None and self.plan.mode == "read" and isinstance(error, InvalidInputError) \
-            and MISSING in str(error)
+        """Whether ``error`` is the ranks finding a kept part gone, or staged rows they cannot
+        read (then :meth:`read_again`)."""
+        if not isinstance(error, InvalidInputError):
+            return False
+        kept = self.plan is not None and self.plan.mode == "read" and MISSING in str(error)
+        return kept or (self._staged is not None and STAGED_MISSING in str(error))
 
     def read_again(self) -> None:
         """The next job reads the training frame through Spark, keeping its rows anew (a
-        kept part was gone, see :meth:`missing`)."""
-        if self.plan is None:
+        kept part was gone, or the staged rows were not readable: through the shuffle,
+        see :meth:`missing`)."""
+        if self.plan is not None and self.plan.mode == "read":
+            with _KEPT.lock:
+                _KEPT.keys.pop(self.plan.key, None)
+            self.plan = replace(self.plan, mode="write", drop=())
             return
-        with _KEPT.lock:
-            _KEPT.keys.pop(self.plan.key, None)
-        self.plan = replace(self.plan, mode="write", drop=())
+        if self._staged is not None:
+            logger.warning("the ranks could not read the staged rows: the relaunch reads them through Spark's shuffle")
+            self.close()
+            self._staging = None
 
     def relaunching(self) -> None:
         """A job failed and is launched again: if it was keeping the rows, the ranks that

@@ -4,7 +4,10 @@ it may not, and the fit's log says which and why."""
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from pyspark.sql import functions as F
 
 from spark_torch_est.core import jvm
 from spark_torch_est.core.protocol import LABEL
+from spark_torch_est.ingest import kept_registry
 from spark_torch_est.ingest.frames import _partition_keys, spark_hash_long
 from spark_torch_est.planning import input_schema_of, plan_frame
 from tests.helpers import SeenRows, linear_estimator, seen_rows
@@ -119,3 +123,47 @@ def test_which_plans_reproduce_their_order(spark, numbered, linear_df, tmp_path)
                             "shuffles"),
                            (spark.createDataFrame(rdd.map(lambda i: (i,)).repartition(3), "x long"), "RDD")):
         assert why in (jvm.order_unstable(unordered) or ""), unordered._jdf.queryExecution().executedPlan().toString()
+
+
+def _staged_folders(spark) -> set[str]:
+    return {folder for root in jvm.local_dirs(spark.sparkContext)
+            for folder in glob.glob(os.path.join(glob.escape(root), "spark_torch_est-staged-*"))}
+
+
+@pytest.mark.compat
+def test_a_first_fit_on_one_host_reads_the_rows_staged_as_the_shuffle_would_bring_them_and_removes_them(
+        spark, numbered, caplog, monkeypatch):
+    before = _staged_folders(spark)
+    staged = linear_estimator(maxEpochs=2, batchSize=32, keepIngestedMB=0)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+        staged.fit(numbered)
+    assert any(m.startswith(f"staged {ROWS} rows of 3 partitions") for m in _messages(caplog)), _messages(caplog)
+    assert _staged_folders(spark) == before, "the staged rows go when the fit ends"
+    monkeypatch.setattr(jvm, "one_host", lambda session: False)  # as a cluster of several hosts
+    caplog.clear()
+    shuffled = linear_estimator(maxEpochs=2, batchSize=32, keepIngestedMB=0)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+        shuffled.fit(numbered)
+    assert "the rows come through Spark's shuffle: the executors run on more than one host" in _messages(caplog)
+    assert [h["train_loss"] for h in staged.history] == [h["train_loss"] for h in shuffled.history]
+    for key, value in staged.checkpoint.model_state.items():
+        assert torch.equal(value, shuffled.checkpoint.model_state[key]), "the same rows on the same ranks, in order"
+
+
+def test_staged_rows_a_rank_cannot_read_are_read_through_the_shuffle_in_the_same_fit(spark, numbered, tmp_path,
+                                                                                      caplog, monkeypatch):
+    real = kept_registry.stage
+
+    def elsewhere(frame, directory, run):  # written where the ranks cannot read them (another host)
+        return dataclasses.replace(real(frame, directory, run), directory=str(tmp_path / "on-another-host"))
+
+    reference = linear_estimator(maxEpochs=1, batchSize=32, keepIngestedMB=0)
+    reference.fit(numbered)
+    monkeypatch.setattr(kept_registry, "stage", elsewhere)
+    est = linear_estimator(maxEpochs=1, batchSize=32, keepIngestedMB=0, maxRetries=0)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+        est.fit(numbered)
+    assert any("could not read the staged rows" in m for m in _messages(caplog)), _messages(caplog)
+    assert est.progress.epoch == 1, "the fit trained, its relaunch not counted against maxRetries=0"
+    for key, value in reference.checkpoint.model_state.items():
+        assert torch.equal(value, est.checkpoint.model_state[key])
