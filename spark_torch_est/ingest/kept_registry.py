@@ -175,7 +175,7 @@ class KeptIngest:
         roots = jvm.local_dirs(self.spark.sparkContext)
         self._folder = tempfile.mkdtemp(prefix="spark_torch_est-staged-", dir=roots[0] if roots else None)
         started = time.perf_counter()
-        self._staged = stage(self._staging, self._folder, run)
+        self._staged = stage(self._staging, self.workers, self._folder, run)
         logger.info("staged %d rows of %d partitions in %.1fs: the ranks read them without a shuffle",
                     sum(rows for _, rows in self._staged.parts), len(self._staged.parts),
                     time.perf_counter() - started)

@@ -10,11 +10,12 @@ and the sort each cost about as much as Spark's own scan of the rows.
 Where every executor runs on the driver's host (local mode, one machine), the rows take
 another way there, to the same partitions in the same order:
 
-1. a plain (not barrier) job over the DataFrame's own partitions writes each partition's
-   Arrow batches, as Spark hands them to Python, to one Arrow IPC file in a folder of the
-   fit (:func:`stage`), about the cost of Spark's scan;
-2. each rank of the training job reads every file and keeps the rows of its logical
-   partition (:func:`staged_batches`), which is what the shuffle would have brought it.
+1. a plain (not barrier) job over the DataFrame's own partitions deals each partition's
+   Arrow batches, as Spark hands them to Python, out to one Arrow IPC file per logical
+   partition in a folder of the fit (:func:`stage`), about the cost of Spark's scan;
+2. each rank of the training job reads the files of its logical partition, input
+   partition after input partition (:func:`staged_batches`): what the shuffle would
+   have brought it, each row read once by one rank.
 
 The ranks' rows are thus those of the shuffle, bitwise, so a run may go on either way
 (a relaunch, a later fit, a cluster of several hosts). A file that is gone or not as the
@@ -39,7 +40,8 @@ from spark_torch_est.errors import InputDataError, InvalidInputError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["STAGED_MISSING", "StagedPartMissing", "stage", "staged_batches", "part_file"]
+__all__ = ["STAGED_MISSING", "StagedPartMissing", "stage", "staged_batches", "part_file", "shard_rows",
+           "write_partition"]
 
 #: Starts the message of :class:`StagedPartMissing`: the driver reads the rows through Spark's shuffle instead.
 STAGED_MISSING = "the staged rows of this fit are not readable here"
@@ -52,20 +54,20 @@ class StagedPartMissing(InputDataError):
     host); the driver then reads the rows through Spark's shuffle."""
 
 
-def part_file(directory: str, partition: int) -> str:
-    """The Arrow IPC file of input partition ``partition``."""
-    return os.path.join(directory, f"part-{partition:05d}.arrow")
+def part_file(directory: str, partition: int, shard: int) -> str:
+    """The Arrow IPC file of the rows of input partition ``partition`` in logical partition ``shard``."""
+    return os.path.join(directory, f"part-{partition:05d}-{shard:05d}.arrow")
 
 
-def stage(frame: DataFrame, directory: str, run: Callable[[DataFrame], pa.Table]) -> StagedRows:
-    """Writes the rows of ``frame`` (the training columns in the DataFrame's own partitions)
-    to one file per partition under ``directory`` through the job ``run`` runs; what was
-    written.
+def stage(frame: DataFrame, shards: int, directory: str, run: Callable[[DataFrame], pa.Table]) -> StagedRows:
+    """Deals the rows of ``frame`` (the training columns in the DataFrame's own partitions)
+    out to ``shards`` logical partitions, in files under ``directory``, through the job
+    ``run`` runs; what was written.
 
     Raises:
         InvalidInputError: Spark ran no task: it proved the DataFrame empty.
     """
-    table = run(frame.mapInArrow(_writer(directory), "partition long, rows long"))
+    table = run(frame.mapInArrow(_writer(directory, shards), "partition long, rows long"))
     written = dict(zip(table.column("partition").to_pylist(), table.column("rows").to_pylist(), strict=True))
     if not written:
         raise InvalidInputError("the training DataFrame has no rows (Spark ran no task to read it)")
@@ -73,9 +75,9 @@ def stage(frame: DataFrame, directory: str, run: Callable[[DataFrame], pa.Table]
     return StagedRows(directory, parts)
 
 
-def _writer(directory: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The staging job's function: writes its partition's batches to a file of its own,
-    renamed into place once whole (a task Spark retries writes the same rows again)."""
+def _writer(directory: str, shards: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The staging job's function: writes its partition (see :func:`write_partition`) and
+    returns one row, the partition and its rows."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -84,55 +86,82 @@ def _writer(directory: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
         if context is None:
             raise RuntimeError("the staging job's function runs in a Spark task")
         partition = context.partitionId()
-        path = part_file(directory, partition)
-        temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-        rows = 0
-        writer: pa.ipc.RecordBatchFileWriter | None = None
-        try:
-            for batch in batches:
-                if writer is None:
-                    writer = pa.ipc.new_file(temporary, batch.schema)
-                writer.write_batch(batch)
-                rows += batch.num_rows
-            if writer is not None:
-                writer.close()
-                writer = None
-                os.replace(temporary, path)
-        finally:
-            if writer is not None:
-                writer.close()
-            if os.path.exists(temporary):
-                os.remove(temporary)
+        rows = write_partition(directory, shards, partition, batches)
         yield pa.RecordBatch.from_arrays([pa.array([partition], pa.int64()), pa.array([rows], pa.int64())],
                                          schema=_RESULT)
 
     return write
 
 
+def write_partition(directory: str, shards: int, partition: int, batches: Iterator[pa.RecordBatch]) -> int:
+    """Deals the batches of input partition ``partition`` out to a file per logical
+    partition (none when there are no batches), each the writer's own until renamed into
+    place once whole (a task Spark retries writes the same rows again); how many rows."""
+    attempt = uuid.uuid4().hex
+    temporary = [f"{part_file(directory, partition, shard)}.tmp-{attempt}" for shard in range(shards)]
+    writers: list[pa.ipc.RecordBatchFileWriter] = []
+    rows = 0
+    try:
+        for batch in batches:
+            if not writers:
+                writers = [pa.ipc.new_file(path, batch.schema) for path in temporary]
+            for shard, rows_of_shard in enumerate(_deal(batch, partition, rows, shards)):
+                if rows_of_shard is not None:
+                    writers[shard].write_batch(rows_of_shard)
+            rows += batch.num_rows
+        for writer in writers:
+            writer.close()
+        for shard, path in enumerate(temporary if writers else ()):
+            os.replace(path, part_file(directory, partition, shard))
+    finally:
+        for writer in writers:
+            writer.close()  # closing twice is a no-op
+        for path in temporary:
+            if os.path.exists(path):
+                os.remove(path)
+    return rows
+
+
+def _deal(batch: pa.RecordBatch, partition: int, seen: int, shards: int) -> list[pa.RecordBatch | None]:
+    """``batch``'s rows of each logical partition (None: none), its first row the
+    ``seen``-th of input partition ``partition``."""
+    if shards == 1:
+        return [batch]
+    first = (partition << _POSITION_SHIFT) + seen  # the position of the batch's first row
+    dealt: list[pa.RecordBatch | None] = []
+    for shard in range(shards):
+        start = (shard - first) % shards  # the batch's first row of this shard
+        dealt.append(batch.take(pa.array(np.arange(start, batch.num_rows, shards, dtype=np.int64)))
+                     if start < batch.num_rows else None)
+    return dealt
+
+
+def shard_rows(partition: int, rows: int, shard: int, shards: int) -> int:
+    """How many of the ``rows`` rows of input partition ``partition`` logical partition ``shard`` holds."""
+    start = (shard - (partition << _POSITION_SHIFT)) % shards
+    return max(0, -(-(rows - start) // shards))
+
+
 def staged_batches(staged: StagedRows, shard: int, shards: int) -> Iterator[pa.RecordBatch]:
-    """The rows of logical partition ``shard`` of ``shards``, in order: from every staged
-    file in turn, the rows whose position is ``shard`` modulo ``shards``.
+    """The rows of logical partition ``shard`` of ``shards``, in order: its file of every
+    input partition in turn.
 
     Raises:
         StagedPartMissing: A file is gone, or holds other rows than the staging job wrote.
     """
     for partition, rows in staged.parts:
-        if rows == 0:
+        expected = shard_rows(partition, rows, shard, shards)
+        if expected == 0:
             continue
-        path = part_file(staged.directory, partition)
+        path = part_file(staged.directory, partition, shard)
         try:
             reader = pa.ipc.open_file(pa.OSFile(path))  # read a batch at a time into memory, not mapped
         except (OSError, pa.ArrowInvalid) as error:
             raise StagedPartMissing(f"{STAGED_MISSING} ({path}: {error})") from None
-        first = partition << _POSITION_SHIFT  # the position of the partition's first row
         seen = 0
         for index in range(reader.num_record_batches):
             batch = reader.get_batch(index)
-            start = (shard - (first + seen)) % shards  # the batch's first row of this shard
-            if shards == 1:
-                yield batch
-            elif start < batch.num_rows:
-                yield batch.take(pa.array(np.arange(start, batch.num_rows, shards, dtype=np.int64)))
             seen += batch.num_rows
-        if seen != rows:
-            raise StagedPartMissing(f"{STAGED_MISSING} ({path} holds {seen} rows, the staging job wrote {rows})")
+            yield batch
+        if seen != expected:
+            raise StagedPartMissing(f"{STAGED_MISSING} ({path} holds {seen} rows, the staging job wrote {expected})")

@@ -154,8 +154,8 @@ def test_staged_rows_a_rank_cannot_read_are_read_through_the_shuffle_in_the_same
                                                                                       caplog, monkeypatch):
     real = kept_registry.stage
 
-    def elsewhere(frame, directory, run):  # written where the ranks cannot read them (another host)
-        return dataclasses.replace(real(frame, directory, run), directory=str(tmp_path / "on-another-host"))
+    def elsewhere(frame, shards, directory, run):  # written where the ranks cannot read them (another host)
+        return dataclasses.replace(real(frame, shards, directory, run), directory=str(tmp_path / "on-another-host"))
 
     reference = linear_estimator(maxEpochs=1, batchSize=32, keepIngestedMB=0)
     reference.fit(numbered)

@@ -10,26 +10,33 @@ import pyarrow as pa
 import pytest
 
 from spark_torch_est.core.spec import StagedRows
-from spark_torch_est.ingest.staged import STAGED_MISSING, StagedPartMissing, part_file, staged_batches
+from spark_torch_est.ingest.staged import (
+    STAGED_MISSING,
+    StagedPartMissing,
+    part_file,
+    shard_rows,
+    staged_batches,
+    write_partition,
+)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("features", pa.list_(pa.float32()))])
 
 
-def _write(directory: str, partition: int, ids: list[int], batch_rows: int) -> None:
-    schema = pa.schema([("id", pa.int64()), ("features", pa.list_(pa.float32()))])
-    with pa.ipc.new_file(part_file(directory, partition), schema) as writer:
-        for start in range(0, len(ids), batch_rows):
-            chunk = ids[start:start + batch_rows]
-            writer.write_batch(pa.RecordBatch.from_arrays(
-                [pa.array(chunk, pa.int64()), pa.array([[float(i), -float(i)] for i in chunk], pa.list_(pa.float32()))],
-                schema=schema))
+def _batches(ids: list[int], batch_rows: int):
+    for start in range(0, len(ids), batch_rows):
+        chunk = ids[start:start + batch_rows]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(chunk, pa.int64()), pa.array([[float(i), -float(i)] for i in chunk], pa.list_(pa.float32()))],
+            schema=SCHEMA)
 
 
-def _staged(tmp_path, sizes: list[int], batch_rows: int) -> tuple[StagedRows, list[tuple[int, int]]]:
-    """Partitions of ``sizes`` rows; each row's id is its (partition, row) as ``p * 1000 + k``."""
+def _staged(tmp_path, sizes: list[int], batch_rows: int, shards: int) -> tuple[StagedRows, list[tuple[int, int]]]:
+    """Partitions of ``sizes`` rows written as the staging job writes them; each row's id is
+    its (partition, row) as ``p * 1000 + k``."""
     rows = []
     for p, size in enumerate(sizes):
-        ids = [p * 1000 + k for k in range(size)]
-        if size:
-            _write(str(tmp_path), p, ids, batch_rows)
+        assert write_partition(str(tmp_path), shards, p, _batches([p * 1000 + k for k in range(size)], batch_rows)) \
+            == size
         rows += [(p, k) for k in range(size)]
     return StagedRows(str(tmp_path), tuple(enumerate(sizes))), rows
 
@@ -46,20 +53,22 @@ def _read(staged: StagedRows, shard: int, shards: int) -> list[int]:
 @pytest.mark.parametrize("sizes, batch_rows", [([10, 0, 7, 1], 3), ([1], 4), ([0, 0, 9], 2), ([33, 34, 35], 8)])
 def test_each_rank_reads_the_rows_a_shuffle_by_position_would_bring_it_in_their_order(tmp_path, shards, sizes,
                                                                                         batch_rows):
-    staged, rows = _staged(tmp_path, sizes, batch_rows)
+    staged, rows = _staged(tmp_path, sizes, batch_rows, shards)
     got = [_read(staged, shard, shards) for shard in range(shards)]
     for shard in range(shards):  # what the training frame's shuffle defines (frames._by_position)
         expected = sorted(((p << 33) + k, p * 1000 + k) for p, k in rows if ((p << 33) + k) % shards == shard)
         assert got[shard] == [row_id for _, row_id in expected]
+        assert sum(shard_rows(p, size, shard, shards) for p, size in enumerate(sizes)) == len(expected)
     assert sorted(sum(got, [])) == sorted(p * 1000 + k for p, k in rows), "every row once"
+    assert not [name for name in os.listdir(tmp_path) if ".tmp-" in name], "no writer's file is left"
 
 
 def test_a_file_gone_or_not_as_written_stops_the_rank_with_the_error_the_driver_reads_through_the_shuffle_on(
         tmp_path):
-    staged, _ = _staged(tmp_path, [4, 5], 2)
-    os.remove(part_file(str(tmp_path), 1))
+    staged, _ = _staged(tmp_path, [4, 5], 2, 2)
+    os.remove(part_file(str(tmp_path), 1, 0))
     with pytest.raises(StagedPartMissing, match=STAGED_MISSING):
         _read(staged, 0, 2)
-    _write(str(tmp_path), 1, [1000, 1001], 2)  # fewer rows than the staging job wrote
-    with pytest.raises(StagedPartMissing, match="holds 2 rows, the staging job wrote 5"):
+    write_partition(str(tmp_path), 2, 1, _batches([1000, 1001], 2))  # fewer rows than the staging job wrote
+    with pytest.raises(StagedPartMissing, match="holds 1 rows, the staging job wrote 2"):
         _read(staged, 1, 2)
