@@ -172,8 +172,9 @@ class KeptIngest:
             logger.info("the rows come through Spark's shuffle: the executors run on more than one host")
             self._staging = None
             return False
-        roots = jvm.local_dirs(self.spark.sparkContext)
-        self._folder = tempfile.mkdtemp(prefix="spark_torch_est-staged-", dir=roots[0] if roots else None)
+        if self._folder is None:  # else a staging job that failed wrote there, renaming only whole files
+            roots = jvm.local_dirs(self.spark.sparkContext)
+            self._folder = tempfile.mkdtemp(prefix="spark_torch_est-staged-", dir=roots[0] if roots else None)
         started = time.perf_counter()
         self._staged = stage(self._staging, self.workers, self._folder, run)
         logger.info("staged %d rows of %d partitions in %.1fs: the ranks read them without a shuffle",
