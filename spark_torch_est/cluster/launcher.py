@@ -313,13 +313,22 @@ class Launcher:
 
     def _staged(self, spec: TaskSpec, launch: Launch, frame: DataFrame) -> tuple[TaskSpec, DataFrame]:
         """The job, its rows staged first where it would read them through the rows'
-        shuffle and they may be (see :meth:`KeptIngest.stage`)."""
+        shuffle and they may be (see :meth:`KeptIngest.stage`). A staging job that fails
+        (files it cannot write: another user's executors, a full disk; or the DataFrame's
+        own error, which the shuffle then meets and reports) leaves the rows to the shuffle."""
         def run(job: DataFrame) -> pa.Table:
             return cast(pa.Table, self._run_job(job, launch, 0))  # no slots to lose, none to grow back to
 
-        if frame is not self.rows.training_frame or not self.rows.stage(run):
+        if frame is not self.rows.training_frame:
             return spec, frame
-        return self.rows.spec(spec), self.rows.frame
+        try:
+            staged = self.rows.stage(run)
+        except Exception as error:
+            if not (is_spark_error(error) or isinstance(error, OSError)):
+                raise
+            self.rows.unstage(f"staging them failed ({str(error).strip().splitlines()[0][:300]})")
+            return spec, frame
+        return (self.rows.spec(spec), self.rows.frame) if staged else (spec, frame)
 
     def _collect(self, spec: TaskSpec, launch: Launch, frame: DataFrame,
                  grow: GrowWatch | None = None) -> pa.Table | SlotsLost | GrowBack:

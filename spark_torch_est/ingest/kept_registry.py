@@ -48,6 +48,8 @@ from spark_torch_est.ingest.staged import STAGED_MISSING, stage
 
 __all__ = ["KeptIngest", "frame_key"]
 
+_REMOVALS = 3  # tries at removing the staged rows' folder (see KeptIngest.close)
+
 logger = fit_logger()
 
 
@@ -182,12 +184,23 @@ class KeptIngest:
                     time.perf_counter() - started)
         return True
 
+    def unstage(self, why: str) -> None:
+        """The rows come through the frame's shuffle from the next job on, as ``why`` says."""
+        logger.warning("the rows come through Spark's shuffle: %s", why)
+        self.close()
+        self._staging = None
+
     def close(self) -> None:
-        """Removes the staged rows (the fit ended)."""
+        """Removes the staged rows (the fit ended). Tasks of a staging job cancelled a
+        moment ago may still rename a file into the folder: it is removed again, a few
+        times at most."""
         self._staged = None
-        if self._folder is not None:
+        for _ in range(_REMOVALS):
+            if self._folder is None or not os.path.exists(self._folder):
+                break
             shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
+            time.sleep(0.0 if not os.path.exists(self._folder) else 0.5)
+        self._folder = None
 
     def missing(self, error: Exception) -> bool:
         """Whether ``error`` is the ranks finding a kept part gone, or staged rows they cannot
@@ -207,9 +220,7 @@ class KeptIngest:
             self.plan = replace(self.plan, mode="write", drop=())
             return
         if self._staged is not None:
-            logger.warning("the ranks could not read the staged rows: the relaunch reads them through Spark's shuffle")
-            self.close()
-            self._staging = None
+            self.unstage("the ranks could not read the staged rows")
 
     def relaunching(self) -> None:
         """A job failed and is launched again: if it was keeping the rows, the ranks that

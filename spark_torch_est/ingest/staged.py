@@ -26,6 +26,7 @@ the folder when the fit ends.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -109,15 +110,17 @@ def write_partition(directory: str, shards: int, partition: int, batches: Iterat
                 if rows_of_shard is not None:
                     writers[shard].write_batch(rows_of_shard)
             rows += batch.num_rows
-        for writer in writers:
-            writer.close()
-        for shard, path in enumerate(temporary if writers else ()):
-            os.replace(path, part_file(directory, partition, shard))
+        while writers:  # each closed once: closing again would write another footer
+            writers.pop().close()
+        if rows:
+            for shard, path in enumerate(temporary):
+                os.replace(path, part_file(directory, partition, shard))
     finally:
-        for writer in writers:
-            writer.close()  # closing twice is a no-op
-        for path in temporary:
-            if os.path.exists(path):
+        for writer in writers:  # an error came first: it is the one reported
+            with contextlib.suppress(Exception):
+                writer.close()
+        for path in temporary:  # those not renamed into place
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
     return rows
 

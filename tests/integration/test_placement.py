@@ -17,7 +17,8 @@ from pyspark.sql import functions as F
 from spark_torch_est.core import jvm
 from spark_torch_est.core.protocol import LABEL
 from spark_torch_est.ingest import kept_registry
-from spark_torch_est.ingest.frames import _partition_keys, spark_hash_long
+from spark_torch_est.ingest.frames import ROW_ORDER, _by_position, _partition_keys, spark_hash_long
+from spark_torch_est.ingest.staged import stage, staged_batches
 from spark_torch_est.planning import input_schema_of, plan_frame
 from tests.helpers import SeenRows, linear_estimator, seen_rows
 
@@ -165,5 +166,33 @@ def test_staged_rows_a_rank_cannot_read_are_read_through_the_shuffle_in_the_same
         est.fit(numbered)
     assert any("could not read the staged rows" in m for m in _messages(caplog)), _messages(caplog)
     assert est.progress.epoch == 1, "the fit trained, its relaunch not counted against maxRetries=0"
+    for key, value in reference.checkpoint.model_state.items():
+        assert torch.equal(value, est.checkpoint.model_state[key])
+
+
+@pytest.mark.compat
+def test_the_staged_files_hold_each_logical_partition_as_the_shuffle_deals_it_out(spark, tmp_path):
+    frame = spark.range(0, 1000, 1, 4).select("id", (F.col("id") * 2).cast("double").alias("twice"))
+    for shards in (1, 2, 3, 5):  # Spark numbers partitions and rows as the positions say, for any count
+        folder = tmp_path / f"staged-{shards}"
+        folder.mkdir()
+        staged = stage(frame, shards, str(folder), jvm.collect_arrow)
+        shuffled = _by_position(frame.select("*", F.monotonically_increasing_id().alias(ROW_ORDER)), shards)
+        partitions = shuffled.rdd.glom().map(lambda rows: [row.id for row in rows]).collect()
+        for shard in range(shards):
+            got = [value for batch in staged_batches(staged, shard, shards) for value in batch.column("id").to_pylist()]
+            assert got == partitions[shard], f"logical partition {shard} of {shards}"
+
+
+def test_a_staging_job_that_fails_leaves_the_rows_to_the_shuffle_in_the_same_launch(spark, numbered, tmp_path,
+                                                                                     caplog, monkeypatch):
+    reference = linear_estimator(maxEpochs=1, batchSize=32, keepIngestedMB=0)
+    reference.fit(numbered)
+    unwritable = str(tmp_path / "not-there" / "staged")  # the tasks cannot write (another user's, a full disk)
+    monkeypatch.setattr(kept_registry.tempfile, "mkdtemp", lambda prefix, dir: unwritable)
+    est = linear_estimator(maxEpochs=1, batchSize=32, keepIngestedMB=0, maxRetries=0)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"):
+        est.fit(numbered)
+    assert any(m.startswith("the rows come through Spark's shuffle: staging them failed") for m in _messages(caplog))
     for key, value in reference.checkpoint.model_state.items():
         assert torch.equal(value, est.checkpoint.model_state[key])
