@@ -35,6 +35,7 @@ __all__ = [
     "CHECKED_ON", "collect_arrow", "sql_settings", "task_slots", "broadcast_threshold", "plan_size_bytes",
     "barrier_partitions", "order_unstable", "parquet_scan", "describe_plan", "cache_alive", "local_dirs",
     "in_caller_properties", "deny_log_records", "context_setting", "one_host",
+    "driver_files_dir",
 ]
 
 logger = logging.getLogger(__name__)
@@ -404,6 +405,18 @@ def local_dirs(context: SparkContext) -> list[str]:
     except Exception as error:
         logger.debug("cannot list Spark's local directories: %s", error)
         return []
+
+
+def driver_files_dir(context: SparkContext) -> str | None:
+    """The driver's folder of files added to the session (``SparkFiles``), inside the
+    temporary folder Spark removes when the session stops or the driver's JVM exits; None
+    when it cannot be read."""
+    try:
+        jvm: Any = context._jvm
+        return str(jvm.org.apache.spark.SparkFiles.getRootDirectory())
+    except Exception as error:
+        logger.debug("cannot read the driver's SparkFiles folder: %s", error)
+        return None
 
 
 def in_caller_properties(context: SparkContext) -> Callable[[], None]:

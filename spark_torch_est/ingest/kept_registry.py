@@ -175,8 +175,9 @@ class KeptIngest:
             self._staging = None
             return False
         if self._folder is None:  # else a staging job that failed wrote there, renaming only whole files
-            roots = jvm.local_dirs(self.spark.sparkContext)
-            self._folder = tempfile.mkdtemp(prefix="spark_torch_est-staged-", dir=roots[0] if roots else None)
+            context = self.spark.sparkContext
+            root = jvm.driver_files_dir(context) or next(iter(jvm.local_dirs(context)), None)  # Spark removes the 1st
+            self._folder = tempfile.mkdtemp(prefix="spark_torch_est-staged-", dir=root)
         started = time.perf_counter()
         self._staged = stage(self._staging, self.workers, self._folder, run)
         logger.info("staged %d rows of %d partitions in %.1fs: the ranks read them without a shuffle",

@@ -127,17 +127,27 @@ def test_which_plans_reproduce_their_order(spark, numbered, linear_df, tmp_path)
 
 
 def _staged_folders(spark) -> set[str]:
-    return {folder for root in jvm.local_dirs(spark.sparkContext)
+    roots = [jvm.driver_files_dir(spark.sparkContext), *jvm.local_dirs(spark.sparkContext)]
+    return {folder for root in roots if root
             for folder in glob.glob(os.path.join(glob.escape(root), "spark_torch_est-staged-*"))}
 
 
 @pytest.mark.compat
 def test_a_first_fit_on_one_host_reads_the_rows_staged_as_the_shuffle_would_bring_them_and_removes_them(
         spark, numbered, caplog, monkeypatch):
-    before = _staged_folders(spark)
+    before, made = _staged_folders(spark), []
+    real_mkdtemp = kept_registry.tempfile.mkdtemp
+
+    def noted(prefix, dir):
+        made.append(real_mkdtemp(prefix=prefix, dir=dir))
+        return made[-1]
+
+    monkeypatch.setattr(kept_registry.tempfile, "mkdtemp", noted)
     staged = linear_estimator(maxEpochs=2, batchSize=32, keepIngestedMB=0)
     with caplog.at_level(logging.INFO, logger="spark_torch_est"):
         staged.fit(numbered)
+    assert len(made) == 1 and os.path.dirname(made[0]) == jvm.driver_files_dir(spark.sparkContext), \
+        "in the driver's folder that Spark removes when the session stops or the driver exits"
     assert any(m.startswith(f"staged {ROWS} rows of 3 partitions") for m in _messages(caplog)), _messages(caplog)
     assert _staged_folders(spark) == before, "the staged rows go when the fit ends"
     monkeypatch.setattr(jvm, "one_host", lambda session: False)  # as a cluster of several hosts
