@@ -195,13 +195,14 @@ class KeptIngest:
         """Removes the staged rows (the fit ended). Tasks of a staging job cancelled a
         moment ago may still rename a file into the folder: it is removed again, a few
         times at most."""
-        self._staged = None
+        self._staged, folder, self._folder = None, self._folder, None
+        if folder is None:
+            return
         for _ in range(_REMOVALS):
-            if self._folder is None or not os.path.exists(self._folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            if not os.path.exists(folder):
                 break
-            shutil.rmtree(self._folder, ignore_errors=True)
-            time.sleep(0.0 if not os.path.exists(self._folder) else 0.5)
-        self._folder = None
+            time.sleep(0.5)
 
     def missing(self, error: Exception) -> bool:
         """Whether ``error`` is the ranks finding a kept part gone, or staged rows they cannot

@@ -158,13 +158,15 @@ def staged_batches(staged: StagedRows, shard: int, shards: int) -> Iterator[pa.R
             continue
         path = part_file(staged.directory, partition, shard)
         try:
-            reader = pa.ipc.open_file(pa.OSFile(path))  # read a batch at a time into memory, not mapped
+            source = pa.OSFile(path)  # read a batch at a time into memory, not mapped
+            reader = pa.ipc.open_file(source)
         except (OSError, pa.ArrowInvalid) as error:
             raise StagedPartMissing(f"{STAGED_MISSING} ({path}: {error})") from None
         seen = 0
-        for index in range(reader.num_record_batches):
-            batch = reader.get_batch(index)
-            seen += batch.num_rows
-            yield batch
+        with source:
+            for index in range(reader.num_record_batches):
+                batch = reader.get_batch(index)
+                seen += batch.num_rows
+                yield batch
         if seen != expected:
             raise StagedPartMissing(f"{STAGED_MISSING} ({path} holds {seen} rows, the staging job wrote {expected})")
