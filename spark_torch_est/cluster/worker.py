@@ -32,6 +32,7 @@ from spark_torch_est.cluster.barrier import Barrier, SparkBarrier
 from spark_torch_est.cluster.channel import EXECUTOR_ONLY, ChannelClient, LogForwarder, ProgressReporter
 from spark_torch_est.cluster.failure import Failure, RankFailure, describe
 from spark_torch_est.cluster.rendezvous import authenticate_peers, connect_store
+from spark_torch_est.core.arrow import binary_array, from_numpy
 from spark_torch_est.core.file_identity import file_stamp
 from spark_torch_est.core.progress import Progress
 from spark_torch_est.core.protocol import DELIVERED, pack_runs
@@ -77,7 +78,7 @@ def train_task(spec: TaskSpec | Any, launch: Launch) -> Callable[[Iterator[pa.Re
 
 
 def _result_row(seq: int, data: bytes) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array([seq], pa.int64()), pa.array([data], pa.binary())],
+    return pa.RecordBatch.from_arrays([from_numpy([seq]), binary_array([data])],
                                       schema=_ARROW_RESULT)
 
 

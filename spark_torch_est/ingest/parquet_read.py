@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spark_torch_est.core.arrow import from_numpy
 from spark_torch_est.core.file_identity import file_stamp, footer_digest
 from spark_torch_est.core.spec import FileSource, How
 from spark_torch_est.errors import InputDataError
@@ -111,7 +112,7 @@ def _frame(batch: pa.RecordBatch, source: FileSource) -> pa.RecordBatch:
     for name, sources, how in source.outputs:
         if how is How.STACK:
             values = stack_columns([batch.column(s) for s in sources], sources)
-            array = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), len(sources))
+            array = pa.FixedSizeListArray.from_arrays(from_numpy(values.reshape(-1)), len(sources))
         elif how is How.WRAP:
             array = pa.FixedSizeListArray.from_arrays(batch.column(sources[0]), 1)
         else:

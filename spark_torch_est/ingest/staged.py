@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from spark_torch_est.core.arrow import from_numpy
 from spark_torch_est.core.spec import StagedRows
 from spark_torch_est.errors import InputDataError, InvalidInputError
 
@@ -88,8 +89,7 @@ def _writer(directory: str, shards: int) -> Callable[[Iterator[pa.RecordBatch]],
             raise RuntimeError("the staging job's function runs in a Spark task")
         partition = context.partitionId()
         rows = write_partition(directory, shards, partition, batches)
-        yield pa.RecordBatch.from_arrays([pa.array([partition], pa.int64()), pa.array([rows], pa.int64())],
-                                         schema=_RESULT)
+        yield pa.RecordBatch.from_arrays([from_numpy([partition]), from_numpy([rows])], schema=_RESULT)
 
     return write
 
@@ -134,7 +134,7 @@ def _deal(batch: pa.RecordBatch, partition: int, seen: int, shards: int) -> list
     dealt: list[pa.RecordBatch | None] = []
     for shard in range(shards):
         start = (shard - first) % shards  # the batch's first row of this shard
-        dealt.append(batch.take(pa.array(np.arange(start, batch.num_rows, shards, dtype=np.int64)))
+        dealt.append(batch.take(from_numpy(np.arange(start, batch.num_rows, shards, dtype=np.int64)))
                      if start < batch.num_rows else None)
     return dealt
 

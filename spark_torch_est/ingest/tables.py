@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from spark_torch_est.core.arrow import to_numpy
 from spark_torch_est.core.protocol import IS_VALIDATION, LABEL, ROW_ID, WEIGHT, input_column
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
 from spark_torch_est.core.spec import ColumnNames
@@ -66,7 +67,7 @@ def arrow_values(array: pa.Array, name: str,
         return matrix.reshape(-1), np.full(len(array), matrix.shape[1], dtype=np.int64), ()
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         lengths = (np.full(len(array), kind.list_size, dtype=np.int64) if pa.types.is_fixed_size_list(kind)
-                   else np.diff(array.offsets.to_numpy()).astype(np.int64))
+                   else np.diff(to_numpy(array.offsets)).astype(np.int64))
         flat = array.flatten()
         if flat.null_count:
             raise InputDataError(_null_elements(name, flat, lengths, parts))
@@ -82,7 +83,7 @@ def arrow_values(array: pa.Array, name: str,
         return values.reshape(len(inner_lengths), width, *inner), lengths, (width, *inner)
     if pa.types.is_decimal(kind):
         array = array.cast(pa.float64())
-    return array.to_numpy(zero_copy_only=False), None, ()
+    return to_numpy(array), None, ()
 
 
 def _null_elements(name: str, flat: pa.Array, lengths: np.ndarray, parts: tuple[str, ...] | None) -> str:
@@ -90,7 +91,7 @@ def _null_elements(name: str, flat: pa.Array, lengths: np.ndarray, parts: tuple[
     (featureCols), which of those columns hold them."""
     if not parts:
         return f"column {name!r} has {flat.null_count} null elements in this partition"
-    nulls = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
+    nulls = np.flatnonzero(to_numpy(flat.is_null()))
     positions = nulls - np.repeat(np.cumsum(lengths) - lengths, lengths)[nulls]
     counts = np.bincount(positions, minlength=len(parts))
     per_column = ", ".join(f"{parts[i]!r} has {int(count)}" for i, count in enumerate(counts) if count)
@@ -110,23 +111,23 @@ def vectors_to_matrix(array: pa.StructArray, name: str) -> np.ndarray:
     if array.null_count:
         raise InputDataError(f"column {name!r} has {array.null_count} null rows in this batch")
     rows = len(array)
-    dense = array.field("type").to_numpy(zero_copy_only=False) == _DENSE_VECTOR
+    dense = to_numpy(array.field("type")) == _DENSE_VECTOR
     values = array.field("values")
     if dense.all():
         return list_column_to_matrix(values, name).astype(np.float32, copy=False)
-    offsets = values.offsets.to_numpy()
+    offsets = to_numpy(values.offsets)
     offsets = offsets - offsets[0]  # a sliced array's offsets do not start at 0
     lengths = np.diff(offsets)
-    sizes = np.where(dense, lengths, array.field("size").fill_null(0).to_numpy(zero_copy_only=False))
+    sizes = np.where(dense, lengths, to_numpy(array.field("size").fill_null(0)))
     if not (sizes == sizes[0]).all():
         raise InputDataError(f"column {name!r} holds vectors of sizes {int(sizes.min())} to {int(sizes.max())}; "
                              "every row needs the same size")
     row_of_value = np.repeat(np.arange(rows), lengths)
     position = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
     sparse_value = ~dense[row_of_value]
-    position[sparse_value] = array.field("indices").flatten().to_numpy(zero_copy_only=False)
+    position[sparse_value] = to_numpy(array.field("indices").flatten())
     matrix = np.zeros((rows, int(sizes[0])), dtype=np.float32)
-    matrix[row_of_value, position] = values.flatten().to_numpy(zero_copy_only=False)
+    matrix[row_of_value, position] = to_numpy(values.flatten())
     return matrix
 
 
@@ -254,7 +255,7 @@ def read_rows(batches: Iterable[pa.RecordBatch], schema: InputSchema, columns: C
                 for i, column in enumerate(schema.columns)],
                arrow_values(batch.column(LABEL), columns.label),
                _weights(batch.column(WEIGHT), columns.weight) if columns.weight is not None else None)
-        ids = batch.column(ROW_ID).to_numpy() if ROW_ID in batch.schema.names else None
+        ids = to_numpy(batch.column(ROW_ID)) if ROW_ID in batch.schema.names else None
         if IS_VALIDATION in batch.schema.names:
             flags = arrow_values(batch.column(IS_VALIDATION), "validationIndicatorCol")[0].astype(bool)
             parts["validation"].append(*_rows_where(row, flags))

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from spark_torch_est.core.arrow import binary_array, from_numpy
 from spark_torch_est.core.schema import FEATURES_LAYOUT, InputSchema
 from spark_torch_est.core.worker_gc import freeze_older, unfreeze_if_alive
 from spark_torch_est.errors import InputDataError
@@ -214,25 +215,30 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
                 with autocast(spec.precision, outputs.device):  # the loss as validation computes it
                     accumulator.update(outputs, target, weights[start:stop].to(outputs.device) if weights is not None
                                        else None)
-        yield pa.RecordBatch.from_pydict(
-            {"totals": [accumulator.totals().tolist()], "metric_states": [accumulator.states()]},
-            schema=pa.schema([("totals", pa.list_(pa.float64())), ("metric_states", pa.list_(pa.binary()))]),
-        )
+        yield _evaluated(accumulator.totals().cpu().numpy(), accumulator.states())
 
     return task
+
+
+def _evaluated(totals: np.ndarray, states: list[bytes]) -> pa.RecordBatch:
+    """A partition's loss totals and metric states as ``evaluate_task``'s one row."""
+    return pa.RecordBatch.from_arrays(
+        [pa.ListArray.from_arrays(from_numpy(np.array([0, len(totals)], np.int32)), from_numpy(totals)),
+         pa.ListArray.from_arrays(from_numpy(np.array([0, len(states)], np.int32)), binary_array(states))],
+        names=["totals", "metric_states"])
 
 
 def output_columns(spec: ScoringSpec, outputs: np.ndarray) -> list[tuple[str, pa.Array]]:
     """The output columns of one batch; a column whose name is empty is left out."""
     columns: list[tuple[str | None, pa.Array]]
     if spec.output == "scalar":
-        columns = [(spec.prediction_col, pa.array(outputs[:, 0].astype(np.float64)))]
+        columns = [(spec.prediction_col, from_numpy(outputs[:, 0].astype(np.float64)))]
     elif spec.output == "vector":
         columns = [(spec.prediction_col, _matrix_to_list(outputs))]
     else:
         logits = outputs.astype(np.float64)
         shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        columns = [(spec.prediction_col, pa.array(outputs.argmax(axis=1).astype(np.float64))),
+        columns = [(spec.prediction_col, from_numpy(outputs.argmax(axis=1).astype(np.float64))),
                    (spec.raw_prediction_col, _dense_vectors(logits)),
                    (spec.probability_col, _dense_vectors(shifted / shifted.sum(axis=1, keepdims=True)))]
     return [(name, column) for name, column in columns if name]
@@ -240,8 +246,8 @@ def output_columns(spec: ScoringSpec, outputs: np.ndarray) -> list[tuple[str, pa
 
 def _matrix_to_list(matrix: np.ndarray, dtype: type = np.float32) -> pa.Array:
     matrix = np.ascontiguousarray(matrix, dtype=dtype)
-    offsets = pa.array(np.arange(len(matrix) + 1, dtype=np.int32) * matrix.shape[1])
-    return pa.ListArray.from_arrays(offsets, pa.array(matrix.reshape(-1)))
+    offsets = from_numpy(np.arange(len(matrix) + 1, dtype=np.int32) * matrix.shape[1])
+    return pa.ListArray.from_arrays(offsets, from_numpy(matrix.reshape(-1)))
 
 
 def _dense_vectors(matrix: np.ndarray) -> pa.StructArray:
@@ -249,7 +255,7 @@ def _dense_vectors(matrix: np.ndarray) -> pa.StructArray:
     (type 1 = dense, then size, indices, values)."""
     rows = len(matrix)
     return pa.StructArray.from_arrays(
-        [pa.array(np.ones(rows, dtype=np.int8)), pa.nulls(rows, pa.int32()), pa.nulls(rows, pa.list_(pa.int32())),
+        [from_numpy(np.ones(rows, dtype=np.int8)), pa.nulls(rows, pa.int32()), pa.nulls(rows, pa.list_(pa.int32())),
          _matrix_to_list(matrix, np.float64)],
         names=["type", "size", "indices", "values"],
     )
