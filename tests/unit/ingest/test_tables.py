@@ -109,7 +109,8 @@ def test_null_labels_are_rejected_naming_the_column():
 
 
 def test_negative_weights_are_refused_naming_the_column():
-    batch = _batch([[1.0], [2.0]], [1.0, 2.0]).append_column(WEIGHT, pa.array([1.0, -1.0]))
+    batch = _batch([[1.0], [2.0]], [1.0, 2.0])
+    batch = pa.RecordBatch.from_arrays([*batch.columns, pa.array([1.0, -1.0])], [*batch.schema.names, WEIGHT])
     with pytest.raises(InputDataError, match="weightCol 'w' holds negative"):
         read_rows(iter([batch]), features_schema(1), ColumnNames(weight="w"))
 
