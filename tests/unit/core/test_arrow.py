@@ -8,6 +8,8 @@ import pytest
 
 from spark_torch_est.core.arrow import binary_array, from_numpy, to_numpy
 
+pytestmark = pytest.mark.compat  # each pyarrow of the support matrix: its buffers, and what imports pandas
+
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32, np.uint64, np.float16,
                                    np.float32, np.float64, np.bool_])
