@@ -17,11 +17,13 @@ __all__ = ["to_numpy", "from_numpy", "binary_array"]
 
 
 def to_numpy(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """The values of a null-free array: a read-only view of its buffer for numbers (as
-    ``to_numpy`` gives), a new array for booleans (Arrow packs them in bits); other types
-    go through pyarrow's own conversion."""
+    """The values of an array: a read-only view of its buffer for numbers (as ``to_numpy``
+    gives), a new array for booleans (Arrow packs them in bits); an array with nulls and
+    other types go through pyarrow's own conversion."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
+    if array.null_count:
+        return array.to_numpy(zero_copy_only=False)
     kind = array.type
     if pa.types.is_boolean(kind):
         data = array.buffers()[1]

@@ -222,10 +222,9 @@ def evaluate_task(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Ite
 
 def _evaluated(totals: np.ndarray, states: list[bytes]) -> pa.RecordBatch:
     """A partition's loss totals and metric states as ``evaluate_task``'s one row."""
-    return pa.RecordBatch.from_arrays(
-        [pa.ListArray.from_arrays(from_numpy(np.array([0, len(totals)], np.int32)), from_numpy(totals)),
-         pa.ListArray.from_arrays(from_numpy(np.array([0, len(states)], np.int32)), binary_array(states))],
-        names=["totals", "metric_states"])
+    states_row = pa.ListArray.from_arrays(from_numpy(np.array([0, len(states)], np.int32)), binary_array(states))
+    return pa.RecordBatch.from_arrays([_matrix_to_list(totals.reshape(1, -1), np.float64), states_row],
+                                      names=["totals", "metric_states"])
 
 
 def output_columns(spec: ScoringSpec, outputs: np.ndarray) -> list[tuple[str, pa.Array]]:

@@ -22,7 +22,9 @@ def test_to_numpy_gives_pyarrows_values_for_whole_sliced_and_chunked_arrays(dtyp
         np.testing.assert_array_equal(got, expected)
 
 
-def test_to_numpy_leaves_other_types_to_pyarrow():
+def test_to_numpy_leaves_nulls_and_other_types_to_pyarrow():
+    with_nulls = to_numpy(pa.array([1.5, None]))
+    assert with_nulls[0] == 1.5 and np.isnan(with_nulls[1])
     dates = pa.array([1, 2], pa.date32())
     np.testing.assert_array_equal(to_numpy(dates), dates.to_numpy(zero_copy_only=False))
 
@@ -88,8 +90,9 @@ source = FileSource(outputs=((input_column(0), ("a", "b"), How.STACK), (LABEL, (
 assert sum(b.num_rows for b in read_part(source, 0)) == rows
 
 _result_row(0, memoryview(b"checkpoint"))
-_evaluated(np.zeros(3), [b"", b"state"])
+evaluated = _evaluated(np.arange(3.0), [b"", b"state"])
 assert "pandas" not in sys.modules, "a rank's ingest, staged rows, result or scoring loads pandas"
+assert evaluated.to_pylist() == [{"totals": [0.0, 1.0, 2.0], "metric_states": [b"", b"state"]}]
 print("ok")
 """
 
