@@ -2,7 +2,7 @@
 
 ``pa.array(...)``, ``pa.scalar(...)`` and ``Array.to_numpy()`` import pandas in a process that
 has not (pyarrow checks whether its argument is a pandas object). A task needs pandas for
-nothing else, and the import costs 0.15-0.3 s of CPU in every fresh Python worker: on 16 ranks
+nothing else, and the import costs about 0.2 s of CPU in every fresh Python worker: on 16 ranks
 sharing 2 cores, over a second of the launch. The tasks' code converts through these instead.
 """
 

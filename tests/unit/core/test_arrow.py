@@ -98,7 +98,7 @@ print("ok")
 
 
 def test_a_ranks_path_does_not_load_pandas():
-    """pyarrow's own conversions import pandas (0.15-0.3 s of CPU in every fresh worker); a
+    """pyarrow's own conversions import pandas (about 0.2 s of CPU in every fresh worker); a
     rank's ingest, its staged rows, its result and the scoring outputs never need it."""
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(_RANK_PATH)], capture_output=True, text=True,
                           timeout=120)
