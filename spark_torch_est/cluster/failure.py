@@ -37,8 +37,8 @@ from spark_torch_est.errors import (
 
 __all__ = [
     "USER", "INPUT", "CHECKPOINT", "SYSTEM", "UNREACHABLE", "Failure", "RankFailure", "StoreUnreachableError",
-    "PeerAuthenticationError", "describe", "is_communication_error", "explain_job_failure", "is_spark_error",
-    "package_bug",
+    "PeerAuthenticationError", "SparkInputLost", "describe", "is_communication_error", "explain_job_failure",
+    "is_spark_error", "package_bug",
 ]
 
 logger = fit_logger()
@@ -71,6 +71,11 @@ class StoreUnreachableError(TrainingFailedError):
 
 class PeerAuthenticationError(RuntimeError):
     """A member of the process group could not prove it holds the job's secret."""
+
+
+class SparkInputLost(ConnectionError):
+    """The task's rows from Spark broke off: Spark cancelled the task (another rank failed,
+    the job was cancelled) or a stage before it failed. A consequence, never the rows' fault."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from spark_torch_est.checkpoints.checkpoint import iter_chunks
 from spark_torch_est.cluster.barrier import Barrier, SparkBarrier
 from spark_torch_est.cluster.channel import EXECUTOR_ONLY, ChannelClient, LogForwarder, ProgressReporter
-from spark_torch_est.cluster.failure import Failure, RankFailure, describe
+from spark_torch_est.cluster.failure import Failure, RankFailure, SparkInputLost, describe
 from spark_torch_est.cluster.rendezvous import authenticate_peers, connect_store
 from spark_torch_est.core.arrow import binary_array, from_numpy
 from spark_torch_est.core.file_identity import file_stamp
@@ -97,6 +97,7 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     failure: Failure | None
     reading: _Beside | None = None
     arrived: list[float] = []  # when the job's input brought its first rows
+    batches = _from_spark(batches)
     try:
         device = _device(spec, barrier)  # before any thread starts beside this one (see _Beside)
         stage = "ingest"
@@ -165,6 +166,24 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
     if failure is not None:
         raise RankFailure(failure, launch.secret)
     return blob
+
+
+def _from_spark(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches``, the job's input; an error reading them is Spark's stream breaking off.
+
+    Raises:
+        SparkInputLost: PySpark could not read the next batch from Spark.
+    """
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as error:
+            raise SparkInputLost(f"Spark stopped sending this task's rows ({type(error).__name__}: {error}): the "
+                                 "task was cancelled, as when another rank failed, or a stage before it failed "
+                                 "(the Spark job's error says which)") from error
+        yield batch
 
 
 def _noting_first(batches: Iterator[pa.RecordBatch], arrived: list[float]) -> Iterator[pa.RecordBatch]:

@@ -132,3 +132,32 @@ def test_a_rank_reads_its_part_of_the_files_beside_the_rendezvous_and_logs_where
     assert readers == ["spark_torch_est-ingest"], "the part is read on a thread of its own, beside the rendezvous"
     (line,) = [r.getMessage() for r in caplog.records if "the launch took" in r.getMessage()]
     assert all(f"{phase} " in line for phase in ("rendezvous", "ingest", "layout", "setup", "first step")), line
+
+
+def test_rows_that_stop_coming_from_spark_are_spark_s_failure_and_never_outrank_the_cause():
+    """A rank whose input Spark cut off (the stage aborted as another rank failed) reports a
+    system failure: the cause reported beside it decides, and the job is relaunched."""
+    import pyarrow as pa
+
+    from spark_torch_est.cluster.failure import (
+        SYSTEM,
+        PeerAuthenticationError,
+        SparkInputLost,
+        describe,
+        explain_job_failure,
+    )
+    from spark_torch_est.cluster.worker import _from_spark
+
+    def broken():
+        yield pa.RecordBatch.from_arrays([pa.nulls(1)], ["x"])
+        raise pa.ArrowInvalid("Tried reading schema message, was null or length 0")
+
+    batches = _from_spark(broken())
+    assert next(batches).num_rows == 1
+    with pytest.raises(SparkInputLost, match="Spark stopped sending this task's rows") as lost:
+        next(batches)
+    cut_off = describe(lost.value, 1, "ingest", None)
+    assert cut_off.kind == SYSTEM
+    impostor = describe(PeerAuthenticationError("rank(s) [1] could not prove it"), 0, "rendezvous", None)
+    error = explain_job_failure("Job aborted due to stage failure", [cut_off, impostor], b"s" * 32)
+    assert "PeerAuthenticationError" in str(error) and error.retryable
