@@ -41,7 +41,7 @@ from spark_torch_est.core.worker_gc import freeze_older
 from spark_torch_est.ingest import held
 from spark_torch_est.ingest.kept import keep_while_reading, take_kept
 from spark_torch_est.ingest.parquet_read import read_part
-from spark_torch_est.ingest.staged import staged_batches
+from spark_torch_est.ingest.staged import staged_batches, staged_files
 from spark_torch_est.ingest.tables import IngestedRows, read_rows
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.devices import cpu_despite_gpus, task_device
@@ -109,11 +109,13 @@ def run_rank(spec: TaskSpec, launch: Launch, batches: Iterator[pa.RecordBatch], 
                 pass
             reading = _Beside(lambda: _ingest(spec, iter(()), rank))
         else:  # before the rendezvous: a rank meets the others once its rows are in (see docs/ingest.md)
+            files: list[str] = []
             if spec.staged is not None:  # its logical partition, from the staged files
                 for _ in batches:  # the job's input: one row per rank, nothing to train on
                     pass
+                files = [path for path, _ in staged_files(spec.staged, rank, spec.world_size)]
                 batches = staged_batches(spec.staged, rank, spec.world_size)
-            ingested = _ingest(spec, _noting_first(batches, arrived), rank)
+            ingested = _ingest(spec, _noting_first(batches, arrived), rank, files)
         ingest_done = time.perf_counter()  # the rows are in, or being read beside
         stage = "rendezvous"
         if store is None:
@@ -194,15 +196,16 @@ def _noting_first(batches: Iterator[pa.RecordBatch], arrived: list[float]) -> It
         yield batch
 
 
-def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int) -> IngestedRows:
-    """This rank's rows: from the job's input, or read from the table's files (see
+def _ingest(spec: TaskSpec, batches: Iterator[pa.RecordBatch], rank: int, staged: Sequence[str] = ()) -> IngestedRows:
+    """This rank's rows: from the job's input (read from the ``staged`` files, where the
+    staging job wrote them), or read from the table's files (see
     :mod:`spark_torch_est.ingest.parquet_plan`). A worker keeps the last part of a table it read: the
     next fit that gives this worker the same part of the same unchanged files (same size,
     modification time and footer), columns and budget trains on it again without reading."""
     ingested: IngestedRows | None
     if spec.source is None:
         if spec.kept is not None:
-            return keep_while_reading(spec, batches, rank)
+            return keep_while_reading(spec, batches, rank, staged)
         held.forget()  # a worker holds one fit's rows at a time
         ingested = read_rows(batches, spec.schema, spec.columns, spec.memory_budget)
         pa.default_memory_pool().release_unused()  # what Arrow freed while reading goes back to the system

@@ -8,13 +8,16 @@ other which parts they hold and take the rank numbers that match.
 On disk, under the executor's first Spark local directory (``SPARK_LOCAL_DIRS``: Spark's
 block manager directory, removed when the executor or the session stops)::
 
-    spark_torch_est-kept/<key>/part-00001-of-00002.arrow   # an Arrow IPC file of the part's batches
+    spark_torch_est-kept/<key>/part-00001-of-00002/00000.arrow   # Arrow IPC files of the part's batches
 
-A part is written beside the ingest to a temporary file of its own writer
-(``part-....arrow.tmp-<pid>-<random>``), renamed into place once complete, and the key's
-folder is touched on every use; past ``keepIngestedMB`` on one executor the least recently
-used keys are removed. Two fits that write one part at once (two estimators' first fits of
-one cached DataFrame) each write their own file; the last rename wins, and both are whole.
+A part is a folder of Arrow IPC files, read in the order of their names: the batches a rank
+received from Spark, written beside the ingest; or, where the rank read them from a staging
+job's files (:mod:`spark_torch_est.ingest.staged`), those files themselves, hard-linked,
+not copied. A part is made in a folder of its own writer (``part-...tmp-<pid>-<random>``),
+renamed into place once whole, and the key's folder is touched on every use; past
+``keepIngestedMB`` on one executor the least recently used keys are removed. Two fits that
+keep one part at once (two estimators' first fits of one cached DataFrame) each make their
+own folder; the first renamed into place stays, and both are whole.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -59,8 +62,8 @@ def kept_root() -> str:
 
 
 def part_path(key: str, part: int, parts: int) -> str:
-    """The file of part ``part`` of ``parts`` of the rows under ``key``."""
-    return os.path.join(kept_root(), key, f"part-{part:05d}-of-{parts:05d}.arrow")
+    """The folder of part ``part`` of ``parts`` of the rows under ``key``."""
+    return os.path.join(kept_root(), key, f"part-{part:05d}-of-{parts:05d}")
 
 
 def drop(keys: tuple[str, ...]) -> None:
@@ -77,15 +80,28 @@ def _memory_key(spec: TaskSpec, plan: KeptPlan, part: int) -> str:
          spec.memory_budget], default=str)
 
 
-def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: int) -> IngestedRows:
-    """This rank's rows from the job's input, written to the executor's local disk as they
-    come (a write that fails only costs the next fit its reuse) and, once kept there
-    within the bound, held in this worker's memory too."""
+def keep_while_reading(spec: TaskSpec, batches: Iterator[pa.RecordBatch], part: int,
+                       files: Sequence[str] = ()) -> IngestedRows:
+    """This rank's rows from the job's input, kept on the executor's local disk (keeping
+    them may fail: that only costs the next fit its reuse) and, once kept there within the
+    bound, held in this worker's memory too. ``files``: the staged files the batches are
+    read from, in order, which are kept as they are where this disk can link them, instead
+    of writing the batches again as they come."""
     plan = _plan(spec)
     held.forget()
     _drop_requested(plan)
-    ingested = read_rows(_tee(batches, plan, part, spec.world_size), spec.schema, spec.columns, spec.memory_budget)
-    if os.path.exists(part_path(plan.key, part, spec.world_size)):  # kept within the bound: held as well
+    keeping = _NewPart.make(plan, part, spec.world_size)
+    if keeping is not None and not (files and keeping.link(files)):
+        batches = keeping.write(batches)
+    try:
+        ingested = read_rows(batches, spec.schema, spec.columns, spec.memory_budget)
+    except BaseException:
+        if keeping is not None:
+            keeping.abandon()
+        raise
+    if keeping is not None:
+        keeping.commit()
+    if os.path.isdir(part_path(plan.key, part, spec.world_size)):  # kept within the bound: held as well
         ingested.source, ingested.reread = _memory_key(spec, plan, part), lambda: _read_kept(spec, plan, part)
         held.hold(ingested.source, ingested)
     return ingested
@@ -95,7 +111,7 @@ def _read_kept(spec: TaskSpec, plan: KeptPlan, part: int) -> IngestedRows:
     """The rows of ``part`` this executor kept on disk, as rows a later fit may hold.
 
     Raises:
-        KeptPartMissing: The part's file is gone (evicted since).
+        KeptPartMissing: The part is gone (evicted since).
     """
     path = part_path(plan.key, part, spec.world_size)
     if not os.path.exists(path):
@@ -117,60 +133,109 @@ def _drop_requested(plan: KeptPlan) -> None:
         drop(plan.drop)
 
 
-def _tee(batches: Iterator[pa.RecordBatch], plan: KeptPlan, part: int, parts: int) -> Iterator[pa.RecordBatch]:
-    """``batches``, each also appended to the part's file; the file is renamed into place
-    only once every batch is in it (a failed or abandoned ingest leaves none; what a rank
-    that died meanwhile left goes when the part is written again; what a live process is
-    writing, another fit's rank, stays)."""
-    path = part_path(plan.key, part, parts)
-    temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
-    writer: Any = None
-    sink: Any = None
-    complete = False
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        for stale in glob.glob(f"{glob.escape(path)}.tmp-*"):
-            if not _writer_alive(stale):  # a rank that died writing this part
-                with contextlib.suppress(FileNotFoundError):  # another writer removed it first
-                    os.remove(stale)
-        sink = open(temporary, "wb")
-    except OSError as error:
-        logger.warning("cannot keep this part's rows for later fits (%s)", error)
-    try:
-        for batch in batches:
-            if sink is not None:
+class _NewPart:
+    """A part being kept, in a folder of this writer's own that becomes the part, renamed
+    into place, only once it holds every row: a failed or abandoned ingest leaves none.
+    Made with :meth:`make`."""
+
+    def __init__(self, plan: KeptPlan, path: str) -> None:
+        self.plan, self.path = plan, path
+        self.folder = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
+        self.failed = False
+
+    @classmethod
+    def make(cls, plan: KeptPlan, part: int, parts: int) -> _NewPart | None:
+        """The new part's folder, made; what a rank that died keeping this part left goes
+        (what a live process keeps, another fit's rank, stays). None, with a warning, when
+        the disk takes no folder."""
+        new = cls(plan, part_path(plan.key, part, parts))
+        try:
+            os.makedirs(os.path.dirname(new.path), exist_ok=True)
+            for stale in glob.glob(f"{glob.escape(new.path)}.tmp-*"):
+                if not _writer_alive(stale):
+                    _remove(stale)
+            os.mkdir(new.folder)
+        except OSError as error:
+            logger.warning("cannot keep this part's rows for later fits (%s)", error)
+            return None
+        return new
+
+    def link(self, files: Sequence[str]) -> bool:
+        """Keeps ``files`` as they are (hard links: nothing is copied); False, the folder
+        emptied, where this disk cannot link them (another file system)."""
+        try:
+            for index, file in enumerate(files):
+                os.link(file, self._file(index))
+        except OSError:
+            for name in os.listdir(self.folder):
+                os.remove(os.path.join(self.folder, name))
+            return False
+        return True
+
+    def write(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``batches``, each also appended to the part's one file (an empty partition: a
+        file without columns). A write that fails (a full disk) warns, and the rows are
+        not kept."""
+        try:
+            sink = open(self._file(0), "wb")
+        except OSError as error:
+            self._fail(error)
+            yield from batches
+            return
+        writer: Any = None
+        with sink:
+            for batch in batches:
+                if not self.failed:
+                    try:
+                        if writer is None:
+                            writer = pa.ipc.new_file(sink, batch.schema)
+                        writer.write_batch(batch)
+                    except (OSError, pa.ArrowException) as error:
+                        self._fail(error)
+                yield batch
+            if not self.failed:
                 try:
-                    if writer is None:
-                        writer = pa.ipc.new_file(sink, batch.schema)
-                    writer.write_batch(batch)
-                except (OSError, pa.ArrowException) as error:  # a full disk: train on, keep nothing
-                    logger.warning("cannot keep this part's rows for later fits (%s)", error)
-                    sink.close()
-                    sink = None
-            yield batch
-        if sink is not None:
-            try:
-                if writer is None:  # an empty partition
-                    writer = pa.ipc.new_file(sink, pa.schema([]))
-                writer.close()
-                sink.close()
-                sink = None
-                os.replace(temporary, path)
-                complete = True
-            except (OSError, pa.ArrowException) as error:
+                    (writer or pa.ipc.new_file(sink, pa.schema([]))).close()
+                except (OSError, pa.ArrowException) as error:
+                    self._fail(error)
+
+    def commit(self) -> None:
+        """The part in place (unless a write failed, or another fit's rank put it there
+        first: the same rows, whole), then the executor's parts within the bound."""
+        if self.failed:
+            self.abandon()
+            return
+        try:
+            os.rename(self.folder, self.path)
+        except OSError as error:
+            self.abandon()
+            if not os.path.isdir(self.path):
                 logger.warning("cannot keep this part's rows for later fits (%s)", error)
-            if complete:
-                _evict(plan.limit, keep=plan.key)
-    finally:
-        if sink is not None:
-            sink.close()
-        if not complete:
-            with contextlib.suppress(OSError):
-                os.remove(temporary)
+                return
+        _evict(self.plan.limit, keep=self.plan.key)
+
+    def abandon(self) -> None:
+        _remove(self.folder)
+
+    def _file(self, index: int) -> str:
+        return os.path.join(self.folder, f"{index:05d}.arrow")
+
+    def _fail(self, error: Exception) -> None:
+        logger.warning("cannot keep this part's rows for later fits (%s)", error)
+        self.failed = True
+
+
+def _remove(path: str) -> None:
+    """Removes a part's folder (or a file of an older version), or what is left of it."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def _writer_alive(temporary: str) -> bool:
-    """Whether the process that writes ``temporary`` (named by :func:`_tee`) still runs; a
+    """Whether the process that makes ``temporary`` (named by :class:`_NewPart`) still runs; a
     name without a process id (an older version's) counts as left by a dead one."""
     pid, separator, _ = temporary.rsplit(".tmp-", 1)[-1].partition("-")
     if not (separator and pid.isdigit()):
@@ -188,23 +253,41 @@ def _writer_alive(temporary: str) -> bool:
 
 def _read(path: str) -> Iterator[pa.RecordBatch]:
     """The batches of a kept part, memory-mapped (the page cache holds them, not the
-    process); the mapping lasts as long as a batch or a view of it does."""
-    reader = pa.ipc.open_file(pa.memory_map(path))
-    for index in range(reader.num_record_batches):
-        yield reader.get_batch(index)
+    process); the mapping lasts as long as a batch or a view of it does.
+
+    Raises:
+        KeptPartMissing: The part was removed meanwhile (evicted by another rank).
+    """
+    try:
+        names = sorted(os.listdir(path))
+        for name in names:
+            reader = pa.ipc.open_file(pa.memory_map(os.path.join(path, name)))
+            for index in range(reader.num_record_batches):
+                yield reader.get_batch(index)
+    except FileNotFoundError:
+        raise KeptPartMissing(f"{MISSING} (part {os.path.basename(path)} left this executor's disk)") from None
+
+
+def _size(path: str) -> int:
+    """The bytes of a part's files."""
+    with os.scandir(path) as files:
+        return sum(file.stat().st_size for file in files)
 
 
 def _evict(limit: int, keep: str) -> None:
     """Removes the complete parts of the least recently used keys (their folders'
     modification times) until the executor keeps at most ``limit`` bytes; ``keep`` goes
-    last, when it alone is past it. Parts being written (another rank's, beside this one)
-    are left alone."""
+    last, when it alone is past it. Parts being made (another rank's, beside this one)
+    are left alone; a part goes at once (renamed away as a dead writer's, then removed),
+    so no rank reads a part half removed."""
     root = kept_root()
     parts: dict[str, list[tuple[str, int]]] = {}
     used: dict[str, float] = {}
-    for path in glob.glob(os.path.join(root, "*", "part-*.arrow")):
+    for path in glob.glob(os.path.join(glob.escape(root), "*", "part-*")):
+        if ".tmp-" in os.path.basename(path):
+            continue
         try:
-            size = os.path.getsize(path)
+            size = _size(path)
             key = os.path.basename(os.path.dirname(path))
             used.setdefault(key, os.path.getmtime(os.path.dirname(path)))
         except OSError:  # removed meanwhile by another rank of this executor
@@ -215,11 +298,13 @@ def _evict(limit: int, keep: str) -> None:
         if total <= limit:
             break
         for path, size in parts[key]:
+            going = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex}"
             with contextlib.suppress(OSError):
-                os.remove(path)
+                os.rename(path, going)
+                _remove(going)
             total -= size
         with contextlib.suppress(OSError):
-            os.rmdir(os.path.join(root, key))  # unless a part is being written there
+            os.rmdir(os.path.join(root, key))  # unless a part is being made there
         logger.info("removed the kept rows %s (keepIngestedMB: %d MB per executor)", key[:12], limit >> 20)
 
 

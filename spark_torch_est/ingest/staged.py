@@ -15,7 +15,8 @@ another way there, to the same partitions in the same order:
    partition in a folder of the fit (:func:`stage`), about the cost of Spark's scan;
 2. each rank of the training job reads the files of its logical partition, input
    partition after input partition (:func:`staged_batches`): what the shuffle would
-   have brought it, each row read once by one rank.
+   have brought it, each row read once by one rank. A rank that keeps its rows for later
+   fits keeps these files, hard-linked (:mod:`spark_torch_est.ingest.kept`).
 
 The ranks' rows are thus those of the shuffle, bitwise, so a run may go on either way
 (a relaunch, a later fit, a cluster of several hosts). A file that is gone or not as the
@@ -42,8 +43,8 @@ from spark_torch_est.errors import InputDataError, InvalidInputError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["STAGED_MISSING", "StagedPartMissing", "stage", "staged_batches", "part_file", "shard_rows",
-           "write_partition"]
+__all__ = ["STAGED_MISSING", "StagedPartMissing", "stage", "staged_batches", "staged_files", "part_file",
+           "shard_rows", "write_partition"]
 
 #: Starts the message of :class:`StagedPartMissing`: the driver reads the rows through Spark's shuffle instead.
 STAGED_MISSING = "the staged rows of this fit are not readable here"
@@ -145,18 +146,21 @@ def shard_rows(partition: int, rows: int, shard: int, shards: int) -> int:
     return max(0, -(-(rows - start) // shards))
 
 
+def staged_files(staged: StagedRows, shard: int, shards: int) -> list[tuple[str, int]]:
+    """The files of logical partition ``shard`` of ``shards``, in order (its file of every
+    input partition with rows there), each with the rows the staging job wrote to it."""
+    return [(part_file(staged.directory, partition, shard), expected) for partition, rows in staged.parts
+            if (expected := shard_rows(partition, rows, shard, shards))]
+
+
 def staged_batches(staged: StagedRows, shard: int, shards: int) -> Iterator[pa.RecordBatch]:
     """The rows of logical partition ``shard`` of ``shards``, in order: its file of every
-    input partition in turn.
+    input partition in turn (:func:`staged_files`).
 
     Raises:
         StagedPartMissing: A file is gone, or holds other rows than the staging job wrote.
     """
-    for partition, rows in staged.parts:
-        expected = shard_rows(partition, rows, shard, shards)
-        if expected == 0:
-            continue
-        path = part_file(staged.directory, partition, shard)
+    for path, expected in staged_files(staged, shard, shards):
         try:
             source = pa.OSFile(path)  # read a batch at a time into memory, not mapped
             reader = pa.ipc.open_file(source)

@@ -102,12 +102,16 @@ def test_the_key_changes_with_anything_that_changes_the_rows(spark, tmp_path):
 def test_later_fits_train_on_kept_rows_bitwise_as_if_read_again(spark, tmp_path, caplog):
     path = str(tmp_path / "t")
     _write(path, 600, seed=0)
-    df = spark.read.parquet(path).filter("label > -100").cache()
+    df = spark.read.parquet(path).filter("label > -100").repartition(3).cache()  # more partitions than ranks
     try:
         kept = linear_estimator(SETTINGS)
         with caplog.at_level(logging.INFO, logger="spark_torch_est.fit"):
             kept.fit(df, duration="1ep")
             assert REUSED not in caplog.text and _kept(spark), "the first fit reads through Spark and keeps"
+            assert "staged 600 rows of 3 partitions" in caplog.text
+            parts = glob.glob(os.path.join(_local_dir(spark), "spark_torch_est-kept", _key(kept, df), "part-*"))
+            assert len(parts) == 2 and all(len(os.listdir(part)) == 3 for part in parts), \
+                "each rank kept the staged files it read (one per input partition), not a copy of its rows"
             kept.fit(df, duration="1ep")
             assert REUSED in caplog.text, "the second reads what was kept"
         fresh = linear_estimator(SETTINGS, keepIngestedMB=0)

@@ -1,6 +1,6 @@
 """Run by test_kept.py: a fit keeps its rows under Spark's local directory (``argv[1]``),
 and they are gone once the session stops. Prints ``{"before": n, "after": n}``, the kept
-files before and after ``spark.stop()``."""
+parts before and after ``spark.stop()``."""
 
 import glob
 import json
@@ -16,7 +16,7 @@ from spark_torch_est import TorchEstimator  # noqa: E402
 local_dir = sys.argv[1]
 spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
          .config("spark.local.dir", local_dir).getOrCreate())
-kept = os.path.join(local_dir, "blockmgr-*", "spark_torch_est-kept", "*", "*.arrow")
+kept = os.path.join(local_dir, "blockmgr-*", "spark_torch_est-kept", "*", "part-*")
 try:
     df = spark.range(0, 400, 1, 2).selectExpr("array(cast(id % 7 as float), 1.0f) as features",
                                               "cast(id % 7 as double) as label")
