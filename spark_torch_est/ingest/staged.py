@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from spark_torch_est.core.arrow import from_numpy
+from spark_torch_est.core.arrow import from_numpy, to_numpy
 from spark_torch_est.core.spec import StagedRows
 from spark_torch_est.errors import InputDataError, InvalidInputError
 
@@ -132,12 +132,50 @@ def _deal(batch: pa.RecordBatch, partition: int, seen: int, shards: int) -> list
     if shards == 1:
         return [batch]
     first = (partition << _POSITION_SHIFT) + seen  # the position of the batch's first row
-    dealt: list[pa.RecordBatch | None] = []
-    for shard in range(shards):
-        start = (shard - first) % shards  # the batch's first row of this shard
-        dealt.append(batch.take(from_numpy(np.arange(start, batch.num_rows, shards, dtype=np.int64)))
-                     if start < batch.num_rows else None)
-    return dealt
+    starts = [(shard - first) % shards for shard in range(shards)]  # the batch's first row of each shard
+    return [_every(batch, start, shards) if start < batch.num_rows else None for start in starts]
+
+
+def _every(batch: pa.RecordBatch, start: int, step: int) -> pa.RecordBatch:
+    """Rows ``start``, ``start + step``, ... of ``batch``, as Arrow's ``take`` gives them:
+    numbers, and arrays of numbers all of one length, without nulls, copied with a stride
+    (several times faster than ``take``); other columns through ``take``."""
+    indices = None
+    columns = []
+    for column in batch.columns:
+        strided = _strided(column, start, step)
+        if strided is None:
+            if indices is None:
+                indices = from_numpy(np.arange(start, batch.num_rows, step, dtype=np.int64))
+            strided = column.take(indices)
+        columns.append(strided)
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
+def _strided(column: pa.Array, start: int, step: int) -> pa.Array | None:
+    """:func:`_every`'s rows of one column, or None where it takes them with ``take``."""
+    kind = column.type
+    if column.null_count:
+        return None
+    if _numbers(kind):
+        values = np.ascontiguousarray(to_numpy(column)[start::step])
+        return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not _numbers(kind.value_type):
+        return None
+    flat = column.flatten()
+    offsets = to_numpy(column.offsets)
+    width = int(offsets[1] - offsets[0]) if len(column) else 0
+    if width == 0 or flat.null_count or not (np.diff(offsets) == width).all():
+        return None
+    rows = to_numpy(flat).reshape(len(column), width)[start::step]
+    values = np.ascontiguousarray(rows).reshape(-1)
+    child = pa.Array.from_buffers(flat.type, len(values), [None, pa.py_buffer(values)])
+    offsets = np.arange(0, (len(rows) + 1) * width, width, dtype=offsets.dtype)
+    return pa.Array.from_buffers(kind, len(rows), [None, pa.py_buffer(offsets)], children=[child])
+
+
+def _numbers(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
 
 
 def shard_rows(partition: int, rows: int, shard: int, shards: int) -> int:

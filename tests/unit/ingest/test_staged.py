@@ -13,6 +13,8 @@ from spark_torch_est.core.spec import StagedRows
 from spark_torch_est.ingest.staged import (
     STAGED_MISSING,
     StagedPartMissing,
+    _every,
+    _strided,
     part_file,
     shard_rows,
     staged_batches,
@@ -72,3 +74,38 @@ def test_a_file_gone_or_not_as_written_stops_the_rank_with_the_error_the_driver_
     write_partition(str(tmp_path), 2, 1, _batches([1000, 1001], 2))  # fewer rows than the staging job wrote
     with pytest.raises(StagedPartMissing, match="holds 1 rows, the staging job wrote 2"):
         _read(staged, 1, 2)
+
+
+def _columns(rows: int) -> pa.RecordBatch:
+    """A batch of the column types Spark sends, with and without nulls, even and ragged arrays."""
+    ids = list(range(rows))
+    return pa.RecordBatch.from_pydict({
+        "long": pa.array(ids, pa.int64()),
+        "int": pa.array(ids, pa.int32()),
+        "double": pa.array([i / 3 for i in ids], pa.float64()),
+        "float_nulls": pa.array([None if i % 4 == 1 else float(i) for i in ids], pa.float32()),
+        "flag": pa.array([i % 3 == 0 for i in ids]),
+        "text": pa.array([f"row {i}" for i in ids]),
+        "floats": pa.array([[float(i), i + 0.5, -float(i)] for i in ids], pa.list_(pa.float32())),
+        "ids": pa.array([[i, i + 1] for i in ids], pa.large_list(pa.int64())),
+        "ragged": pa.array([[float(i)] * (i % 3) for i in ids], pa.list_(pa.float64())),
+        "null_array": pa.array([None if i == 2 else [float(i)] for i in ids], pa.list_(pa.float64())),
+        "null_element": pa.array([[None if i == 3 else float(i)] for i in ids], pa.list_(pa.float64())),
+        "empty": pa.array([[] for _ in ids], pa.list_(pa.float32())),
+        "stamp": pa.array([i * 1000 for i in ids], pa.timestamp("us", tz="UTC")),
+    })
+
+
+@pytest.mark.parametrize("rows, offset, start, step", [(10, 0, 0, 2), (10, 0, 1, 2), (11, 3, 2, 3), (11, 3, 4, 5),
+                                                     (1, 0, 0, 2), (7, 0, 6, 4)])
+def test_a_batch_is_dealt_out_as_arrow_take_deals_it(rows, offset, start, step):
+    batch = _columns(rows + offset).slice(offset)  # Spark's batches may be slices too
+    dealt = _every(batch, start, step)
+    assert dealt.schema == batch.schema
+    assert dealt.equals(batch.take(pa.array(range(start, batch.num_rows, step), pa.int64())))
+    copied = {name for name in batch.schema.names if _strided(batch.column(name), start, step) is not None}
+    with_nulls = {name for name in batch.schema.names
+                  if batch.column(name).null_count or "null_" in name and batch.column(name).flatten().null_count}
+    assert copied - {"float_nulls", "null_array", "null_element"} == {"long", "int", "double", "floats", "ids"}, \
+        "numbers and arrays of them all of one length are copied with a stride ..."
+    assert not copied & with_nulls, "... where none is null"
