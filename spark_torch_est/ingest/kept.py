@@ -167,8 +167,11 @@ class _NewPart:
             for index, file in enumerate(files):
                 os.link(file, self._file(index))
         except OSError:
-            for name in os.listdir(self.folder):
-                os.remove(os.path.join(self.folder, name))
+            _remove(self.folder)  # the links made so far (not the files they link), in a folder made anew
+            try:
+                os.mkdir(self.folder)
+            except OSError as error:
+                self._fail(error)
             return False
         return True
 
@@ -176,6 +179,9 @@ class _NewPart:
         """``batches``, each also appended to the part's one file (an empty partition: a
         file without columns). A write that fails (a full disk) warns, and the rows are
         not kept."""
+        if self.failed:
+            yield from batches
+            return
         try:
             sink = open(self._file(0), "wb")
         except OSError as error:

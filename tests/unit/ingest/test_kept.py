@@ -101,15 +101,20 @@ def test_rows_read_from_staged_files_are_kept_as_those_files_not_copied(tmp_path
 
 def test_staged_files_on_another_disk_are_kept_by_writing_the_rows(tmp_path, monkeypatch):
     files = _staged(tmp_path, 3000)
+    sizes = [os.path.getsize(path) for path in files]
+    real_link = os.link
 
-    def cross_device(source, target):
-        raise OSError(18, "Invalid cross-device link")
+    def cross_device(source, target):  # the first file links, the second is on another file system
+        if source != files[0]:
+            raise OSError(18, "Invalid cross-device link")
+        real_link(source, target)
 
     monkeypatch.setattr(os, "link", cross_device)
     batches = (batch for path in files for batch in _read_file(path))
     written = kept.keep_while_reading(_spec("write"), batches, 0, files)
     part = kept.part_path("k" * 32, 0, 1)
     assert os.listdir(part) == ["00000.arrow"] and _rows_of(part) == 3000
+    assert [os.path.getsize(path) for path in files] == sizes, "no staged file was written through a link"
     held.forget()
     assert _same(kept.take_kept(_spec("read"), iter([]), _Store(), 0)[1], written)
 
