@@ -82,7 +82,9 @@ def test_ragged_rows_spilled_read_the_same():
 
 def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget():
     """Measured in fresh processes: reading and then touching every row of a 256 MB
-    partition with a 64 MB budget versus without a budget."""
+    partition with a 64 MB budget versus without a budget, from the peak after a first small
+    read (what a process sets up once: about 30 MB with torch 2.3.1 and pyarrow 14, 10 MB
+    with the newest, whatever the rows)."""
     probe = textwrap.dedent("""
         import json, sys, torch
         sys.path.insert(0, ".")
@@ -91,6 +93,7 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
         budget = None if sys.argv[1] == "none" else int(sys.argv[1])
         def hwm():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
+        read_rows(features_batches(5000, width=128, per_batch=5000), features_schema(128))  # once a process
         base = hwm()
         ingested = read_rows(features_batches(500_000, width=128, per_batch=5000), features_schema(128),
                            memory_budget=budget)
@@ -107,7 +110,7 @@ def test_peak_memory_of_a_partition_four_times_the_budget_stays_near_the_budget(
     in_memory, spilled = results["none"], results[str(64 << 20)]
     print("peak RSS growth, 256 MB partition:", in_memory, "vs 64 MB budget:", spilled)
     assert spilled["spilled"] and not in_memory["spilled"]
-    assert in_memory["growth_mb"] > 256              # the rows
+    assert in_memory["growth_mb"] > 500_000 * 128 * 4 >> 20  # the rows (244 MiB)
     assert spilled["growth_mb"] < 64 + 96            # the budget, batches in flight, allocator slack
     assert spilled["growth_mb"] < in_memory["growth_mb"] / 3
 
@@ -122,6 +125,7 @@ def test_rows_whose_number_is_not_known_in_advance_are_held_once():
         from spark_torch_est.ingest.tables import read_rows
         def hwm():
             return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) // 1024
+        read_rows(features_batches(5000, width=128, per_batch=5000), features_schema(128))  # once a process
         base = hwm()
         features = read_rows(features_batches(500_000, width=128, per_batch=5000), features_schema(128)).train.inputs[0]
         print(json.dumps({"growth_mb": hwm() - base, "sum": float(features.tensor[::1000].sum())}))
