@@ -114,7 +114,7 @@ class TrainingFailedError(SparkTorchError):
         return text
 
 
-_FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+')
+_FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+', re.MULTILINE)
 _OWN_FRAME = re.compile(r"[/\\]spark_torch_est(?:[/\\][A-Za-z_]+)+\.py$")
 _TRACEBACK = "Traceback (most recent call last):"
 
@@ -137,6 +137,12 @@ def _user_frames(text: str, limit: int = 30) -> str:
         if not skipping:
             kept.append(line)
     return "\n".join(kept[:limit]).rstrip()
+
+
+def passes_through_package(text: str) -> bool:
+    """Whether a Python traceback in ``text`` has a frame of this package's own code (its
+    path as the executor printed it)."""
+    return any(_OWN_FRAME.search(frame["path"]) for frame in _FRAME.finditer(text))
 
 
 def _rebuild_training_failed(message: str, attrs: dict) -> TrainingFailedError:

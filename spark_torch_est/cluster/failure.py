@@ -33,12 +33,13 @@ from spark_torch_est.errors import (
     SparkTorchError,
     TrainingFailedError,
     UserCodeError,
+    passes_through_package,
 )
 
 __all__ = [
     "USER", "INPUT", "CHECKPOINT", "SYSTEM", "UNREACHABLE", "Failure", "RankFailure", "StoreUnreachableError",
     "PeerAuthenticationError", "SparkInputLost", "describe", "is_communication_error", "explain_job_failure",
-    "is_spark_error", "package_bug",
+    "is_spark_error", "package_bug", "dataframe_error",
 ]
 
 logger = fit_logger()
@@ -267,6 +268,15 @@ _DAEMON_FAILED = re.compile(r"reading the port number from ([\w.]+)'s stdout")
 _READ_FAILED = re.compile(r"\[(?:FAILED_READ_FILE|CANNOT_READ_FILE_FOOTER)[.\w]*\][^\n]*?(?=\s+SQLSTATE|\n|$)")
 _READ_CAUSE = re.compile(r"^Caused by: (?!org\.apache\.spark\.SparkException)([^\n]+)", re.MULTILINE)
 _BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|support).*?(?=\n\s+at |\Z)", re.DOTALL)
+#: A Python exception a task raised, as PySpark 3.5 and 4 word it in a failed job's text (a
+#: PythonException, or the captured one's "thrown from the Python worker"): its traceback.
+_PYTHON_RAISED = re.compile(r"(?:PythonException|thrown from the Python worker)[^\n]*\n?[ \t]*"
+                            r"(Traceback \(most recent call last\):\n(?:[ \t][^\n]*\n)*([^\n]*))")
+#: Spark's data errors: SQLSTATE class 22 (data exception: a cast or arithmetic under ANSI mode),
+#: which Spark 3.5 leaves out of the text and names by the exception's class instead.
+_DATA_ERROR = re.compile(r"(\[[A-Z][A-Z_.]*\][^\n]*?)\s*SQLSTATE: 22\w{3}"
+                         r"|org\.apache\.spark\.Spark(?:NumberFormat|Arithmetic|DateTime|ArrayIndexOutOfBounds)"
+                         r"Exception: (\[[^\n]*)")
 
 
 def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> SparkTorchError:
@@ -287,6 +297,9 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
                               + "; fix or remove that file (a relaunch would read it again)")
     found = Failure.unseal(text, secret)
     candidates = reported + ([found] if found is not None else [])
+    own = dataframe_error(text)
+    if own is not None and all(f.kind in (SYSTEM, UNREACHABLE) for f in candidates):  # the ranks' lost input follows
+        return own
     if candidates:  # a rank's own error first, then a peer that failed to prove the secret (an impostor)
         return min(candidates, key=lambda f: (f.kind == SYSTEM, not f.message.startswith("PeerAuthenticationError"))
                    ).to_error()
@@ -311,6 +324,25 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
         return InvalidInputError(f"Spark cannot run the barrier job: {unsupported.group(0).strip()}")
     return TrainingFailedError(f"the training job failed: {_first_line(text)}",
                                remote_traceback=text[-4000:], retryable=True)
+
+
+def dataframe_error(text: str) -> TrainingFailedError | None:
+    """The training DataFrame's own error, when that is what failed the job of ``text``: a
+    Python exception its plan raised (a user-defined function; no frame of this package in
+    the text), or one of Spark's data errors (:data:`_DATA_ERROR`). Computing the rows again
+    meets it again, so it is never retried; None for anything else."""
+    raised = _PYTHON_RAISED.search(text)
+    if raised is not None and not passes_through_package(text[raised.start():]):
+        return TrainingFailedError(
+            f"the training DataFrame's own code failed while Spark computed its rows, before any rank trained on "
+            f"them: {raised.group(2).strip()[:500]}; fix the DataFrame (a relaunch would compute its rows again)",
+            remote_traceback=raised.group(1)[-4000:])
+    data = _DATA_ERROR.search(text)
+    if data is not None:
+        return TrainingFailedError(
+            f"Spark failed to compute the training DataFrame's rows: {(data.group(1) or data.group(2)).strip()[:500]}; "
+            "fix the DataFrame or its data (a relaunch would compute its rows again)")
+    return None
 
 
 def _first_line(text: str) -> str:

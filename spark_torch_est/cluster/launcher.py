@@ -35,7 +35,13 @@ from spark_torch_est.cluster.control import (
     StoreUnreachable,
     wait_for_slots,
 )
-from spark_torch_est.cluster.failure import StoreUnreachableError, explain_job_failure, is_spark_error, package_bug
+from spark_torch_est.cluster.failure import (
+    StoreUnreachableError,
+    dataframe_error,
+    explain_job_failure,
+    is_spark_error,
+    package_bug,
+)
 from spark_torch_est.cluster.messages import Kind, RankMessage
 from spark_torch_est.cluster.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.cluster.store_gate import StoreGate
@@ -314,8 +320,13 @@ class Launcher:
     def _staged(self, spec: TaskSpec, launch: Launch, frame: DataFrame) -> tuple[TaskSpec, DataFrame]:
         """The job, its rows staged first where it would read them through the rows'
         shuffle and they may be (see :meth:`KeptIngest.stage`). A staging job that fails
-        (files it cannot write: another user's executors, a full disk; or the DataFrame's
-        own error, which the shuffle then meets and reports) leaves the rows to the shuffle."""
+        (files it cannot write: another user's executors, a full disk) leaves the rows to
+        the shuffle; one that met the DataFrame's own error (see :func:`dataframe_error`)
+        fails the fit: the shuffle would compute the rows again and meet it again.
+
+        Raises:
+            TrainingFailedError: The DataFrame's own error.
+        """
         def run(job: DataFrame) -> pa.Table:
             return cast(pa.Table, self._run_job(job, launch, 0))  # no slots to lose, none to grow back to
 
@@ -326,6 +337,9 @@ class Launcher:
         except Exception as error:
             if not (is_spark_error(error) or isinstance(error, OSError)):
                 raise
+            own = dataframe_error(str(error)) if is_spark_error(error) else None
+            if own is not None:
+                raise own from None
             self.rows.unstage(f"staging them failed ({str(error).strip().splitlines()[0][:300]})")
             return spec, frame
         return (self.rows.spec(spec), self.rows.frame) if staged else (spec, frame)

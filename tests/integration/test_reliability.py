@@ -160,3 +160,30 @@ def test_a_loss_that_is_not_one_value_is_not_relaunched(spark, linear_df, caplog
     assert not error.value.retryable and "holding one value" in str(error.value)
     assert not any("relaunching training" in r.getMessage() for r in caplog.records)
     assert any("not one a relaunch can fix" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.compat  # Spark 3.5 and 4 word a failed task differently
+@pytest.mark.parametrize("partitions", [3, 2], ids=["staged first", "in the ranks' own tasks"])
+def test_a_dataframe_whose_own_function_raises_fails_at_once_naming_it(spark, linear_df, partitions, caplog):
+    """A user-defined function of the DataFrame raises on some rows: in the staging job (3
+    partitions for 2 ranks) or in the training tasks themselves (2 partitions), the fit fails
+    once, with that error, not relaunched nor read again through Spark's shuffle."""
+    from pyspark.sql import functions as F
+
+    @F.udf("double")
+    def refuse_large(label):
+        if label > 1.5:
+            raise ValueError(f"this function refuses the label {label:.3f}")
+        return label
+
+    df = linear_df.repartition(partitions).select("features", refuse_large("label").alias("label"))
+    est = estimator(SETTINGS, maxRetries=2)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"), pytest.raises(TrainingFailedError) as error:
+        est.fit(df)
+    assert not error.value.retryable
+    assert error.value.message.startswith("the training DataFrame's own code failed while Spark computed its rows")
+    assert "ValueError: this function refuses the label" in error.value.message
+    assert "in refuse_large" in str(error.value)  # the function's own frame
+    said = [r.getMessage() for r in caplog.records]
+    assert not any("relaunching training" in m or "come through Spark's shuffle" in m for m in said), said
+    assert est.checkpoint is None

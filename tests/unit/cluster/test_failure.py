@@ -188,9 +188,67 @@ def test_only_sparks_own_errors_are_read_as_failed_jobs_on_the_driver():
     from pyspark.errors import PySparkAttributeError, PySparkRuntimeError
 
     assert is_spark_error(Py4JNetworkError("the JVM went away"))
-    assert is_spark_error(PySparkRuntimeError(errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "x"}))
+    # positional: PySpark 4 calls them errorClass and messageParameters, 3.5 error_class and message_parameters
+    assert is_spark_error(PySparkRuntimeError(None, "NOT_IMPLEMENTED", {"feature": "x"}))
     assert not is_spark_error(AttributeError("'DataFrame' object has no attribute 'toArrow'"))
-    assert not is_spark_error(PySparkAttributeError(errorClass="ATTRIBUTE_NOT_SUPPORTED",
-                                                    messageParameters={"attr_name": "toArrow"}))
+    assert not is_spark_error(PySparkAttributeError(None, "ATTRIBUTE_NOT_SUPPORTED", {"attr_name": "toArrow"}))
     bug = package_bug(AttributeError("'DataFrame' object has no attribute 'toArrow'"))
     assert not bug.retryable and "toArrow" in bug.message and "please report it" in bug.message
+
+
+#: A user-defined function's error in a failed job's text, as PySpark 4 and 3.5 give it: the
+#: captured exception of a plain job, and the Py4J error of a barrier job.
+_UDF_TRACEBACK = ('Traceback (most recent call last):\n  File "/home/me/job.py", line 6, in bad\n'
+                  '    if x > 900: raise ValueError("no")\n                ^^^^^^^^^^\nValueError: no\n')
+UDF_FAILURES = {
+    "4 captured": "An exception was thrown from the Python worker:\n" + _UDF_TRACEBACK,
+    "4 barrier": ("An error occurred while calling o113.getResult.\n: org.apache.spark.SparkException: Exception "
+                  "thrown in awaitResult: \nCaused by: org.apache.spark.SparkException: Job aborted due to stage "
+                  "failure: Could not recover from a failed barrier ResultStage.\norg.apache.spark.api.python."
+                  "PythonException: [PYTHON_EXCEPTION] An exception was thrown from the Python worker: "
+                  + _UDF_TRACEBACK + " SQLSTATE: 38000\n\tat org.apache.spark.api.python.BasePythonRunner.x(a:1)"),
+    "3.5 captured": ("\n  An exception was thrown from the Python worker. Please see the stack trace below.\n"
+                     + _UDF_TRACEBACK),
+    "3.5 barrier": ("An error occurred while calling o108.getResult.\n: org.apache.spark.SparkException: Job aborted "
+                    "due to stage failure: Task 1 in stage 1.0 failed 1 times, most recent failure: Lost task 1.0\n"
+                    "org.apache.spark.api.python.PythonException: " + _UDF_TRACEBACK + "\n\tat org.apache.x(a:1)"),
+}
+
+
+@pytest.mark.parametrize("spark_text", UDF_FAILURES.values(), ids=UDF_FAILURES.keys())
+def test_the_dataframes_own_python_error_is_named_and_not_retried_over_the_ranks_lost_input(spark_text):
+    lost = Failure(SYSTEM, "SparkInputLost: Spark stopped sending this task's rows", 1, "ingest")
+    for reported in ([], [lost]):
+        error = explain_job_failure(spark_text, reported, SECRET)
+        assert isinstance(error, TrainingFailedError) and not error.retryable, spark_text
+        assert error.message.startswith("the training DataFrame's own code failed")
+        assert "ValueError: no" in error.message
+        assert 'File "/home/me/job.py", line 6, in bad' in str(error)  # the user's frame, below the message
+
+
+def test_a_rank_error_of_the_users_code_still_beats_the_dataframes():
+    user = Failure(USER, "ValueError: bad", 1, "after_train_iter", hook="h")
+    error = explain_job_failure(UDF_FAILURES["4 barrier"], [user], SECRET)
+    assert (error.rank, error.hook, error.retryable) == (1, "h", False) and error.message.endswith("ValueError: bad")
+
+
+def test_a_python_error_through_the_packages_own_code_is_not_the_dataframes():
+    ours = UDF_FAILURES["4 captured"].replace(
+        'Traceback (most recent call last):\n',
+        'Traceback (most recent call last):\n'
+        '  File "/x/site-packages/spark_torch_est/ingest/staged.py", line 90, in w\n    writer.write_batch(rows)\n')
+    error = explain_job_failure(ours, [], SECRET)
+    assert error.retryable and error.message.startswith("the training job failed")
+
+
+@pytest.mark.parametrize("spark_text", [
+    "org.apache.spark.SparkNumberFormatException: [CAST_INVALID_INPUT] The value 'abc' of the type \"STRING\" cannot "
+    "be cast to \"INT\" because it is malformed. SQLSTATE: 22018\n== DataFrame ==\n\"cast\" was called from",
+    "Caused by: org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 0.0 failed 1 times: "
+    "org.apache.spark.SparkNumberFormatException: [CAST_INVALID_INPUT] The value 'abc' of the type \"STRING\" cannot "
+    "be cast to \"INT\" because it is malformed. If necessary set \"spark.sql.ansi.enabled\" to \"false\"\n",
+], ids=["4", "3.5"])
+def test_a_data_error_of_spark_computing_the_rows_is_named_and_not_retried(spark_text):
+    error = explain_job_failure(spark_text, [], SECRET)
+    assert not error.retryable and "[CAST_INVALID_INPUT] The value 'abc'" in error.message
+    assert error.message.startswith("Spark failed to compute the training DataFrame's rows")
