@@ -1,5 +1,5 @@
 """The support matrix, tested: one virtualenv per Databricks ML runtime row, built from the
-package registry, and the compat subset of the suite (``-m compat``) run in each.
+package registry, and in each the unit tests and the compat subset of the Spark tests.
 
     python3.11 scripts/compat.py                 # every row (make test-compat)
     python3.11 scripts/compat.py 15.4 newest     # some rows (CI: the oldest and the newest)
@@ -14,7 +14,10 @@ For each row, as a user on that runtime would meet the package:
 3. pytest, pytest-timeout and torchmetrics (the tests' metrics) are added, every runtime
    package held fixed; so is the ``lightning`` extra where it installs beside them (the
    Lightning tests skip where it does not, and run as ``compat`` on the rows they were checked on);
-4. ``pytest -m compat tests`` runs with the virtualenv's Python on the executors.
+4. ``pytest -m "compat or not (spark or cluster or slow)" tests`` runs with the virtualenv's
+   Python on the executors: every unit test that needs no Spark (about 3 minutes; those of a
+   feature the row's torch lacks skip, as its users are refused) and the Spark tests marked
+   ``compat``.
 
 Each row's virtualenv is made with its runtime's Python (``Row.python``): 3.11 for 15.4, 16.4
 (pandas 1.5.3 has no 3.12 wheel on the registry) and the newest row, 3.12 for 17.3 and 18, found
@@ -40,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = "mlflow,tensorboard,progress"
 TEST_TOOLS = ["pytest>=8,<10", "pytest-timeout>=2.2", "torchmetrics>=1.0,<2"]
+#: The tests each row runs: the unit tests (no Spark) and the Spark tests marked ``compat``.
+SELECTED = "compat or not (spark or cluster or slow)"
 #: The lightning extra, installed where it fits the row's pins (its tests skip where it is not).
 LIGHTNING = "lightning>=2.5,<2.7"
 
@@ -168,7 +173,7 @@ def check_row(row: Row, pytest_args: list[str]) -> tuple[bool, str]:
                 log.write(f"{LIGHTNING} does not install beside this runtime's packages: its tests skip\n")
             env = {**os.environ, "PYSPARK_PYTHON": str(python), "PYSPARK_DRIVER_PYTHON": str(python),
                    "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_CONF_DIR": str(ROOT / "conf")}
-            run([str(python), "-m", "pytest", "-m", "compat", "-p", "no:cacheprovider", *pytest_args, "tests"],
+            run([str(python), "-m", "pytest", "-m", SELECTED, "-p", "no:cacheprovider", *pytest_args, "tests"],
                 log, env=env, cwd=ROOT)
         except RuntimeError as error:
             return False, f"{error} (see {log_path})"

@@ -193,6 +193,18 @@ def features_batches(rows: int, width: int = 16, per_batch: int = 1000, seed: in
         yield pa.RecordBatch.from_arrays(arrays, names)
 
 
+def with_column(batch: pa.RecordBatch, name: str, values: pa.Array, at: int | None = None) -> pa.RecordBatch:
+    """``batch`` with ``values`` as its column ``name``, appended or in place of column ``at``
+    (``RecordBatch.append_column`` and ``set_column`` are pyarrow 15's; the matrix starts at 14)."""
+    columns, names = list(batch.columns), list(batch.schema.names)
+    if at is None:
+        columns.append(values)
+        names.append(name)
+    else:
+        columns[at], names[at] = values, name
+    return pa.RecordBatch.from_arrays(columns, names=names)
+
+
 def arrow_batches(rows: int = 200, seed: int = 0, width: int = 8) -> list[pa.RecordBatch]:
     """Training-frame batches of y = sum(x) + 1, as the tasks receive them."""
     rng = np.random.default_rng(seed)

@@ -5,7 +5,7 @@ import torch
 
 from spark_torch_est import TorchEstimator
 from spark_torch_est.core.progress import Target
-from spark_torch_est.core.support import Feature
+from spark_torch_est.core.support import FSDP, Feature, installed
 from spark_torch_est.errors import InvalidInputError
 from spark_torch_est.planning import check_creators, check_params, task_spec
 from spark_torch_est.train.strategies import DDP, STRATEGIES
@@ -30,7 +30,8 @@ def _est(**kw):
     ({"minWorkers": 3}, r"minWorkers must be between 1 and numWorkers=2 .*got 3"),
     ({"minWorkers": 5, "numWorkers": 4}, "numWorkers=4 .*got 5"),
     ({"strategy": "zero3"}, "strategy must be one of 'ddp', 'fsdp', got 'zero3'"),
-    ({"strategy": "fsdp"}, 'strategy="fsdp" writes sharded checkpoints.*checkpointDir=None'),
+    pytest.param({"strategy": "fsdp"}, 'strategy="fsdp" writes sharded checkpoints.*checkpointDir=None',
+                 marks=pytest.mark.skipif(installed("torch") < FSDP.needs, reason="an older torch is refused first")),
     ({"precision": "fp8"}, "precision must be one of '32', 'bf16-mixed', '16-mixed', got 'fp8'"),
 ])
 def test_params_out_of_range(params, message):

@@ -38,12 +38,12 @@ def test_a_failure_report_never_reaches_the_store_and_a_client_without_the_secre
         launch = Launch(LAUNCH.job_id, LAUNCH.secret, store_address=gate.address, channel_address=channel.address)
         _report(launch, Failure(USER, "ValueError: SECRET-TEXT of the model", 1, "setup", traceback="SECRET-TB"))
         assert [f.message for f in channel.failures()] == ["ValueError: SECRET-TEXT of the model"]
-        values = [gate.store.get(key) for key in gate.store.list_keys()]
-        assert not any(b"SECRET" in value for value in values)
+        assert gate.store.num_keys() == 0  # nothing of it, text or not
         try:  # nor can a client without the secret read the store or the channel at all
-            dist.TCPStore("127.0.0.1", gate.address[1], is_master=False, timeout=_seconds(2)).list_keys()
+            gate.store.set("ste-probe", b"v")
+            dist.TCPStore("127.0.0.1", gate.address[1], is_master=False, timeout=_seconds(2)).get("ste-probe")
             raise AssertionError("an outsider read the store")
-        except dist.DistError:
+        except (RuntimeError, MemoryError):  # torch's DistError at the connection; torch 2.3's client at the read
             pass
     finally:
         channel.close()

@@ -46,11 +46,14 @@ def test_the_store_itself_listens_on_loopback_only(gate):
 
 def test_a_client_without_the_secret_neither_reads_nor_writes(gate):
     gate.store.set("ste-x/failure/1", b"anything a rank left")
-    with pytest.raises(dist.DistError):  # the gate challenges it: torch's client gives up
-        _client(gate.address, timeout_s=2).set("junk", b"x")
+    with pytest.raises((RuntimeError, MemoryError)):  # the gate challenges it: torch's client gives up (torch
+        # 2.3's at its first read, taking the challenge for a length it cannot allocate)
+        outsider = _client(gate.address, timeout_s=2)
+        outsider.set("junk", b"x")
+        outsider.get("ste-x/failure/1")
     with pytest.raises((AuthenticationError, OSError, EOFError)):
         open_relay(gate.address, b"a guess" * 5, 5.0)
-    assert gate.store.list_keys() == ["ste-x/failure/1"]
+    assert gate.store.num_keys() == 1 and not gate.store.check(["junk"])
 
 
 def test_a_ranks_relay_takes_only_a_client_of_its_own_process(gate):
@@ -67,10 +70,12 @@ def test_a_ranks_relay_takes_only_a_client_of_its_own_process(gate):
 
 def test_one_connection_per_rank(gate):
     first, second = (_client(open_relay(gate.address, SECRET, 5.0)) for _ in range(2))
-    with pytest.raises(dist.DistError):  # a third, even with the secret, is closed once it authenticates
-        _client(open_relay(gate.address, SECRET, 5.0), timeout_s=2).set("third", b"x")
     first.set("k", b"v")
-    assert second.get("k") == b"v" and "third" not in gate.store.list_keys()
+    with pytest.raises(RuntimeError):  # a third, even with the secret, is closed once it authenticates
+        third = _client(open_relay(gate.address, SECRET, 5.0), timeout_s=2)
+        third.set("third", b"x")
+        third.get("k")
+    assert second.get("k") == b"v" and not gate.store.check(["third"])
 
 
 
@@ -92,7 +97,7 @@ def test_an_outsider_can_hold_neither_memory_nor_descriptors_of_the_driver(gate)
     assert written == 0 and sent_mb < 420 and idle == 3000
     assert held <= 2 * 32 + 8, held  # the handshakes still running (32 at most), not 3,000 connections
     assert grown < 50, grown
-    assert gate.store.list_keys() == ["k"]
+    assert gate.store.num_keys() == 1 and gate.store.check(["k"])
 
 
 def _rank(rank: int, address: tuple[str, int], results) -> None:
@@ -124,6 +129,8 @@ def test_two_ranks_form_a_gloo_group_through_the_gate(gate):
     for process in processes:
         process.join(120)
     assert sorted(results.get(timeout=5) for _ in range(2)) == [(0, 3.0), (1, 3.0)]
+    if not hasattr(gate.store, "list_keys"):
+        pytest.skip("the group formed; torch < 2.4's TCPStore cannot list the keys it wrote")
     assert all(key.startswith("ste-gate/") for key in gate.store.list_keys())
 
 

@@ -17,7 +17,7 @@ from spark_torch_est.core.schema import INPUTS_LAYOUT, InputColumn, InputSchema
 from spark_torch_est.scoring.inference import ScoringSpec, evaluate_task, load_model, predict_task
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.metrics import MetricAccumulator
-from tests.helpers import adam, features_schema, mlp
+from tests.helpers import adam, features_schema, mlp, with_column
 
 
 def _spec(model_creator=mlp, schema=None, columns=("x",), **fields) -> tuple[ScoringSpec, torch.nn.Module]:
@@ -83,7 +83,7 @@ def test_evaluation_totals_combine_to_the_loss_over_every_row(weighted):
     spec, model = _spec(label_col="y", weight_col="w" if weighted else None)
     batch, x, y = _table()
     w = np.linspace(0.0, 2.0, len(x)).astype(np.float32)
-    row = next(evaluate_task(spec)(iter([batch.append_column("w", pa.array(w))])))
+    row = next(evaluate_task(spec)(iter([with_column(batch, "w", pa.array(w))])))
     totals = torch.tensor(row.column("totals")[0].as_py(), dtype=torch.float64)
     with torch.no_grad():
         errors = ((model(torch.from_numpy(x)).reshape(-1) - torch.from_numpy(y)) ** 2).numpy()

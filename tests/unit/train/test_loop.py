@@ -29,6 +29,7 @@ from tests.helpers import (
     step_lr,
     task_spec,
     train_locally,
+    with_column,
 )
 
 _run = train_locally
@@ -136,7 +137,7 @@ def test_every_stage_gets_the_arguments_of_what_the_loop_did():
     creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"every": EveryArgument()})
     rows, batch = 40, 16  # 3 steps per epoch, the last of 8 rows
     spec = task_spec(Target(epoch=2), creators=creators, batch_size=batch)
-    validation = arrow_batches(rows)[0].append_column(IS_VALIDATION, pa.array([i % 4 == 0 for i in range(rows)]))
+    validation = with_column(arrow_batches(rows)[0], IS_VALIDATION, pa.array([i % 4 == 0 for i in range(rows)]))
     calls = Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter([validation]), LocalBarrier())) \
         .hook_states["every"]["calls"]
     for call in calls:  # `state` always tells the same progress as the other arguments
@@ -258,7 +259,7 @@ def test_a_model_that_returns_a_tuple_or_a_dict_is_named_with_what_the_loss_want
 def test_a_metric_that_returns_more_than_one_number_is_named(value, words):
     creators = Creators(model=mlp, optimizer=adam, loss=torch.nn.MSELoss(), metrics={"scores": lambda o, y: value})
     rows = 40
-    batches = [arrow_batches(rows)[0].append_column(IS_VALIDATION, pa.array([i % 4 == 0 for i in range(rows)]))]
+    batches = [with_column(arrow_batches(rows)[0], IS_VALIDATION, pa.array([i % 4 == 0 for i in range(rows)]))]
     failure = _failure(task_spec(creators=creators), batches)
     assert failure.kind == USER and failure.stage == "validation"
     assert f"metric 'scores' {words}" in failure.message
@@ -286,7 +287,7 @@ def test_a_non_finite_loss_fails_at_its_step_unless_allowed():
     batch = arrow_batches(64)[0]
     labels = batch.column(1).to_numpy().copy()
     labels[40] = math.nan
-    batches = [batch.set_column(1, LABEL, pa.array(labels))]
+    batches = [with_column(batch, LABEL, pa.array(labels), at=1)]
     creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss())
     spec = task_spec(Target(epoch=1), creators=creators, batch_size=16, seed=0)
     failure = _failure(spec, batches)
@@ -325,7 +326,7 @@ def test_a_hook_can_skip_a_batch_whose_loss_is_not_finite():
     batch = arrow_batches(64)[0]
     features = np.stack(batch.column(0).to_numpy(zero_copy_only=False)).astype(np.float32)
     features[40, 3] = math.nan  # the model's outputs for that row are NaN too
-    batch = batch.set_column(0, FEATURES, pa.FixedSizeListArray.from_arrays(pa.array(features.ravel()), 8))
+    batch = with_column(batch, FEATURES, pa.FixedSizeListArray.from_arrays(pa.array(features.ravel()), 8), at=0)
     creators = Creators(model=mlp, optimizer=sgd, loss=torch.nn.MSELoss(), hooks={"skip": SkipNonFinite()})
     spec = task_spec(Target(epoch=2), creators=creators, batch_size=16)
     checkpoint = Checkpoint.from_bytes(run_rank(spec, LOCAL_LAUNCH, iter([batch]), LocalBarrier()))

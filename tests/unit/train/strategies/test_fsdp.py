@@ -18,9 +18,13 @@ from spark_torch_est import Checkpoint
 from spark_torch_est.checkpoints.storage import CheckpointDir
 from spark_torch_est.cluster.failure import RankFailure
 from spark_torch_est.core.progress import Interval, Target
+from spark_torch_est.core.support import FSDP_CPU, installed
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError
 from spark_torch_est.train.strategies.fsdp import check_shardable, load_metadata, shard_targets
 from tests.helpers import mlp, train_locally
+
+#: The tests that train: FSDP2 on CPU ranks (torch 2.7); an older torch is refused (test_support.py).
+trains = pytest.mark.skipif(installed("torch") < FSDP_CPU.needs, reason="FSDP2 on CPU needs torch >= 2.7")
 
 
 def _fsdp(tmp_path, target, resume=None, **fields):
@@ -32,6 +36,7 @@ def _weights(checkpoint: Checkpoint) -> np.ndarray:
     return torch.cat([v.reshape(-1) for v in checkpoint.model_state.values()]).numpy()
 
 
+@trains
 def test_two_plus_two_epochs_equal_four_bitwise(tmp_path):
     whole = _fsdp(tmp_path / "whole", Target(epoch=4))
     half = _fsdp(tmp_path / "half", Target(epoch=2))
@@ -40,6 +45,7 @@ def test_two_plus_two_epochs_equal_four_bitwise(tmp_path):
     assert [e["epoch"] for e in resumed.history] == [1, 2, 3, 4]
 
 
+@trains
 def test_the_driver_keeps_a_pointer_and_the_full_weights_not_the_optimizer(tmp_path):
     checkpoint = _fsdp(tmp_path, Target(epoch=2))
     assert checkpoint.strategy == "fsdp"
@@ -52,6 +58,7 @@ def test_the_driver_keeps_a_pointer_and_the_full_weights_not_the_optimizer(tmp_p
     assert on_disk.model_state == {} and on_disk.sharded == checkpoint.sharded  # no weights in the small .pt
 
 
+@trains
 def test_an_altered_metadata_file_is_refused(tmp_path):
     half = _fsdp(tmp_path, Target(epoch=1))
     with open(os.path.join(half.sharded["url"], ".metadata"), "ab") as handle:
@@ -60,6 +67,7 @@ def test_an_altered_metadata_file_is_refused(tmp_path):
         _fsdp(tmp_path, Target(epoch=2), resume=half.to_bytes())
 
 
+@trains
 def test_every_file_of_the_folder_is_checked_before_any_state_is_loaded(tmp_path):
     half = _fsdp(tmp_path / "a", Target(epoch=1))
     other = _fsdp(tmp_path / "b", Target(epoch=1), seed=99)  # another run of the same shapes
@@ -135,6 +143,7 @@ def _forged(checkpoint: Checkpoint, metadata: bytes) -> Checkpoint:
     return Checkpoint({**checkpoint._state, "sharded": sharded})
 
 
+@trains
 def test_a_crafted_metadata_is_refused_on_the_driver_and_on_the_ranks_before_any_state(tmp_path):
     from spark_torch_est.train.strategies.fsdp import check_present
 
@@ -151,6 +160,7 @@ def test_a_crafted_metadata_is_refused_on_the_driver_and_on_the_ranks_before_any
     assert not marker.exists()
 
 
+@trains
 def test_the_metadata_torch_writes_is_built_from_the_allowed_globals_only(tmp_path):
     from spark_torch_est.train.strategies.fsdp import METADATA_GLOBALS
 
@@ -168,6 +178,7 @@ def test_the_metadata_torch_writes_is_built_from_the_allowed_globals_only(tmp_pa
     assert load_metadata(blob, "x").state_dict_metadata  # and it loads
 
 
+@trains
 def test_a_metadata_naming_a_file_out_of_its_folder_is_refused(tmp_path):
     half = _fsdp(tmp_path, Target(epoch=1))
     metadata = load_metadata(open(os.path.join(half.sharded["url"], ".metadata"), "rb").read(), "x")
@@ -176,6 +187,7 @@ def test_a_metadata_naming_a_file_out_of_its_folder_is_refused(tmp_path):
         load_metadata(pickle.dumps(metadata), "x")
 
 
+@trains
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("strange", ["fifo", "/dev/zero", "symlink out"])
 def test_a_part_that_is_not_a_regular_file_is_refused_at_once_naming_it(tmp_path, strange):
@@ -244,6 +256,7 @@ def test_a_checkpoint_whose_parts_are_not_all_written_is_never_the_newest(tmp_pa
     assert directory.newest().global_step == 10 and directory.latest().global_step == 10
 
 
+@trains
 def test_ranks_resume_from_the_shards_without_the_full_weights_the_driver_keeps(tmp_path):
     whole = _fsdp(tmp_path / "whole", Target(epoch=2))
     half = _fsdp(tmp_path / "half", Target(epoch=1))
