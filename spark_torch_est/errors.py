@@ -114,9 +114,23 @@ class TrainingFailedError(SparkTorchError):
         return text
 
 
-_FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+', re.MULTILINE)
-_OWN_FRAME = re.compile(r"[/\\]spark_torch_est(?:[/\\][A-Za-z_]+)+\.py$")
+_FRAME = re.compile(r'  File "(?P<path>[^"\n]{0,4096})", line \d+')  # matched at a line's start
 _TRACEBACK = "Traceback (most recent call last):"
+
+
+def frame_kind(path: str) -> str:
+    """Whose code a traceback's frame at ``path`` (as an executor printed it) runs:
+    ``"package"`` (this package's, installed or shipped in a zip), ``"runtime"`` (PySpark's
+    worker, Python's import machinery) or ``"user"`` (the user's code, a library it called,
+    a notebook cell)."""
+    if path.startswith("<frozen "):
+        return "runtime"
+    folders = re.split(r"[/\\]", path)[:-1]
+    if "spark_torch_est" in folders:
+        return "package"
+    if "pyspark" in folders or any(folder.endswith("pyspark.zip") for folder in folders):
+        return "runtime"
+    return "user"
 
 
 def _user_frames(text: str, limit: int = 30) -> str:
@@ -131,18 +145,12 @@ def _user_frames(text: str, limit: int = 30) -> str:
     for line in text[start:].splitlines():
         frame = _FRAME.match(line)
         if frame:
-            skipping = bool(_OWN_FRAME.search(frame["path"]))
+            skipping = frame_kind(frame["path"]) == "package"
         elif not line.startswith("    "):  # the exception, or what Spark wrapped around it
             skipping = line.startswith(("\tat ", " SQLSTATE"))
         if not skipping:
             kept.append(line)
     return "\n".join(kept[:limit]).rstrip()
-
-
-def passes_through_package(text: str) -> bool:
-    """Whether a Python traceback in ``text`` has a frame of this package's own code (its
-    path as the executor printed it)."""
-    return any(_OWN_FRAME.search(frame["path"]) for frame in _FRAME.finditer(text))
 
 
 def _rebuild_training_failed(message: str, attrs: dict) -> TrainingFailedError:

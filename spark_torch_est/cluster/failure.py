@@ -23,6 +23,7 @@ import json
 import os
 import re
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from spark_torch_est.core.running import fit_logger
@@ -33,13 +34,13 @@ from spark_torch_est.errors import (
     SparkTorchError,
     TrainingFailedError,
     UserCodeError,
-    passes_through_package,
+    frame_kind,
 )
 
 __all__ = [
     "USER", "INPUT", "CHECKPOINT", "SYSTEM", "UNREACHABLE", "Failure", "RankFailure", "StoreUnreachableError",
     "PeerAuthenticationError", "SparkInputLost", "describe", "is_communication_error", "explain_job_failure",
-    "is_spark_error", "package_bug", "dataframe_error",
+    "is_spark_error", "package_bug",
 ]
 
 logger = fit_logger()
@@ -259,24 +260,34 @@ def package_bug(error: BaseException) -> TrainingFailedError:
     return TrainingFailedError(f"the driver failed while the training job ran: {type(error).__name__}: {error}; "
                                f"{_BUG}" + (f" (raised at {where})" if where else ""))
 
-_RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)]*)\)")
+_RESULT_TOO_LARGE = re.compile(r"bigger than spark\.driver\.maxResultSize \(([^)\n]{0,100})\)")
 _MISSING_MODULE = re.compile(r"No module named '?([\w.]+)'?")  # python -m names the module unquoted
 #: The executors' PySpark daemon did not start (``spark.python.daemon.module``).
 _DAEMON_FAILED = re.compile(r"reading the port number from ([\w.]+)'s stdout")
 #: Spark could not read the input's files (a corrupt file, a column type it cannot convert): a relaunch
-#: reads them again.
-_READ_FAILED = re.compile(r"\[(?:FAILED_READ_FILE|CANNOT_READ_FILE_FOOTER)[.\w]*\][^\n]*?(?=\s+SQLSTATE|\n|$)")
+#: reads them again. Matched in the line around a marker (see :func:`_lines_around`).
+_READ_MARKERS = ("[FAILED_READ_FILE", "[CANNOT_READ_FILE_FOOTER")
+_READ_FAILED = re.compile(r"\[(?:FAILED_READ_FILE|CANNOT_READ_FILE_FOOTER)[.\w]{0,100}\].*?(?=\s{1,8}SQLSTATE|$)")
 _READ_CAUSE = re.compile(r"^Caused by: (?!org\.apache\.spark\.SparkException)([^\n]+)", re.MULTILINE)
 _BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|support).*?(?=\n\s+at |\Z)", re.DOTALL)
-#: A Python exception a task raised, as PySpark 3.5 and 4 word it in a failed job's text (a
-#: PythonException, or the captured one's "thrown from the Python worker"): its traceback.
-_PYTHON_RAISED = re.compile(r"(?:PythonException|thrown from the Python worker)[^\n]*\n?[ \t]*"
-                            r"(Traceback \(most recent call last\):\n(?:[ \t][^\n]*\n)*([^\n]*))")
-#: Spark's data errors: SQLSTATE class 22 (data exception: a cast or arithmetic under ANSI mode),
-#: which Spark 3.5 leaves out of the text and names by the exception's class instead.
-_DATA_ERROR = re.compile(r"(\[[A-Z][A-Z_.]*\][^\n]*?)\s*SQLSTATE: 22\w{3}"
-                         r"|org\.apache\.spark\.Spark(?:NumberFormat|Arithmetic|DateTime|ArrayIndexOutOfBounds)"
-                         r"Exception: (\[[^\n]*)")
+#: Where PySpark says a task's Python raised, shortly before the traceback it gives: a
+#: PythonException, or the captured one's "thrown from the Python worker" (Spark 3.5 and 4).
+_PYTHON_RAISED = ("PythonException", "thrown from the Python worker")
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+#: Spark's data errors: SQLSTATE class 22 (data exception: a cast or arithmetic under ANSI
+#: mode), which Spark 3.5 leaves out of the text, naming them by the exception's class instead.
+_DATA_STATE = "SQLSTATE: 22"
+_DATA_EXCEPTIONS = tuple(f"org.apache.spark.Spark{name}Exception: ["
+                         for name in ("NumberFormat", "Arithmetic", "DateTime", "ArrayIndexOutOfBounds"))
+_ERROR_CLASS = re.compile(r"\[[A-Z][A-Z_.]{0,100}\]")
+#: A failed job's text may be megabytes, and partly anyone's (a task's exception message): the
+#: markers are found with ``str.find``, at most this many occurrences of each, and patterns
+#: only ever run on a line around one, of at most ``_WINDOW`` characters either side.
+_HITS = 16
+_WINDOW = 2000
+_MAX_LINES = 400  # lines of a traceback read at most
 
 
 def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> SparkTorchError:
@@ -289,7 +300,8 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
         reported: Verified failures the ranks reported over the driver's channel.
         secret: The job's secret, to verify a report inside ``text``.
     """
-    unreadable = _READ_FAILED.search(text)
+    unreadable = next((matched for marker in _READ_MARKERS for line, at in _lines_around(text, marker)
+                       if (matched := _READ_FAILED.match(line, at))), None)
     if unreadable:  # the cause, whatever a rank reported of it (its rows' stream broke off)
         cause = _READ_CAUSE.search(text)
         return InputDataError(f"Spark cannot read the training table: {unreadable.group(0).strip()}"
@@ -328,21 +340,94 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
 
 def dataframe_error(text: str) -> TrainingFailedError | None:
     """The training DataFrame's own error, when that is what failed the job of ``text``: a
-    Python exception its plan raised (a user-defined function; no frame of this package in
-    the text), or one of Spark's data errors (:data:`_DATA_ERROR`). Computing the rows again
-    meets it again, so it is never retried; None for anything else."""
-    raised = _PYTHON_RAISED.search(text)
-    if raised is not None and not passes_through_package(text[raised.start():]):
-        return TrainingFailedError(
-            f"the training DataFrame's own code failed while Spark computed its rows, before any rank trained on "
-            f"them: {raised.group(2).strip()[:500]}; fix the DataFrame (a relaunch would compute its rows again)",
-            remote_traceback=raised.group(1)[-4000:])
-    data = _DATA_ERROR.search(text)
-    if data is not None:
-        return TrainingFailedError(
-            f"Spark failed to compute the training DataFrame's rows: {(data.group(1) or data.group(2)).strip()[:500]}; "
-            "fix the DataFrame or its data (a relaunch would compute its rows again)")
+    Python exception its plan raised, whose traceback shows the user's code (a user-defined
+    function, a notebook cell) and none of this package's, or one of Spark's data errors
+    (SQLSTATE class 22). Computing the rows again meets it again, so it is never retried;
+    None for anything else (a cut-off traceback, PySpark's own error, a crash)."""
+    raised = _python_error(text)
+    if raised is not None:
+        kinds = {frame_kind(path) for path in raised[0]}
+        if "user" in kinds and "package" not in kinds:
+            return TrainingFailedError(
+                f"the training DataFrame's own code failed while Spark computed its rows, before any rank trained "
+                f"on them: {raised[1][:500]}; fix the DataFrame (a relaunch would compute its rows again)",
+                remote_traceback=raised[2][-4000:])
+    for marker in (_DATA_STATE, *_DATA_EXCEPTIONS):
+        for line, at in _lines_around(text, marker):
+            if marker == _DATA_STATE:  # the error class before it on its line: "[CAST_INVALID_INPUT] The value ..."
+                named = _ERROR_CLASS.search(line, 0, at)
+                message = line[named.start():at] if named else None
+            else:  # "org.apache.spark.SparkNumberFormatException: [CAST_INVALID_INPUT] The value ..."
+                message = line[at + len(marker) - 1:]
+            if message:
+                return TrainingFailedError(
+                    f"Spark failed to compute the training DataFrame's rows: {message.strip()[:500]}; fix the "
+                    "DataFrame or its data (a relaunch would compute its rows again)")
     return None
+
+
+def _python_error(text: str) -> tuple[list[str], str, str] | None:
+    """The first Python traceback PySpark reports in ``text``: its frames' paths, its
+    exception line (the last one, of exceptions chained to it) and its text; None when
+    there is none, or it is cut off before its exception."""
+    for at in _occurrences(text, _TRACEBACK):
+        if not any(marker in text[max(0, at - 300):at] for marker in _PYTHON_RAISED):
+            continue
+        paths: list[str] = []
+        raised: str | None = None
+        lines: list[str] = []
+        in_block = chained = False
+        for line in _lines_from(text, at):
+            if line.startswith(_TRACEBACK):
+                if raised is not None and not chained:
+                    break  # another traceback, not chained to this one
+                in_block, chained = True, False
+            elif in_block and line.startswith("  File \""):
+                paths.append(line[8:line.find('"', 8)] if '"' in line[8:] else line[8:])
+            elif in_block and line.startswith("  "):
+                pass  # the frame's code, or its ^ markers
+            elif in_block:
+                raised, in_block = line.strip(), False
+            elif line.strip() in _CHAINED:
+                chained = True
+            lines.append(line)
+        return (paths, raised, "\n".join(lines)) if raised else None
+    return None
+
+
+def _occurrences(text: str, marker: str) -> Iterator[int]:
+    """Where the first :data:`_HITS` occurrences of ``marker`` start in ``text``."""
+    position = 0
+    for _ in range(_HITS):
+        found = text.find(marker, position)
+        if found < 0:
+            return
+        yield found
+        position = found + len(marker)
+
+
+def _lines_around(text: str, marker: str) -> Iterator[tuple[str, int]]:
+    """The line around each of :func:`_occurrences` of ``marker`` (at most :data:`_WINDOW`
+    characters on either side of it), and where the marker starts in it."""
+    for found in _occurrences(text, marker):
+        low = max(0, found - _WINDOW)
+        start = text.rfind("\n", low, found) + 1 or low
+        end = text.find("\n", found, found + _WINDOW)
+        line = text[start:end if end >= 0 else found + _WINDOW]
+        yield line, found - start
+
+
+def _lines_from(text: str, at: int) -> Iterator[str]:
+    """The lines of ``text`` from ``at`` on, at most :data:`_MAX_LINES`, each cut to
+    :data:`_WINDOW` characters."""
+    position = at
+    for _ in range(_MAX_LINES):
+        if position >= len(text):
+            return
+        end = text.find("\n", position)
+        end = len(text) if end < 0 else end
+        yield text[position:min(end, position + _WINDOW)]
+        position = end + 1
 
 
 def _first_line(text: str) -> str:

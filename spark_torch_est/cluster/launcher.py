@@ -37,7 +37,6 @@ from spark_torch_est.cluster.control import (
 )
 from spark_torch_est.cluster.failure import (
     StoreUnreachableError,
-    dataframe_error,
     explain_job_failure,
     is_spark_error,
     package_bug,
@@ -321,11 +320,12 @@ class Launcher:
         """The job, its rows staged first where it would read them through the rows'
         shuffle and they may be (see :meth:`KeptIngest.stage`). A staging job that fails
         (files it cannot write: another user's executors, a full disk) leaves the rows to
-        the shuffle; one that met the DataFrame's own error (see :func:`dataframe_error`)
-        fails the fit: the shuffle would compute the rows again and meet it again.
+        the shuffle; one whose failure a relaunch cannot fix either (see
+        :func:`explain_job_failure`: the DataFrame's own error, a file Spark cannot read, the
+        executors' Python without this package) fails the fit: the shuffle would meet it again.
 
         Raises:
-            TrainingFailedError: The DataFrame's own error.
+            SparkTorchError: That failure, explained.
         """
         def run(job: DataFrame) -> pa.Table:
             return cast(pa.Table, self._run_job(job, launch, 0))  # no slots to lose, none to grow back to
@@ -337,9 +337,9 @@ class Launcher:
         except Exception as error:
             if not (is_spark_error(error) or isinstance(error, OSError)):
                 raise
-            own = dataframe_error(str(error)) if is_spark_error(error) else None
-            if own is not None:
-                raise own from None
+            explained = explain_job_failure(str(error), [], launch.secret) if is_spark_error(error) else None
+            if explained is not None and not (isinstance(explained, TrainingFailedError) and explained.retryable):
+                raise explained from None
             self.rows.unstage(f"staging them failed ({str(error).strip().splitlines()[0][:300]})")
             return spec, frame
         return (self.rows.spec(spec), self.rows.frame) if staged else (spec, frame)

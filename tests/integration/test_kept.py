@@ -26,6 +26,8 @@ from spark_torch_est.ingest.kept_registry import frame_key
 from spark_torch_est.planning import input_schema_of, plan_frame
 from tests.helpers import CrashOnce, linear_estimator
 
+pytestmark = pytest.mark.spark
+
 REUSED = "kept this DataFrame's rows"
 
 

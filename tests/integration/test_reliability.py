@@ -12,7 +12,7 @@ import torch
 
 from spark_torch_est import Hook
 from spark_torch_est.errors import TrainingFailedError
-from tests.helpers import CrashOnce, estimator
+from tests.helpers import CrashOnce, estimator, spark_jobs_started
 
 pytestmark = pytest.mark.spark
 
@@ -165,9 +165,10 @@ def test_a_loss_that_is_not_one_value_is_not_relaunched(spark, linear_df, caplog
 @pytest.mark.compat  # Spark 3.5 and 4 word a failed task differently
 @pytest.mark.parametrize("partitions", [3, 2], ids=["staged first", "in the ranks' own tasks"])
 def test_a_dataframe_whose_own_function_raises_fails_at_once_naming_it(spark, linear_df, partitions, caplog):
-    """A user-defined function of the DataFrame raises on some rows: in the staging job (3
-    partitions for 2 ranks) or in the training tasks themselves (2 partitions), the fit fails
-    once, with that error, not relaunched nor read again through Spark's shuffle."""
+    """A user-defined function of the cached DataFrame raises on some rows: in the staging
+    job (3 partitions for 2 ranks) or in the training tasks themselves (2 partitions), the
+    fit fails once, in one Spark job, with that error: not relaunched, not read again
+    through Spark's shuffle."""
     from pyspark.sql import functions as F
 
     @F.udf("double")
@@ -176,10 +177,17 @@ def test_a_dataframe_whose_own_function_raises_fails_at_once_naming_it(spark, li
             raise ValueError(f"this function refuses the label {label:.3f}")
         return label
 
-    df = linear_df.repartition(partitions).select("features", refuse_large("label").alias("label"))
+    df = linear_df.repartition(partitions).select("features", refuse_large("label").alias("label")).cache()
     est = estimator(SETTINGS, maxRetries=2)
+    first = spark_jobs_started(spark)
     with caplog.at_level(logging.INFO, logger="spark_torch_est"), pytest.raises(TrainingFailedError) as error:
         est.fit(df)
+    tracker = spark.sparkContext.statusTracker()
+    failed = [info for job in range(first, spark_jobs_started(spark))
+              if (info := tracker.getJobInfo(job)).status == "FAILED"]  # adaptive execution runs the shuffle's own
+    assert len(failed) == 1  # the staging job over the 3 partitions (its last stage), or the 2 ranks' job
+    assert tracker.getStageInfo(max(failed[0].stageIds)).numTasks == partitions
+    df.unpersist()
     assert not error.value.retryable
     assert error.value.message.startswith("the training DataFrame's own code failed while Spark computed its rows")
     assert "ValueError: this function refuses the label" in error.value.message

@@ -252,3 +252,44 @@ def test_a_data_error_of_spark_computing_the_rows_is_named_and_not_retried(spark
     error = explain_job_failure(spark_text, [], SECRET)
     assert not error.retryable and "[CAST_INVALID_INPUT] The value 'abc'" in error.message
     assert error.message.startswith("Spark failed to compute the training DataFrame's rows")
+
+
+@pytest.mark.parametrize("frames", [
+    '  File "/x/pyspark/worker.py", line 1, in main\n  File "<frozen importlib._bootstrap>", line 2, in _find\n',
+    '  File "/tmp/spark-1/userFiles-2/deps.zip/spark_torch_est/cluster/worker.py", line 3, in task\n',
+], ids=["PySpark's worker loading the job's function", "this package, shipped in a zip"])
+def test_a_traceback_without_the_users_code_or_through_this_package_is_not_the_dataframes(frames):
+    text = ("org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n" + frames
+            + "ModuleNotFoundError: No module named 'spark_torch_est'\n")
+    error = explain_job_failure(text, [], SECRET)
+    assert "own code failed" not in error.message
+    if "pyspark/worker.py" in frames:  # the advice for executors without the package
+        assert "the executors' Python cannot import 'spark_torch_est'" in error.message
+
+
+def test_a_cut_off_traceback_leaves_the_ranks_report_in_charge():
+    cut = UDF_FAILURES["4 barrier"].split("ValueError: no")[0].rsplit("\n", 3)[0]  # ends inside the frames
+    lost = Failure(SYSTEM, "RuntimeError: NCCL error: unhandled system error", 0, "forward")
+    error = explain_job_failure(cut, [lost], SECRET)
+    assert error.retryable and "NCCL" in error.message
+
+
+def test_a_chained_error_names_the_last_exception_and_a_notebook_cell_is_the_users_code():
+    text = ("An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
+            '  File "<command-4242>", line 3, in parse\n    return int(x)\nValueError: invalid literal\n\n'
+            "During handling of the above exception, another exception occurred:\n\n"
+            'Traceback (most recent call last):\n  File "<command-4242>", line 5, in parse\n'
+            "    raise BadRow(x)\nBadRow: row 17 is not a number\n")
+    error = explain_job_failure(text, [], SECRET)
+    assert not error.retryable and "BadRow: row 17 is not a number" in error.message
+
+
+def test_a_huge_hostile_error_text_is_read_in_linear_time():
+    import time
+
+    hostile = ("PythonException " * 60_000 + "[A]" * 100_000 + "[FAILED_READ_FILE]" * 50_000
+               + "bigger than spark.driver.maxResultSize (" * 20_000 + "  File \"/" + "spark_torch_est/" * 20_000
+               + "Traceback (most recent call last):\n  File \"" + "x" * 100_000 + " " * 100_000 + "SQLSTATE: 22")
+    started = time.monotonic()
+    explain_job_failure(hostile, [], SECRET)
+    assert time.monotonic() - started < 1.0
