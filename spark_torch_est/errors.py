@@ -115,7 +115,14 @@ class TrainingFailedError(SparkTorchError):
 
 
 _FRAME = re.compile(r'  File "(?P<path>[^"\n]{0,4096})", line \d+')  # matched at a line's start
-_TRACEBACK = "Traceback (most recent call last):"
+#: The line that starts a Python traceback.
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def frame_path(line: str) -> str | None:
+    """The file of a traceback's frame line (``  File "/x/job.py", line 6, in f``), else None."""
+    frame = _FRAME.match(line)
+    return frame["path"] if frame else None
 
 
 def frame_kind(path: str) -> str:
@@ -137,15 +144,15 @@ def _user_frames(text: str, limit: int = 30) -> str:
     """The last Python traceback in ``text`` without this package's own frames: the
     frames of the user's code (and the libraries it called) and the exception line, at
     most ``limit`` lines; ``""`` when ``text`` holds no Python traceback."""
-    start = text.rfind(_TRACEBACK)
+    start = text.rfind(TRACEBACK)
     if start < 0:
         return ""
     kept: list[str] = []
     skipping = False
     for line in text[start:].splitlines():
-        frame = _FRAME.match(line)
-        if frame:
-            skipping = frame_kind(frame["path"]) == "package"
+        path = frame_path(line)
+        if path is not None:
+            skipping = frame_kind(path) == "package"
         elif not line.startswith("    "):  # the exception, or what Spark wrapped around it
             skipping = line.startswith(("\tat ", " SQLSTATE"))
         if not skipping:

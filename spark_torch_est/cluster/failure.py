@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 from spark_torch_est.core.running import fit_logger
 from spark_torch_est.errors import (
+    TRACEBACK,
     IncompatibleCheckpointError,
     InputDataError,
     InvalidInputError,
@@ -35,6 +36,7 @@ from spark_torch_est.errors import (
     TrainingFailedError,
     UserCodeError,
     frame_kind,
+    frame_path,
 )
 
 __all__ = [
@@ -273,7 +275,6 @@ _BARRIER_UNSUPPORTED = re.compile(r"Barrier execution mode does not (?:allow|sup
 #: Where PySpark says a task's Python raised, shortly before the traceback it gives: a
 #: PythonException, or the captured one's "thrown from the Python worker" (Spark 3.5 and 4).
 _PYTHON_RAISED = ("PythonException", "thrown from the Python worker")
-_TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = ("During handling of the above exception, another exception occurred:",
             "The above exception was the direct cause of the following exception:")
 #: Spark's data errors: SQLSTATE class 22 (data exception: a cast or arithmetic under ANSI
@@ -346,12 +347,13 @@ def dataframe_error(text: str) -> TrainingFailedError | None:
     None for anything else (a cut-off traceback, PySpark's own error, a crash)."""
     raised = _python_error(text)
     if raised is not None:
-        kinds = {frame_kind(path) for path in raised[0]}
+        paths, exception, traceback_text = raised
+        kinds = {frame_kind(path) for path in paths}
         if "user" in kinds and "package" not in kinds:
             return TrainingFailedError(
                 f"the training DataFrame's own code failed while Spark computed its rows, before any rank trained "
-                f"on them: {raised[1][:500]}; fix the DataFrame (a relaunch would compute its rows again)",
-                remote_traceback=raised[2][-4000:])
+                f"on them: {exception[:500]}; fix the DataFrame (a relaunch would compute its rows again)",
+                remote_traceback=traceback_text[-4000:])
     for marker in (_DATA_STATE, *_DATA_EXCEPTIONS):
         for line, at in _lines_around(text, marker):
             if marker == _DATA_STATE:  # the error class before it on its line: "[CAST_INVALID_INPUT] The value ..."
@@ -370,7 +372,7 @@ def _python_error(text: str) -> tuple[list[str], str, str] | None:
     """The first Python traceback PySpark reports in ``text``: its frames' paths, its
     exception line (the last one, of exceptions chained to it) and its text; None when
     there is none, or it is cut off before its exception."""
-    for at in _occurrences(text, _TRACEBACK):
+    for at in _occurrences(text, TRACEBACK):
         if not any(marker in text[max(0, at - 300):at] for marker in _PYTHON_RAISED):
             continue
         paths: list[str] = []
@@ -378,12 +380,12 @@ def _python_error(text: str) -> tuple[list[str], str, str] | None:
         lines: list[str] = []
         in_block = chained = False
         for line in _lines_from(text, at):
-            if line.startswith(_TRACEBACK):
+            if line.startswith(TRACEBACK):
                 if raised is not None and not chained:
                     break  # another traceback, not chained to this one
                 in_block, chained = True, False
-            elif in_block and line.startswith("  File \""):
-                paths.append(line[8:line.find('"', 8)] if '"' in line[8:] else line[8:])
+            elif in_block and (path := frame_path(line)) is not None:
+                paths.append(path)
             elif in_block and line.startswith("  "):
                 pass  # the frame's code, or its ^ markers
             elif in_block:

@@ -35,12 +35,7 @@ from spark_torch_est.cluster.control import (
     StoreUnreachable,
     wait_for_slots,
 )
-from spark_torch_est.cluster.failure import (
-    StoreUnreachableError,
-    explain_job_failure,
-    is_spark_error,
-    package_bug,
-)
+from spark_torch_est.cluster.failure import StoreUnreachableError, explain_job_failure, is_spark_error, package_bug
 from spark_torch_est.cluster.messages import Kind, RankMessage
 from spark_torch_est.cluster.spark_log import TASK_PROPERTY, TASK_VALUE, quiet_task_failures
 from spark_torch_est.cluster.store_gate import StoreGate
