@@ -26,8 +26,8 @@ test: $(STAMP)  ## lints (ruff) and type-checks the package and the examples (my
 test-slow: $(STAMP)  ## only the slow tests: local-cluster, standalone + spark-submit, Connect, examples, the benchmarks' smoke runs, a few long end-to-end runs (about 17 minutes on 2 idle cores)
 	$(RUN) $(BIN)/python -m pytest -m slow tests
 
-test-compat:  ## the support matrix: a virtualenv per Databricks ML runtime (cached in ~/.cache/spark-torch-est/compat, about 5 GB each), the package installed as a user would, and the unit tests and the compat tests in each; ROWS="15.4 newest" for some rows
-	$(PYTHON) scripts/compat.py $(ROWS)
+test-compat:  ## the support matrix: a virtualenv per Databricks ML runtime (cached in ~/.cache/spark-torch-est/compat, about 5 GB each), the package installed as a user would, and the unit tests and the compat tests in each; ROWS="15.4 newest" for some rows, MARKS=compat for the compat tests alone
+	$(PYTHON) scripts/compat.py $(ROWS) $(if $(MARKS),--marks "$(MARKS)")
 
 test-all: $(STAMP)
 	$(RUN) $(BIN)/python -m pytest tests

@@ -2,7 +2,8 @@
 package registry, and in each the unit tests and the compat subset of the Spark tests.
 
     python3.11 scripts/compat.py                 # every row (make test-compat)
-    python3.11 scripts/compat.py 15.4 newest     # some rows (CI: the oldest and the newest)
+    python3.11 scripts/compat.py 15.4 newest     # some rows
+    python3.11 scripts/compat.py newest --marks compat   # CI's newest row: make test ran its unit tests
     python3.11 scripts/compat.py --list          # the table
 
 For each row, as a user on that runtime would meet the package:
@@ -150,7 +151,7 @@ def build(row: Row, venv: Path, log) -> dict[str, str]:
     return runtime
 
 
-def check_row(row: Row, pytest_args: list[str]) -> tuple[bool, str]:
+def check_row(row: Row, marks: str, pytest_args: list[str]) -> tuple[bool, str]:
     venv = home() / row.name
     venv.parent.mkdir(parents=True, exist_ok=True)
     log_path = home() / f"{row.name}.log"
@@ -173,7 +174,7 @@ def check_row(row: Row, pytest_args: list[str]) -> tuple[bool, str]:
                 log.write(f"{LIGHTNING} does not install beside this runtime's packages: its tests skip\n")
             env = {**os.environ, "PYSPARK_PYTHON": str(python), "PYSPARK_DRIVER_PYTHON": str(python),
                    "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_CONF_DIR": str(ROOT / "conf")}
-            run([str(python), "-m", "pytest", "-m", SELECTED, "-p", "no:cacheprovider", *pytest_args, "tests"],
+            run([str(python), "-m", "pytest", "-m", marks, "-p", "no:cacheprovider", *pytest_args, "tests"],
                 log, env=env, cwd=ROOT)
         except RuntimeError as error:
             return False, f"{error} (see {log_path})"
@@ -185,6 +186,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rows", nargs="*", help="row names (default: every row)")
     parser.add_argument("--list", action="store_true", help="print the table and exit")
+    parser.add_argument("--marks", default=SELECTED, help=f"the tests each row runs (default: {SELECTED!r})")
     parser.add_argument("--pytest", default="", help="extra pytest arguments, e.g. '-k fit -x'")
     args = parser.parse_args()
     by_name = {row.name: row for row in ROWS}
@@ -199,7 +201,7 @@ def main() -> int:
         parser.error(f"unknown rows {unknown}; rows are {list(by_name)}")
     results = []
     for row in [by_name[name] for name in args.rows] or ROWS:
-        ok, summary = check_row(row, args.pytest.split())
+        ok, summary = check_row(row, args.marks, args.pytest.split())
         results.append(ok)
         print(f"compat {row.name:7} ({row.runtime}): {'PASSED' if ok else 'FAILED'}: {summary}", flush=True)
     return 0 if all(results) else 1
