@@ -420,10 +420,14 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
             view.handle(message)
             loggers.handle(message)
 
+        workers = self.getNumWorkers()
+        launching = f"launching {workers} rank{'s' if workers > 1 else ''} (a Spark barrier job): they start, read " \
+                    "their rows, lay them out and meet before the first step"
         launcher = Launcher(dataset.sparkSession, rows, self.getMaxRetries(), self.getSlotWaitTimeout(),
                             on_message, min_workers=self.getMinWorkers(),
                             replan=lambda ranks, partitions: plan_frame(self, dataset, plan.schema, ranks, partitions),
-                            on_ask=lambda epoch: loggers.stop_asked(epoch, spec.stop_wait_s or 0.0))
+                            on_ask=lambda epoch: loggers.stop_asked(epoch, spec.stop_wait_s or 0.0),
+                            on_phase=lambda text: view.phase(text or launching))
         label = name or f"run {spec.run_id[:8]}"
         if start is None:
             _say_if_dir_holds_a_run(self.getCheckpointDir(), self.getMaxEpochs())
@@ -431,9 +435,7 @@ class TorchEstimator(Estimator[TorchModel], EstimatorParams, TorchPersistence):
         view.planned(progress, plan.target)
         try:
             with running_fit(label):
-                ranks = f"{self.getNumWorkers()} rank{'s' if self.getNumWorkers() > 1 else ''}"
-                view.phase(f"launching {ranks} (a Spark barrier job): they start, read their rows, lay them out "
-                           "and meet before the first step")
+                view.phase(launching)
                 checkpoint = _train(launcher, spec, progress)
             view.finish(checkpoint.progress, checkpoint.history)
         except BaseException as error:

@@ -134,10 +134,13 @@ class Together:
         self._views = RunViews([DriverView(c.getShowProgress(), plan.progress, plan.target, workers * c.getBatchSize(),
                                            estimator._search_name(params))
                                 for c, plan, params in zip(copies, plans, maps)])
+        launching = f"launching {workers} rank{'s' if workers > 1 else ''} (a Spark barrier job) to train the " \
+                    f"{len(maps)} maps of {estimator._fold} in turn on rows read once"
+        view = self._views.views[0]
         self._launcher = Launcher(self.dataset.sparkSession, rows, 0, estimator.getSlotWaitTimeout(),
-                                  self._views.handle, on_run=self._delivered)
-        self._views.views[0].phase(f"launching {workers} rank{'s' if workers > 1 else ''} (a Spark barrier job) to "
-                                   f"train the {len(maps)} maps of {estimator._fold} in turn on rows read once")
+                                  self._views.handle, on_run=self._delivered,
+                                  on_phase=lambda text: view.phase(text or launching))
+        view.phase(launching)
         self._thread = threading.Thread(target=self._run, args=(spec, jvm.in_caller_properties(
             self.dataset.sparkSession.sparkContext)), name="spark_torch_est-together", daemon=True)
         self._thread.start()

@@ -48,9 +48,13 @@ from spark_torch_est.core.spec import FileSource, Launch, TaskSpec
 from spark_torch_est.errors import IncompatibleCheckpointError, InvalidInputError, SparkTorchError, TrainingFailedError
 from spark_torch_est.ingest.kept_registry import KeptIngest
 
-__all__ = ["Launcher", "wait_for_slots"]
+__all__ = ["STAGING", "Launcher", "wait_for_slots"]
 
 logger = fit_logger()
+
+#: The phase a fit shows while its staging job runs (see :meth:`Launcher._staged`).
+STAGING = ("Spark computes the DataFrame's rows and writes them out for the ranks (a job over its partitions, "
+           "instead of a shuffle)")
 
 
 def _driver_host(spark: SparkSession) -> str | None:
@@ -102,13 +106,17 @@ class Launcher:
         on_run: ``on_run(run, checkpoint)``: each run's checkpoint as rank 0 delivers it, in
             a job that trains several in turn (``TaskSpec.together``); called from a channel
             thread while the job goes on.
+        on_phase: ``on_phase(STAGING)`` as a staging job starts (Spark computes the rows and
+            writes them out for the ranks: the rows' whole computation happens in it), then
+            ``on_phase(None)`` as it ends and the training job starts.
     """
 
     def __init__(self, spark: SparkSession, rows: KeptIngest, max_retries: int, slot_wait_s: float,
                  on_message: Callable[[RankMessage], None] | None = None, min_workers: int | None = None,
                  replan: Callable[[int, int | None], tuple[DataFrame, FileSource | None]] | None = None,
                  on_ask: Callable[[int], bool] | None = None,
-                 on_run: Callable[[int, bytes], None] | None = None) -> None:
+                 on_run: Callable[[int, bytes], None] | None = None,
+                 on_phase: Callable[[str | None], None] | None = None) -> None:
         self._store_unreachable: set[str] = set()  # driver hosts executors could not reach in this fit
         self.spark = spark
         self.rows = rows
@@ -119,6 +127,7 @@ class Launcher:
         self.replan = replan
         self.on_ask = on_ask
         self.on_run = on_run
+        self.on_phase = on_phase or (lambda text: None)
         self._stop = threading.Event()
         self._frames: dict[tuple[int, int | None], tuple[DataFrame, FileSource | None]] = {}
         self._partitions: int | None = None  # the logical partitions of ``rows``' frame
@@ -323,7 +332,11 @@ class Launcher:
             SparkTorchError: That failure, explained.
         """
         def run(job: DataFrame) -> pa.Table:
-            return cast(pa.Table, self._run_job(job, launch, 0))  # no slots to lose, none to grow back to
+            self.on_phase(STAGING)
+            try:
+                return cast(pa.Table, self._run_job(job, launch, 0))  # no slots to lose, none to grow back to
+            finally:
+                self.on_phase(None)
 
         if frame is not self.rows.training_frame:
             return spec, frame

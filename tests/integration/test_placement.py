@@ -14,8 +14,10 @@ import pytest
 import torch
 from pyspark.sql import functions as F
 
+from spark_torch_est.cluster.launcher import STAGING
 from spark_torch_est.core import jvm
 from spark_torch_est.core.protocol import LABEL
+from spark_torch_est.core.running import PROGRESS_LOGGER
 from spark_torch_est.ingest import kept_registry
 from spark_torch_est.ingest.frames import ROW_ORDER, _by_position, _partition_keys, spark_hash_long
 from spark_torch_est.ingest.staged import stage, staged_batches
@@ -149,6 +151,9 @@ def test_a_first_fit_on_one_host_reads_the_rows_staged_as_the_shuffle_would_brin
     assert len(made) == 1 and os.path.dirname(made[0]) == jvm.driver_files_dir(spark.sparkContext), \
         "in the driver's folder that Spark removes when the session stops or the driver exits"
     assert any(m.startswith(f"staged {ROWS} rows of 3 partitions") for m in _messages(caplog)), _messages(caplog)
+    shown = [r.getMessage() for r in caplog.records if r.name == PROGRESS_LOGGER and r.getMessage().endswith(" ...")]
+    assert [m[:len("launching 2 ranks")] if m.startswith("launching") else m for m in shown[1:4]] == \
+        ["launching 2 ranks", f"{STAGING} ...", "launching 2 ranks"], "the staging job is a phase of its own"
     assert _staged_folders(spark) == before, "the staged rows go when the fit ends"
     monkeypatch.setattr(jvm, "one_host", lambda session: False)  # as a cluster of several hosts
     caplog.clear()
