@@ -22,6 +22,7 @@ def _run(*args: str, timeout: int) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # the benchmark's smoke run, in a process of its own: about 18 s
 def test_hook_overhead_runs_fits_with_public_hooks():
     out = _run("benchmarks.hook_overhead", "--rows", "4096", "--epochs", "1", "--rounds", "1", timeout=300)
     assert "5 no-op hooks cost" in out

@@ -16,6 +16,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "preloaded_fit.py"
 
 
 @pytest.mark.compat
+@pytest.mark.slow  # a session of its own whose workers the daemon forks: about 21 s
 def test_workers_forked_from_the_package_daemon_have_torch_from_their_first_task_and_train_and_score():
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, env=env)

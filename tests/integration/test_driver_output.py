@@ -20,6 +20,7 @@ def _run(mode: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), mode], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow  # a script with a session of its own: about 18 s
 def test_progress_and_epoch_metrics_reach_stderr_unless_show_progress_is_off():
     done = _run("show")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -34,6 +35,7 @@ def test_progress_and_epoch_metrics_reach_stderr_unless_show_progress_is_off():
     assert "spark_torch_est" not in quiet, quiet
 
 
+@pytest.mark.slow  # a script with a session of its own: about 18 s
 def test_a_failed_fit_prints_one_clear_error_on_a_screen_without_the_sealed_report():
     done = _run("fail")
     output = done.stdout + done.stderr

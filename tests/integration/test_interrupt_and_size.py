@@ -24,6 +24,7 @@ def _start(script: str, *args: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
 
 
+@pytest.mark.slow  # a job in a process of its own, interrupted: about 30 s
 def test_ctrl_c_cancels_the_fit_keeps_the_run_and_leaves_nothing_behind(tmp_path):
     marker = tmp_path / "training"
     process = _start("interrupted_fit.py", str(marker))
@@ -67,11 +68,13 @@ def _outcome(*args: str) -> str:
     return next((text for text in output.splitlines() if text.startswith(("ERROR", "NO ERROR"))), output[-2000:])
 
 
+@pytest.mark.slow  # a session of its own: about 19 s
 def test_a_checkpoint_over_max_result_size_comes_back_over_the_channel():
     line = _outcome()
     assert line.startswith("NO ERROR") and int(line.split()[2]) > 1 << 20, line
 
 
+@pytest.mark.slow  # a session of its own: about 19 s
 def test_a_checkpoint_over_max_result_size_as_result_rows_names_the_setting():
     line = _outcome("rows")
     assert line.startswith("ERROR") and "spark.driver.maxResultSize" in line, line

@@ -205,6 +205,7 @@ def test_a_relaunch_trains_on_the_rows_the_failed_job_kept_bitwise(spark, tmp_pa
         df.unpersist()
 
 
+@pytest.mark.slow  # a session of its own, stopped: about 18 s
 def test_the_kept_rows_go_when_the_session_stops(tmp_path):
     script = Path(__file__).parent / "scripts" / "kept_until_stop.py"
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "local")], capture_output=True, text=True,

@@ -37,6 +37,7 @@ SETTINGS = {"maxEpochs": 3}
 
 
 @pytest.mark.compat
+@pytest.mark.slow  # the saved pipeline loaded in a fresh process: about 20 s
 def test_pipeline_fit_save_and_load_in_a_fresh_process(spark, wide_df, tmp_path):
     assembler = VectorAssembler(inputCols=[f"f{i}" for i in range(8)], outputCol="features")
     pipeline = Pipeline(stages=[assembler, linear_estimator(SETTINGS)])

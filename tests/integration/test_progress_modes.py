@@ -33,6 +33,7 @@ def test_a_spark_submit_job_with_ipykernel_imported_logs_lines_not_a_bar(tmp_pat
     assert sum(" of this fit, epoch " in line for line in lines) >= 2, lines  # a line a second while steps run
 
 
+@pytest.mark.slow  # a notebook kernel of its own: about 20 s
 def test_a_notebook_without_ipywidgets_shows_a_text_bar_and_no_warning(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

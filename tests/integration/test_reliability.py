@@ -63,6 +63,7 @@ class HangOnRank1(Hook):
             time.sleep(3600)
 
 
+@pytest.mark.slow  # waits out the ranks' timeout: about 17 s
 def test_a_hung_rank_fails_within_the_timeout(spark, linear_df):
     est = estimator(SETTINGS, hooks=[HangOnRank1()], timeout=10.0, maxRetries=0)
     started = time.monotonic()
