@@ -18,12 +18,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
 
-test: $(STAMP)  ## lints (ruff) and type-checks the package and the examples (mypy), then the suite without the slow tests (about 12 minutes on 2 idle cores)
+test: $(STAMP)  ## lints (ruff) and type-checks the package and the examples (mypy), then the suite without the slow tests (about 14 minutes on 2 cores from nothing, 12 of them tests)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy
 	$(RUN) $(BIN)/python -m pytest -m "not slow" --durations=15 tests
 
-test-slow: $(STAMP)  ## only the slow tests: local-cluster, standalone + spark-submit, Connect, examples, the benchmarks' smoke runs, a few long end-to-end runs (about 17 minutes on 2 idle cores)
+test-slow: $(STAMP)  ## only the slow tests: local-cluster, standalone + spark-submit, Connect, examples, the benchmarks' smoke runs, a few long end-to-end runs, the tests that start a process or a session of their own (about 29 minutes on 2 idle cores)
 	$(RUN) $(BIN)/python -m pytest -m slow tests
 
 test-compat:  ## the support matrix: a virtualenv per Databricks ML runtime (cached in ~/.cache/spark-torch-est/compat, about 5 GB each), the package installed as a user would, and the unit tests and the compat tests in each; ROWS="15.4 newest" for some rows, MARKS=compat for the compat tests alone
