@@ -108,7 +108,8 @@ class Launcher:
             thread while the job goes on.
         on_phase: ``on_phase(STAGING)`` as a staging job starts (Spark computes the rows and
             writes them out for the ranks: the rows' whole computation happens in it), then
-            ``on_phase(None)`` as it ends and the training job starts.
+            ``on_phase(None)`` as the training job starts after it (not when its failure
+            fails the fit).
     """
 
     def __init__(self, spark: SparkSession, rows: KeptIngest, max_retries: int, slot_wait_s: float,
@@ -333,10 +334,7 @@ class Launcher:
         """
         def run(job: DataFrame) -> pa.Table:
             self.on_phase(STAGING)
-            try:
-                return cast(pa.Table, self._run_job(job, launch, 0))  # no slots to lose, none to grow back to
-            finally:
-                self.on_phase(None)
+            return cast(pa.Table, self._run_job(job, launch, 0))  # no slots to lose, none to grow back to
 
         if frame is not self.rows.training_frame:
             return spec, frame
@@ -349,7 +347,10 @@ class Launcher:
             if explained is not None and not (isinstance(explained, TrainingFailedError) and explained.retryable):
                 raise explained from None
             self.rows.unstage(f"staging them failed ({str(error).strip().splitlines()[0][:300]})")
+            self.on_phase(None)  # the training job reads them through the shuffle
             return spec, frame
+        if staged:
+            self.on_phase(None)
         return (self.rows.spec(spec), self.rows.frame) if staged else (spec, frame)
 
     def _collect(self, spec: TaskSpec, launch: Launch, frame: DataFrame,

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from spark_torch_est import Hook
+from spark_torch_est.cluster.launcher import STAGING
+from spark_torch_est.core.running import PROGRESS_LOGGER
 from spark_torch_est.errors import TrainingFailedError
 from tests.helpers import CrashOnce, estimator, spark_jobs_started
 
@@ -164,13 +166,17 @@ def test_a_loss_that_is_not_one_value_is_not_relaunched(spark, linear_df, caplog
 
 
 @pytest.mark.compat  # Spark 3.5 and 4 word a failed task differently
-@pytest.mark.parametrize("partitions", [3, 2], ids=["staged first", "in the ranks' own tasks"])
-def test_a_dataframe_whose_own_function_raises_fails_at_once_naming_it(spark, linear_df, partitions, caplog):
+@pytest.mark.parametrize("partitions", [3, 2], ids=["staged first", "through the shuffle, as on several hosts"])
+def test_a_dataframe_whose_own_function_raises_fails_at_once_naming_it(spark, linear_df, partitions, caplog,
+                                                                       monkeypatch):
     """A user-defined function of the cached DataFrame raises on some rows: in the staging
-    job (3 partitions for 2 ranks) or in the training tasks themselves (2 partitions), the
+    job (3 partitions for 2 ranks, one host), or in the shuffle before the ranks' tasks (2
+    partitions, as where the executors run on several hosts and nothing is staged), the
     fit fails once, in one Spark job, with that error: not relaunched, not read again
-    through Spark's shuffle."""
+    through Spark's shuffle. The progress's last phase is the one that failed."""
     from pyspark.sql import functions as F
+
+    from spark_torch_est.core import jvm
 
     @F.udf("double")
     def refuse_large(label):
@@ -179,6 +185,8 @@ def test_a_dataframe_whose_own_function_raises_fails_at_once_naming_it(spark, li
         return label
 
     df = linear_df.repartition(partitions).select("features", refuse_large("label").alias("label")).cache()
+    if partitions == 2:
+        monkeypatch.setattr(jvm, "one_host", lambda session: False)
     est = estimator(SETTINGS, maxRetries=2)
     first = spark_jobs_started(spark)
     with caplog.at_level(logging.INFO, logger="spark_torch_est"), pytest.raises(TrainingFailedError) as error:
@@ -194,5 +202,7 @@ def test_a_dataframe_whose_own_function_raises_fails_at_once_naming_it(spark, li
     assert "ValueError: this function refuses the label" in error.value.message
     assert "in refuse_large" in str(error.value)  # the function's own frame
     said = [r.getMessage() for r in caplog.records]
-    assert not any("relaunching training" in m or "come through Spark's shuffle" in m for m in said), said
+    assert not any("relaunching training" in m or "staging them failed" in m for m in said), said
+    shown = [r.getMessage() for r in caplog.records if r.name == PROGRESS_LOGGER and r.getMessage().endswith(" ...")]
+    assert shown[-1].startswith(STAGING if partitions == 3 else "launching 2 ranks"), shown
     assert est.checkpoint is None
