@@ -30,6 +30,24 @@ def no_leaked_process_group():
 
 
 @pytest.fixture(autouse=True)
+def no_leaked_rank_processes():
+    """A test must not leave a process it started running: Python joins them at exit, so a
+    hung one would hang the whole run. Any still running 10 s after the test are killed."""
+    import multiprocessing
+
+    yield
+    running = multiprocessing.active_children()
+    for process in running:
+        process.join(10)
+    hung = [process.pid for process in running if process.is_alive()]
+    for process in running:
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+    assert not hung, f"processes still running after the test (killed): {hung}"
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_threads():
     """A test must not leave new non-daemon threads running (they would block exit)."""
     before = {t.ident for t in threading.enumerate()}

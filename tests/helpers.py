@@ -419,6 +419,16 @@ def recorded_rows(directory: str) -> dict[int, dict[int, dict[str, np.ndarray]]]
                     for world, e in worlds.items()} for epoch, worlds in found.items()}
 
 
+def leave_group() -> None:
+    """Destroys a rank process's default process group as the package's ranks do
+    (``worker._teardown``): right after a collective, a plain ``destroy_process_group``
+    deadlocks now and then on torch 2.3 and 2.6 (a gloo thread freeing the collective's
+    tensors waits for the GIL the destroy holds while joining it)."""
+    from spark_torch_est.cluster.worker import _teardown
+
+    _teardown(clean=False)
+
+
 def rank_processes():
     """A multiprocessing context for tests that start ranks as processes: forked from a server
     that has imported torch and the package once (a spawned rank imports them anew, ~2 s)."""

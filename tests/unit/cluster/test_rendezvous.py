@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_torch_est.cluster.rendezvous import parse_address
-from tests.helpers import rank_processes
+from tests.helpers import leave_group, rank_processes
 
 
 def _rank(rank: int, secret: bytes, store_path: str, results) -> None:
@@ -19,13 +19,12 @@ def _rank(rank: int, secret: bytes, store_path: str, results) -> None:
     try:  # whatever fails is reported to the test, which would otherwise wait for a result
         dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2,
                                 timeout=timedelta(seconds=20))
-        try:
-            authenticate_peers(secret, rank, 2, torch.device("cpu"))
-            results.put((rank, "ok"))
-        finally:
-            dist.destroy_process_group()
+        authenticate_peers(secret, rank, 2, torch.device("cpu"))
+        results.put((rank, "ok"))
     except Exception as error:
         results.put((rank, f"{type(error).__name__}: {error}"))
+    finally:
+        leave_group()
 
 
 def _meet(store: str, secrets: tuple[bytes, bytes]) -> dict[int, str]:

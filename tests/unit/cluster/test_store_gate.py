@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from spark_torch_est.cluster.store_gate import StoreGate, open_relay
 from spark_torch_est.core.spec import Launch
-from tests.helpers import STORE_FLOOD, rank_processes, rss_mb
+from tests.helpers import STORE_FLOOD, leave_group, rank_processes, rss_mb
 
 SECRET = b"g" * 32
 
@@ -118,7 +118,7 @@ def _rank(rank: int, address: tuple[str, int], results) -> None:
     authenticate_peers(SECRET, rank, 2, torch.device("cpu"))
     value = torch.tensor([rank + 1.0])
     dist.all_reduce(value)
-    dist.destroy_process_group()
+    leave_group()
     results.put((rank, value.item()))
 
 

@@ -24,7 +24,7 @@ from spark_torch_est.ingest.columns import DenseColumn
 from spark_torch_est.ingest.tables import Table
 from spark_torch_est.train.creators import Creators
 from spark_torch_est.train.hooks import normalize_hooks
-from tests.helpers import SeenRows, StepRows, mlp, rank_processes, sgd, task_spec
+from tests.helpers import SeenRows, StepRows, leave_group, mlp, rank_processes, sgd, task_spec
 
 ROWS = 240
 
@@ -318,7 +318,7 @@ def _layout_rank(rank: int, world: int, path: str, results) -> None:
         results.put((rank, ids.tolist(), [c.take(rows).tolist() for c in laid.columns()],
                      [type(c).__name__ + type(getattr(c, "values", c)).__name__ for c in laid.columns()]))
     finally:
-        dist.destroy_process_group()
+        leave_group()
 
 
 def test_three_ranks_place_and_move_rows_as_one_sort_of_all_rows_would(tmp_path):
@@ -390,7 +390,7 @@ def _streaming_rank(rank: int, world: int, path: str, streamed: bool, results) -
         right = right and (ids is None or torch.equal(ids, expected))
         results.put((rank, growth, right, sorted(positions.tolist()) == list(range(size))))
     finally:
-        dist.destroy_process_group()
+        leave_group()
 
 
 def test_rows_streamed_to_other_ranks_hold_the_old_and_new_rows_together_a_round_at_a_time(tmp_path):

@@ -23,6 +23,7 @@ from tests.helpers import (
     adam,
     arrow_batches,
     flat_weights,
+    leave_group,
     mlp,
     rank_processes,
     sgd,
@@ -576,7 +577,7 @@ def _two_rank_fits(rank: int, store_path: str, results) -> None:
             trainer.run()
             results.put((rank, type(hook).__name__, len(calls), trainer.state.progress.global_step))
     finally:
-        dist.destroy_process_group()
+        leave_group()
 
 
 def test_only_a_hook_that_names_control_in_a_step_stage_costs_a_collective_per_step(tmp_path):
