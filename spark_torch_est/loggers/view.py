@@ -32,6 +32,8 @@ worker_logger = logging.getLogger(WORKER_LOGGER)
 LINE_EVERY_S = 10.0
 #: Seconds between refreshes of a bar while nothing new arrives (its elapsed time moves on).
 _TICK_S = 1.0
+#: The first step's line also gives the fit's time when the phases before the launch took this long.
+_EARLIER_PHASES_S = 1.0
 
 
 class Mode(enum.Enum):
@@ -124,7 +126,7 @@ class DriverView:
         self._step_text = ""  # the last step's position and loss
         self._loss: float | None = None
         self._phase = ""
-        self._phase_since = time.monotonic()
+        self._phase_since = self._began = time.monotonic()
         self._training = False
         self._last_line = 0.0
         self._closed = threading.Event()
@@ -208,10 +210,17 @@ class DriverView:
         if self._bars:
             self._update_bar(done, total, now, first)
         elif first:
-            self._line(f"first step after {time.monotonic() - self._phase_since:.1f}s; {self._step_text}")
+            self._line(f"first step after {self._first_step_time()}; {self._step_text}")
             self._step_text = ""
         elif time.monotonic() - self._last_line >= LINE_EVERY_S:
             self._line(self._step_text)
+
+    def _first_step_time(self) -> str:
+        """The launch's time to the first step (from its phase's line), and the whole fit's
+        where the phases before it (the checks, a staging job) took a second or more."""
+        now = time.monotonic()
+        launch, fit = now - self._phase_since, now - self._began
+        return f"{launch:.1f}s" + (f" ({fit:.1f}s since the fit began)" if fit - launch >= _EARLIER_PHASES_S else "")
 
     def _epoch(self, entry: dict) -> None:
         self._epoch_text = f"epoch {entry['epoch']}: {format_entry(entry)}"

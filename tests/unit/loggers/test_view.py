@@ -137,6 +137,21 @@ def test_a_job_is_told_at_once_what_the_fit_does_and_then_every_interval_until_t
     assert time.monotonic() < deadline
 
 
+def test_the_first_steps_line_gives_the_whole_fits_time_after_a_long_phase_before_the_launch(monkeypatch, capsys):
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(view_module, "_EARLIER_PHASES_S", 0.3)
+    view = DriverView(True, Progress(), Target(epoch=1), samples_per_step=8, mode=Mode.JOB)
+    view.phase("Spark computes the DataFrame's rows")  # a staging job: its own phase before the launch
+    time.sleep(0.4)
+    view.phase("launching 2 ranks")
+    view.handle(_progress(1))
+    view.close()
+    first = [line for line in capsys.readouterr().err.splitlines() if "first step" in line]
+    launch, fit = (float(part.split("s")[0]) for part in first[0].split("after ")[1].split(" (", 1))
+    assert launch < 0.3 <= 0.4 <= fit and first[0].endswith("since the fit began); step 1/10 of this fit, epoch 1, "
+                                                             "loss 0.25"), first
+
+
 def test_the_bar_counts_and_rates_are_true_from_the_first_update(monkeypatch, capsys):
     """A bar made at the first progress message with 10 steps done read ``289262.34step/s``."""
     view = DriverView(True, Progress(), Target(epoch=12), samples_per_step=8, mode=Mode.TERMINAL)
