@@ -342,18 +342,22 @@ def explain_job_failure(text: str, reported: list[Failure], secret: bytes) -> Sp
 def dataframe_error(text: str) -> TrainingFailedError | None:
     """The training DataFrame's own error, when that is what failed the job of ``text``: a
     Python exception its plan raised, whose traceback shows the user's code (a user-defined
-    function, a notebook cell) and none of this package's, or one of Spark's data errors
-    (SQLSTATE class 22). Computing the rows again meets it again, so it is never retried;
-    None for anything else (a cut-off traceback, PySpark's own error, a crash)."""
+    function, a notebook cell) and none of this package's, or enters this package through
+    a ``TorchModel``'s transform (a model's predictions in the DataFrame), or one of Spark's
+    data errors (SQLSTATE class 22). Computing the rows again meets it again, so it is never
+    retried; None for anything else (a cut-off traceback, PySpark's own error, a crash)."""
     raised = _python_error(text)
     if raised is not None:
         paths, exception, traceback_text = raised
         kinds = {frame_kind(path) for path in paths}
-        if "user" in kinds and "package" not in kinds:
+        ours = [path for path in paths if frame_kind(path) == "package"]
+        transform = bool(ours) and _package_folder(ours[0]) == _TRANSFORM_FOLDER
+        if transform or ("user" in kinds and "package" not in kinds):
             return TrainingFailedError(
-                f"the training DataFrame's own code failed while Spark computed its rows, before any rank trained "
-                f"on them: {exception[:500]}; fix the DataFrame (a relaunch would compute its rows again)",
-                remote_traceback=traceback_text[-4000:])
+                "the training DataFrame's own code failed while Spark computed its rows"
+                + (" (a TorchModel's transform in it)" if transform else "")
+                + f", before any rank trained on them: {exception[:500]}; fix the DataFrame (a relaunch would compute "
+                "its rows again)", remote_traceback=traceback_text[-4000:])
     for marker in (_DATA_STATE, *_DATA_EXCEPTIONS):
         for line, at in _lines_around(text, marker):
             if marker == _DATA_STATE:  # the error class before it on its line: "[CAST_INVALID_INPUT] The value ..."
@@ -366,6 +370,17 @@ def dataframe_error(text: str) -> TrainingFailedError | None:
                     f"Spark failed to compute the training DataFrame's rows: {message.strip()[:500]}; fix the "
                     "DataFrame or its data (a relaunch would compute its rows again)")
     return None
+
+
+#: Where a traceback enters this package when a ``TorchModel``'s transform runs in a DataFrame's plan.
+_TRANSFORM_FOLDER = "scoring"
+
+
+def _package_folder(path: str) -> str:
+    """The folder of this package a frame's ``path`` is in (``"scoring"``), ``""`` for its top level."""
+    parts = re.split(r"[/\\]", path)
+    below = parts[len(parts) - 1 - parts[::-1].index("spark_torch_est") + 1:]
+    return below[0] if len(below) > 1 else ""
 
 
 def _python_error(text: str) -> tuple[list[str], str, str] | None:

@@ -206,3 +206,40 @@ def test_a_dataframe_whose_own_function_raises_fails_at_once_naming_it(spark, li
     shown = [r.getMessage() for r in caplog.records if r.name == PROGRESS_LOGGER and r.getMessage().endswith(" ...")]
     assert shown[-1].startswith(STAGING if partitions == 3 else "launching 2 ranks"), shown
     assert est.checkpoint is None
+
+
+class _RefusesLargeWhenScoring(torch.nn.Module):
+    """A linear model whose predictions refuse features beyond 3 (it trains on any)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and bool((x.abs() > 3).any()):
+            raise ValueError("this model refuses features beyond 3")
+        return self.linear(x)
+
+
+@pytest.mark.compat  # Spark 3.5 and 4 word a failed task differently
+def test_a_torch_models_predictions_failing_in_the_dataframe_fail_the_fit_at_once_naming_the_dataframe(
+        spark, linear_df, caplog):
+    """The training DataFrame holds another model's predictions (stacked models), and that
+    model raises on some rows: the error is the DataFrame's, not this package's training
+    job's, so the fit fails at once instead of relaunching into the same error."""
+    from pyspark.sql import functions as F
+
+    first = estimator(SETTINGS, model=lambda config: _RefusesLargeWhenScoring(), scheduler=None, maxEpochs=1)
+    stacked = first.fit(linear_df).transform(linear_df).select("features", F.col("prediction").alias("label"))
+    df = stacked.repartition(3).cache()
+    est = estimator(SETTINGS, maxRetries=2)
+    with caplog.at_level(logging.INFO, logger="spark_torch_est"), pytest.raises(TrainingFailedError) as error:
+        est.fit(df)
+    df.unpersist()
+    assert not error.value.retryable
+    assert error.value.message.startswith("the training DataFrame's own code failed while Spark computed its rows (a "
+                                          "TorchModel's transform in it)"), error.value.message
+    assert "ValueError: this model refuses features beyond 3" in error.value.message
+    assert "in forward" in str(error.value)  # the model's own frame
+    assert not any("relaunching training" in r.getMessage() for r in caplog.records)
+    assert est.checkpoint is None

@@ -241,6 +241,33 @@ def test_a_python_error_through_the_packages_own_code_is_not_the_dataframes():
     assert error.retryable and error.message.startswith("the training job failed")
 
 
+#: A TorchModel's transform in the training DataFrame, its model raising (PySpark 4's simplified traceback).
+_TRANSFORM_FRAMES = (
+    '  File "/x/site-packages/spark_torch_est/scoring/inference.py", line 192, in task\n'
+    '  File "/x/site-packages/spark_torch_est/scoring/inference.py", line 173, in _forward\n'
+    '  File "/x/site-packages/spark_torch_est/core/schema.py", line 143, in call_model\n'
+    '    return model(*inputs) if isinstance(inputs, tuple) else model(inputs)\n')
+
+
+@pytest.mark.parametrize("below", [
+    '  File "/x/site-packages/torch/nn/modules/module.py", line 1789, in _call_impl\n'
+    '  File "/home/me/model.py", line 12, in forward\n',
+    "",
+], ids=["the model's own code", "this package's transform code"])
+def test_a_torch_models_transform_in_the_dataframe_failing_is_the_dataframes_error(below):
+    users = _UDF_TRACEBACK.split("\n", 1)[1].rsplit("ValueError: no", 1)[0]  # the user's frame
+    text = UDF_FAILURES["4 barrier"].replace(users, _TRANSFORM_FRAMES + below)
+    assert text != UDF_FAILURES["4 barrier"]
+    lost = Failure(SYSTEM, "SparkInputLost: Spark stopped sending this task's rows", 1, "ingest")
+    error = explain_job_failure(text, [lost], SECRET)
+    assert not error.retryable and "ValueError: no" in error.message, error.message
+    assert error.message.startswith("the training DataFrame's own code failed while Spark computed its rows (a "
+                                    "TorchModel's transform in it)")
+    entered_by_a_rank = text.replace("Traceback (most recent call last):\n", "Traceback (most recent call last):\n"
+                                     '  File "/x/site-packages/spark_torch_est/cluster/worker.py", line 3, in task\n')
+    assert explain_job_failure(entered_by_a_rank, [], SECRET).retryable  # the package's scoring code, called by a rank
+
+
 @pytest.mark.parametrize("spark_text", [
     "org.apache.spark.SparkNumberFormatException: [CAST_INVALID_INPUT] The value 'abc' of the type \"STRING\" cannot "
     "be cast to \"INT\" because it is malformed. SQLSTATE: 22018\n== DataFrame ==\n\"cast\" was called from",
