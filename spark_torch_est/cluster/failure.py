@@ -379,7 +379,8 @@ _TRANSFORM_FOLDER = "scoring"
 def _package_folder(path: str) -> str:
     """The folder of this package a frame's ``path`` is in (``"scoring"``), ``""`` for its top level."""
     parts = re.split(r"[/\\]", path)
-    below = parts[len(parts) - 1 - parts[::-1].index("spark_torch_est") + 1:]
+    package = len(parts) - 1 - parts[::-1].index("spark_torch_est")  # the last such folder: a zip's holds it too
+    below = parts[package + 1:]  # its folders, then the file
     return below[0] if len(below) > 1 else ""
 
 
