@@ -152,7 +152,7 @@ class Launcher:
         fit_start = mark = start
         while True:
             ranks = scaling.ranks()
-            job, frame = self._sized(spec, ranks)
+            job, frame = self._planned(spec, ranks)
             launch = Launch(job_id=f"ste-{uuid.uuid4().hex[:12]}", secret=secrets.token_bytes(32))
             logger.info("launching training job %s on %d of numWorkers=%d ranks (%d rows per rank per step), "
                         "from %s", launch.job_id, ranks, spec.world_size, job.batch_size, start)
@@ -236,6 +236,27 @@ class Launcher:
             logger.warning("batchSize * numWorkers = %d rows do not divide among %d ranks: each takes %d per step",
                            spec.batch_size * spec.world_size, ranks, shrunk.batch_size)
         return shrunk, frame
+
+    def _planned(self, spec: TaskSpec, ranks: int) -> tuple[TaskSpec, DataFrame]:
+        """:meth:`_sized`, whose first call plans the kept rows. Describing a cached frame's
+        plan can compute its rows in a Spark job (see ``jvm.describe_plan``): a failure that
+        a relaunch cannot fix (the DataFrame's own error) fails the fit there, before any
+        other job meets it again (Spark 3.5.0 hangs the next job over a cache whose rows an
+        Arrow function failed to compute); any other keeps nothing of this fit's rows.
+
+        Raises:
+            SparkTorchError: That failure, explained.
+        """
+        try:
+            return self._sized(spec, ranks)
+        except Exception as error:
+            if not is_spark_error(error):
+                raise
+            _raise_lasting(error)
+            logger.warning("the rows of this DataFrame are not kept between fits: computing them to describe its "
+                           "cache failed (%s)", str(error).strip().splitlines()[0][:300])
+            self.rows.plan = None
+            return self._sized(spec, ranks)
 
     def _relaunch_spec(self, spec: TaskSpec, start: Progress) -> tuple[TaskSpec, Progress]:
         """The same target, resumed from the newest checkpoint in checkpointDir that this fit
@@ -325,9 +346,8 @@ class Launcher:
         """The job, its rows staged first where it would read them through the rows'
         shuffle and they may be (see :meth:`KeptIngest.stage`). A staging job that fails
         (files it cannot write: another user's executors, a full disk) leaves the rows to
-        the shuffle; one whose failure a relaunch cannot fix either (see
-        :func:`explain_job_failure`: the DataFrame's own error, a file Spark cannot read, the
-        executors' Python without this package) fails the fit: the shuffle would meet it again.
+        the shuffle; one whose failure a relaunch cannot fix either (see :func:`_raise_lasting`)
+        fails the fit: the shuffle would meet it again.
 
         Raises:
             SparkTorchError: That failure, explained.
@@ -343,9 +363,8 @@ class Launcher:
         except Exception as error:
             if not (is_spark_error(error) or isinstance(error, OSError)):
                 raise
-            explained = explain_job_failure(str(error), [], launch.secret) if is_spark_error(error) else None
-            if explained is not None and not (isinstance(explained, TrainingFailedError) and explained.retryable):
-                raise explained from None
+            if is_spark_error(error):
+                _raise_lasting(error)
             self.rows.unstage(f"staging them failed ({str(error).strip().splitlines()[0][:300]})")
             self.on_phase(None)  # the training job reads them through the shuffle
             return spec, frame
@@ -413,6 +432,16 @@ class Launcher:
         if "error" in result:
             raise result["error"]
         return result["table"]
+
+
+def _raise_lasting(error: Exception) -> None:
+    """Raises the failure of a Spark job other than the training job, explained, when a
+    relaunch cannot fix it (see :func:`explain_job_failure`: the DataFrame's own error, a
+    file Spark cannot read, the executors' Python without this package); returns for any
+    other. No rank runs in such a job: no report in its text is trusted (a secret of its own)."""
+    explained = explain_job_failure(str(error), [], secrets.token_bytes(32))
+    if not (isinstance(explained, TrainingFailedError) and explained.retryable):
+        raise explained from None
 
 
 @contextmanager

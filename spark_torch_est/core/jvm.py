@@ -293,7 +293,14 @@ def describe_plan(df: DataFrame) -> tuple[str, list, list[int]] | None:
     """What the DataFrame's rows depend on: its optimized plan's canonical text, what each
     leaf reads, and the ids of the caches among the leaves. None when the plan holds a node,
     an expression or a leaf that cannot be described (user code, local data, other
-    sources, streaming), and under Spark Connect."""
+    sources, streaming), and under Spark Connect.
+
+    Raises:
+        Exception: Spark's error (``Py4JJavaError``, or PySpark's captured one such as
+            ``PythonException``) when naming a cache's RDD ran a Spark job over the DataFrame
+            and it failed (under adaptive execution a cached plan with a shuffle runs its
+            map stage as its RDD is built), for the caller to explain.
+    """
     try:
         spark = df.sparkSession
         plan = df._jdf.queryExecution().optimizedPlan()
@@ -301,10 +308,20 @@ def describe_plan(df: DataFrame) -> tuple[str, list, list[int]] | None:
         if leaves is None:
             return None
         text = _tree_string(plan.canonicalized()) if installed("pyspark") >= (4, 0) else _numbered(_tree_string(plan))
+    except _CacheNotComputed as failed:
+        raise failed.error from None
     except Exception as error:  # Spark Connect (no JVM), or a plan the walk does not know
         logger.debug("cannot describe the plan: %s", error)
         return None
     return str(text), leaves, caches
+
+
+class _CacheNotComputed(Exception):
+    """Naming a cache's RDD computed the cache's plan, and Spark's job failed with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _numbered(text: str) -> str:
@@ -362,7 +379,10 @@ def _leaves(plan: Any, spark: SparkSession) -> tuple[list | None, list[int]]:
 
 def _leaf(node: Any, name: str, spark: SparkSession) -> list | None:
     if name == "InMemoryRelation":  # the cache's rows stay as they are until it is unpersisted
-        return ["cache", int(node.cacheBuilder().cachedColumnBuffers().id())]
+        try:
+            return ["cache", int(node.cacheBuilder().cachedColumnBuffers().id())]
+        except Exception as error:  # a job that computed the cache's plan (see describe_plan)
+            raise _CacheNotComputed(error) from error
     if name in ("Range", "OneRowRelation"):  # described by the plan's text
         return [name]
     if name != "LogicalRelation":

@@ -120,7 +120,12 @@ class KeptIngest:
     def plan(self) -> KeptPlan | None:
         """The next job's plan for kept rows (None: nothing is kept), made when the launcher
         first asks, after the wait for task slots: describing a cached frame's plan can run
-        a Spark job (it materializes the cache), which a fit refused for its slots never runs."""
+        a Spark job (it materializes the cache), which a fit refused for its slots never runs.
+
+        Raises:
+            Exception: Spark's error when that job failed (see ``jvm.describe_plan``);
+                nothing is kept then.
+        """
         if not self._planned:
             self._planned = True
             self._plan = self._first_plan()

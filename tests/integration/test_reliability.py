@@ -226,16 +226,23 @@ def test_a_torch_models_predictions_failing_in_the_dataframe_fail_the_fit_at_onc
         spark, linear_df, caplog):
     """The training DataFrame holds another model's predictions (stacked models), and that
     model raises on some rows: the error is the DataFrame's, not this package's training
-    job's, so the fit fails at once instead of relaunching into the same error."""
+    job's, so the fit fails at once instead of relaunching into the same error. The cached
+    frame shuffles, so describing its cache computes it (adaptive execution runs the
+    shuffle's map stage): that one job fails the fit, and no other meets the error again
+    (on Spark 3.5.0 the next job over that cache would hang)."""
     from pyspark.sql import functions as F
 
     first = estimator(SETTINGS, model=lambda config: _RefusesLargeWhenScoring(), scheduler=None, maxEpochs=1)
     stacked = first.fit(linear_df).transform(linear_df).select("features", F.col("prediction").alias("label"))
     df = stacked.repartition(3).cache()
     est = estimator(SETTINGS, maxRetries=2)
+    started = spark_jobs_started(spark)
     with caplog.at_level(logging.INFO, logger="spark_torch_est"), pytest.raises(TrainingFailedError) as error:
         est.fit(df)
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(job).status for job in range(started, spark_jobs_started(spark))]
     df.unpersist()
+    assert jobs.count("FAILED") == 1 and "SUCCEEDED" not in jobs, jobs
     assert not error.value.retryable
     assert error.value.message.startswith("the training DataFrame's own code failed while Spark computed its rows (a "
                                           "TorchModel's transform in it)"), error.value.message
