@@ -255,8 +255,7 @@ class Launcher:
             _raise_lasting(error)
             logger.warning("the rows of this DataFrame are not kept between fits: computing them to describe its "
                            "cache failed (%s)", str(error).strip().splitlines()[0][:300])
-            self.rows.plan = None
-            return self._sized(spec, ranks)
+            return self._sized(spec, ranks)  # the rows' plan stays None: nothing is kept
 
     def _relaunch_spec(self, spec: TaskSpec, start: Progress) -> tuple[TaskSpec, Progress]:
         """The same target, resumed from the newest checkpoint in checkpointDir that this fit
